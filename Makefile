@@ -1,0 +1,49 @@
+# deltarec developer entry points. Every target creates .venv in the repository root if needed.
+#
+# The torch stack is installed explicitly: torch==2.13.0 (the CPU wheel), then fbgemm-gpu-cpu and
+# torchrec with --no-deps (torchrec's metadata asks for the 2.7 GB CUDA `fbgemm-gpu`), then the
+# rest of torchrec's requirements. deltarec itself is installed editable with its extras.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.deltarec-installed
+TORCHREC_DEPS := pyre-extensions tensordict torchmetrics==1.0.3 tqdm iopath
+
+.PHONY: venv demo test test-fast lint format bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet --no-deps fbgemm-gpu-cpu==1.8.0 torchrec==1.8.0
+	$(BIN)/pip install --quiet $(TORCHREC_DEPS)
+	$(BIN)/pip install --quiet -e '.[postgres,redis,kfp,s3,dev]'
+	@! $(BIN)/pip show fbgemm-gpu >/dev/null 2>&1 || { echo "CUDA fbgemm-gpu was pulled in; refusing" >&2; exit 1; }
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/deltarec demo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not multiprocess and not integration"
+
+lint: venv
+	$(BIN)/ruff check src tests bench components pipelines
+	$(BIN)/ruff format --check src tests bench components pipelines
+	$(BIN)/mypy
+
+format: venv
+	$(BIN)/ruff check --fix src tests bench components pipelines
+	$(BIN)/ruff format src tests bench components pipelines
+
+bench: venv
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,299 @@
+"""The artifact root: paths, atomic writes and listing on any fsspec URI (SPEC §3).
+
+Layout::
+
+    <root>/<run>/gen-<G:06d>/GENERATION.json
+    <root>/<run>/gen-<G:06d>/dump-<S:06d>/<table>/rank-<R:05d>.parquet
+    <root>/<run>/gen-<G:06d>/dump-<S:06d>/MANIFEST.json        # written last
+
+Every file is written under a temporary name and renamed into place (on local disks after an
+fsync). A dump directory without MANIFEST.json is incomplete: readers ignore it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from deltarec.artifacts.types import GenerationInfo, Manifest
+from deltarec.errors import ArtifactError, BadInputError
+from deltarec.ids import validate_run, validate_table_id
+
+GENERATION_FILE = "GENERATION.json"
+MANIFEST_FILE = "MANIFEST.json"
+_GEN_RE = re.compile(r"^gen-(\d{6,})$")
+_DUMP_RE = re.compile(r"^dump-(\d{6,})$")
+TMP_MARK = ".tmp-"
+
+
+def gen_name(generation: int) -> str:
+    """``gen-<G:06d>``."""
+    return f"gen-{generation:06d}"
+
+
+def dump_name(seq: int) -> str:
+    """``dump-<S:06d>``."""
+    return f"dump-{seq:06d}"
+
+
+def shard_relpath(table: str, rank: int) -> str:
+    """A shard's path relative to its dump directory: ``<table>/rank-<R:05d>.parquet``."""
+    return f"{validate_table_id(table)}/rank-{rank:05d}.parquet"
+
+
+class ArtifactRoot:
+    """An artifact root on a filesystem that fsspec understands.
+
+    Args:
+        uri: a local path or any fsspec URI (``file://``, ``s3://``, ``oss://``, ``gs://``).
+        storage_options: passed to fsspec (credentials come from the environment by default).
+    """
+
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
+        if not uri:
+            raise BadInputError("artifact root is empty")
+        self.uri = uri
+        try:
+            fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        except (ValueError, ImportError) as e:
+            raise BadInputError(f"artifact root {uri!r}: {e}") from e
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.path: str = path.rstrip("/") or "/"
+        self.is_local = isinstance(fs, LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"ArtifactRoot({self.uri!r})"
+
+    # ---- paths ---------------------------------------------------------------------------
+    def run_dir(self, run: str) -> str:
+        """``<root>/<run>``."""
+        return posixpath.join(self.path, validate_run(run))
+
+    def gen_dir(self, run: str, generation: int) -> str:
+        """``<root>/<run>/gen-<G>``."""
+        return posixpath.join(self.run_dir(run), gen_name(generation))
+
+    def dump_dir(self, run: str, generation: int, seq: int) -> str:
+        """``<root>/<run>/gen-<G>/dump-<S>``."""
+        return posixpath.join(self.gen_dir(run, generation), dump_name(seq))
+
+    def shard_path(self, run: str, generation: int, seq: int, table: str, rank: int) -> str:
+        """The full path of one shard."""
+        return posixpath.join(self.dump_dir(run, generation, seq), shard_relpath(table, rank))
+
+    def url(self, path: str) -> str:
+        """A path on this filesystem as a URI (for messages and artifact metadata)."""
+        return self.fs.unstrip_protocol(path)
+
+    # ---- low-level I/O -------------------------------------------------------------------
+    def makedirs(self, path: str) -> None:
+        """Create a directory (no-op on object stores)."""
+        self.fs.makedirs(path, exist_ok=True)
+
+    def tmp_path(self, final: str) -> str:
+        """A unique temporary sibling of ``final`` (ignored by readers)."""
+        head, tail = posixpath.split(final)
+        return posixpath.join(head, f"{TMP_MARK}{tail}.{uuid.uuid4().hex[:12]}")
+
+    def publish_file(self, tmp: str, final: str) -> None:
+        """Rename a fully written temporary file into place (atomic on local disks)."""
+        if self.is_local:
+            os.replace(tmp, final)
+            _fsync_dir(posixpath.dirname(final))
+        else:
+            self.fs.mv(tmp, final)
+
+    def write_bytes_atomic(self, final: str, data: bytes) -> None:
+        """Write ``data`` to ``final`` via a durable temporary file and a rename."""
+        self.makedirs(posixpath.dirname(final))
+        tmp = self.tmp_path(final)
+        if self.is_local:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            with self.fs.open(tmp, "wb") as f:
+                f.write(data)
+        self.publish_file(tmp, final)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if it does not exist. Returns False if it already existed."""
+        self.makedirs(posixpath.dirname(path))
+        if self.is_local:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(posixpath.dirname(path))
+            return True
+        try:
+            with self.fs.open(path, "xb") as f:  # conditional create (If-None-Match on S3)
+                f.write(data)
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError) as e:
+            raise BadInputError(
+                f"{self.url(path)}: the filesystem cannot create files exclusively ({e}); "
+                "generations could not be allocated safely"
+            ) from e
+        return True
+
+    def read_json(self, path: str) -> dict[str, Any]:
+        """Read and parse a JSON file; raises :class:`ArtifactError` naming the file."""
+        try:
+            with self.fs.open(path, "rb") as f:
+                obj = json.loads(f.read())
+        except FileNotFoundError:
+            raise ArtifactError(self.url(path), "not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ArtifactError(self.url(path), f"not valid JSON: {e}") from e
+        if not isinstance(obj, dict):
+            raise ArtifactError(self.url(path), "expected a JSON object")
+        return obj
+
+    def _children(self, path: str, pattern: re.Pattern[str]) -> list[int]:
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            m = pattern.match(posixpath.basename(str(entry).rstrip("/")))
+            if m:
+                found.append(int(m.group(1)))
+        return sorted(set(found))
+
+    # ---- generations ---------------------------------------------------------------------
+    def list_runs(self) -> list[str]:
+        """Every run under the root that has at least one generation."""
+        try:
+            entries = self.fs.ls(self.path, detail=False)
+        except FileNotFoundError:
+            return []
+        runs = [posixpath.basename(str(e).rstrip("/")) for e in entries]
+        return sorted(r for r in runs if self.list_generations(r))
+
+    def list_generations(self, run: str) -> list[int]:
+        """Generations of ``run`` whose GENERATION.json exists, ascending."""
+        gens = self._children(self.run_dir(run), _GEN_RE)
+        return [g for g in gens if self.fs.exists(self.generation_file(run, g))]
+
+    def generation_file(self, run: str, generation: int) -> str:
+        """Path of GENERATION.json."""
+        return posixpath.join(self.gen_dir(run, generation), GENERATION_FILE)
+
+    def read_generation(self, run: str, generation: int) -> GenerationInfo:
+        """Parse GENERATION.json of one generation."""
+        path = self.generation_file(run, generation)
+        info = GenerationInfo.from_json(self.read_json(path), self.url(path))
+        if info.run != run or info.generation != generation:
+            raise ArtifactError(
+                self.url(path), f"describes run {info.run!r} generation {info.generation}"
+            )
+        return info
+
+    def latest_generation(self, run: str) -> int:
+        """The newest generation of ``run``; raises :class:`BadInputError` if there is none."""
+        gens = self.list_generations(run)
+        if not gens:
+            raise BadInputError(f"run {run!r} has no generation under {self.uri}")
+        return gens[-1]
+
+    def allocate_generation(self, info: GenerationInfo) -> GenerationInfo:
+        """Atomically claim the next free generation number for ``info.run``.
+
+        ``info.generation`` is a lower bound; the returned info carries the number claimed.
+        Two callers can never claim the same number: GENERATION.json is created exclusively.
+        """
+        from dataclasses import replace
+
+        existing = self._children(self.run_dir(info.run), _GEN_RE)
+        candidate = max([info.generation - 1, *existing]) + 1
+        while True:
+            claimed = replace(info, generation=candidate)
+            data = json.dumps(claimed.to_json(), indent=2, sort_keys=False).encode()
+            if self.create_exclusive(self.generation_file(info.run, candidate), data):
+                return claimed
+            candidate += 1
+
+    def lineage(self, run: str, generation: int) -> list[GenerationInfo]:
+        """The generation and its ancestors (via ``parent``), oldest first."""
+        chain: list[GenerationInfo] = []
+        seen: set[int] = set()
+        current: int | None = generation
+        while current is not None:
+            if current in seen:
+                raise ArtifactError(self.url(self.gen_dir(run, current)), "parent cycle")
+            seen.add(current)
+            info = self.read_generation(run, current)
+            chain.append(info)
+            current = info.parent.generation if info.parent else None
+        return chain[::-1]
+
+    # ---- dumps ---------------------------------------------------------------------------
+    def manifest_file(self, run: str, generation: int, seq: int) -> str:
+        """Path of MANIFEST.json."""
+        return posixpath.join(self.dump_dir(run, generation, seq), MANIFEST_FILE)
+
+    def list_dumps(self, run: str, generation: int) -> list[int]:
+        """Committed dumps (with a manifest) of a generation, ascending by seq."""
+        seqs = self._children(self.gen_dir(run, generation), _DUMP_RE)
+        return [s for s in seqs if self.fs.exists(self.manifest_file(run, generation, s))]
+
+    def list_incomplete_dumps(self, run: str, generation: int) -> list[int]:
+        """Dump directories without a manifest."""
+        seqs = self._children(self.gen_dir(run, generation), _DUMP_RE)
+        return [s for s in seqs if not self.fs.exists(self.manifest_file(run, generation, s))]
+
+    def read_manifest(self, run: str, generation: int, seq: int) -> Manifest:
+        """Parse MANIFEST.json of one dump."""
+        path = self.manifest_file(run, generation, seq)
+        m = Manifest.from_json(self.read_json(path), self.url(path))
+        if (m.run, m.generation, m.seq) != (run, generation, seq):
+            raise ArtifactError(
+                self.url(path), f"describes run {m.run!r} generation {m.generation} seq {m.seq}"
+            )
+        return m
+
+    def commit_manifest(self, manifest: Manifest) -> str:
+        """Write MANIFEST.json last, atomically; returns its path."""
+        path = self.manifest_file(manifest.run, manifest.generation, manifest.seq)
+        self.write_bytes_atomic(path, json.dumps(manifest.to_json(), indent=2).encode())
+        return path
+
+    def clean_incomplete(self, run: str) -> list[str]:
+        """Remove dump directories without a manifest and stray temporary files of ``run``.
+
+        Called at the start of a new generation, when no writer of an earlier one is alive.
+        Returns the removed paths.
+        """
+        removed: list[str] = []
+        for g in self._children(self.run_dir(run), _GEN_RE):
+            for s in self.list_incomplete_dumps(run, g):
+                d = self.dump_dir(run, g, s)
+                self.fs.rm(d, recursive=True)
+                removed.append(d)
+        return removed
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,256 @@
+"""Writing and reading parquet shards: streamed, hashed while written, verified when read.
+
+A :class:`ShardWriter` streams row groups into a temporary file while computing its sha256, so
+memory stays bounded by one row group whatever the shard size; ``close()`` makes the file
+durable and renames it into place. :func:`read_shard` and :func:`iter_shard` check sha256 and
+row count against the manifest entry before returning rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.root import ArtifactRoot, shard_relpath
+from deltarec.artifacts.types import DType, ShardInfo
+from deltarec.errors import ArtifactError, ChecksumError
+
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass
+class ShardRows:
+    """Rows of one shard (or one batch of it), encoded as stored."""
+
+    keys: np.ndarray  # int64 [n]
+    embedding: np.ndarray  # [n, encoded_width] of codec.element_type(dtype)
+    ops: np.ndarray  # int8 [n]
+    steps: np.ndarray  # int64 [n]
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table | pa.RecordBatch, dtype: DType) -> ShardRows:
+        """Split a shard table into numpy columns."""
+        return cls(
+            keys=table.column(codec.KEY).to_numpy(),
+            embedding=codec.embedding_matrix(table.column(codec.EMBEDDING), dtype),
+            ops=table.column(codec.OP).to_numpy(),
+            steps=table.column(codec.STEP).to_numpy(),
+        )
+
+
+class _HashingFile:
+    """A write-only file wrapper that hashes and counts every byte written."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        mv = memoryview(data)
+        self.sha.update(mv)
+        self.size += mv.nbytes
+        return self.raw.write(mv)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def close(self) -> None:  # closed by ShardWriter
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
+class ShardWriter:
+    """Stream one table's rows of one rank into ``<dump>/<table>/rank-<R>.parquet``.
+
+    Args:
+        root: the artifact root.
+        run, generation, seq, table, rank: where the shard goes.
+        dtype, dim: the table's encoding.
+        fsync: make the file durable before the rename (local disks).
+    """
+
+    def __init__(
+        self,
+        root: ArtifactRoot,
+        run: str,
+        generation: int,
+        seq: int,
+        table: str,
+        rank: int,
+        dtype: DType,
+        dim: int,
+        fsync: bool = True,
+    ) -> None:
+        self.root = root
+        self.table = table
+        self.rank = rank
+        self.dtype = DType(dtype)
+        self.dim = dim
+        self.relpath = shard_relpath(table, rank)
+        self.final = root.shard_path(run, generation, seq, table, rank)
+        self.tmp = root.tmp_path(self.final)
+        self.fsync = fsync
+        self.rows = 0
+        root.makedirs(posixpath.dirname(self.final))
+        self._raw: BinaryIO = (
+            open(self.tmp, "wb") if root.is_local else root.fs.open(self.tmp, "wb")  # noqa: SIM115
+        )
+        self._file = _HashingFile(self._raw)
+        self._writer = pq.ParquetWriter(
+            self._file,
+            codec.shard_schema(self.dtype, dim),
+            compression="none",
+            use_dictionary=False,
+            write_statistics=[codec.KEY, codec.STEP],
+        )
+        self._closed = False
+
+    def write(self, rows: ShardRows) -> None:
+        """Append encoded rows (one row group per call)."""
+        if len(rows) == 0:
+            return
+        self._writer.write_table(
+            codec.to_arrow(rows.keys, rows.embedding, rows.ops, rows.steps, self.dtype)
+        )
+        self.rows += len(rows)
+
+    def close(self) -> ShardInfo:
+        """Finish the file, make it durable, rename it into place and describe it."""
+        if self._closed:
+            raise RuntimeError("shard writer already closed")
+        self._closed = True
+        self._writer.close()
+        self._raw.flush()
+        if self.root.is_local and self.fsync:
+            os.fsync(self._raw.fileno())
+        self._raw.close()
+        self.root.publish_file(self.tmp, self.final)
+        return ShardInfo(
+            path=self.relpath,
+            table=self.table,
+            rank=self.rank,
+            rows=self.rows,
+            bytes=self._file.size,
+            sha256=self._file.sha.hexdigest(),
+        )
+
+    def abort(self) -> None:
+        """Drop the temporary file (after a failure)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+            self._raw.close()
+        finally:
+            try:
+                self.root.fs.rm(self.tmp)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def file_sha256(root: ArtifactRoot, path: str) -> tuple[str, int]:
+    """sha256 hex digest and size of a file, read in chunks."""
+    sha = hashlib.sha256()
+    size = 0
+    with root.fs.open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), size
+
+
+def check_shard(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
+    """Raise :class:`ChecksumError` unless the shard's sha256 and size match its manifest entry."""
+    path = posixpath.join(dump_dir, shard.path)
+    try:
+        digest, size = file_sha256(root, path)
+    except FileNotFoundError:
+        raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
+    if digest != shard.sha256 or size != shard.bytes:
+        raise ChecksumError(
+            root.url(path),
+            f"sha256 {digest} ({size} bytes) does not match the manifest's "
+            f"{shard.sha256} ({shard.bytes} bytes)",
+        )
+
+
+def iter_shard(
+    root: ArtifactRoot,
+    dump_dir: str,
+    shard: ShardInfo,
+    dtype: DType,
+    batch_rows: int = 65536,
+    verify: bool = True,
+) -> Iterator[ShardRows]:
+    """Yield a shard's rows in batches of at most ``batch_rows``.
+
+    With ``verify`` the file's sha256 is checked first, and the row count at the end.
+    """
+    path = posixpath.join(dump_dir, shard.path)
+    if verify:
+        check_shard(root, dump_dir, shard)
+    seen = 0
+    try:
+        with root.fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                rows = ShardRows.from_arrow(batch, dtype)
+                seen += len(rows)
+                yield rows
+    except FileNotFoundError:
+        raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
+    if seen != shard.rows:
+        raise ChecksumError(root.url(path), f"holds {seen} rows, the manifest says {shard.rows}")
+
+
+def read_shard(
+    root: ArtifactRoot, dump_dir: str, shard: ShardInfo, dtype: DType, verify: bool = True
+) -> ShardRows:
+    """Read a whole shard into memory (see :func:`iter_shard`)."""
+    parts = list(iter_shard(root, dump_dir, shard, dtype, batch_rows=1 << 20, verify=verify))
+    if not parts:
+        width = codec.encoded_width(dtype, 0)
+        return ShardRows(
+            np.empty(0, np.int64),
+            np.empty((0, width), codec.element_type(dtype)),
+            np.empty(0, np.int8),
+            np.empty(0, np.int64),
+        )
+    return ShardRows(
+        keys=np.concatenate([p.keys for p in parts]),
+        embedding=np.concatenate([p.embedding for p in parts]),
+        ops=np.concatenate([p.ops for p in parts]),
+        steps=np.concatenate([p.steps for p in parts]),
+    )

@@ -1,0 +1,299 @@
+"""Dataclasses and enums of the generation artifacts (SPEC §3): GENERATION.json and MANIFEST.json.
+
+Field names are the on-disk JSON names. ``to_json()`` produces exactly the documented fields;
+``from_json()`` accepts additional fields (forward compatible within a schema version) and
+rejects an unknown ``schema_version`` with :class:`~deltarec.errors.SchemaVersionError`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltarec.errors import ArtifactError, SchemaVersionError
+from deltarec.ids import SCHEMA_VERSION, make_version, validate_run, validate_table_id
+
+
+class DType(str, enum.Enum):
+    """How a table's rows are encoded in shards and stores."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    INT8_ROWWISE = "int8_rowwise"  # dim uint8 values, then fp16 scale, then fp16 bias
+
+
+class TableKind(str, enum.Enum):
+    """Plain tables are keyed by global row; ZCH tables by raw feature id (``-1`` = fallback)."""
+
+    PLAIN = "plain"
+    ZCH = "zch"
+
+
+class DumpKind(str, enum.Enum):
+    """A snapshot holds every row; a delta the rows touched since the previous dump."""
+
+    SNAPSHOT = "snapshot"
+    DELTA = "delta"
+    FINAL = "final"
+
+
+class Op(enum.IntEnum):
+    """The ``op`` column of a shard row."""
+
+    UPSERT = 0
+    EVICTED = 1
+
+
+FALLBACK_KEY = -1
+"""The key under which a ZCH table's shared fallback (miss) row is published."""
+
+
+def utc_now() -> str:
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (the artifacts' timestamp form)."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> float:
+    """Parse an artifact timestamp into unix seconds."""
+    value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_dt.timezone.utc)
+    return value.timestamp()
+
+
+def _check_schema(obj: dict[str, Any], path: str) -> None:
+    found = obj.get("schema_version")
+    if found != SCHEMA_VERSION:
+        raise SchemaVersionError(path, found, SCHEMA_VERSION)
+
+
+def _require(obj: dict[str, Any], key: str, path: str) -> Any:
+    try:
+        return obj[key]
+    except KeyError:
+        raise ArtifactError(path, f"missing field {key!r}") from None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One tracked table as GENERATION.json describes it."""
+
+    dim: int
+    dtype: DType = DType.FLOAT32
+    kind: TableKind = TableKind.PLAIN
+    num_embeddings: int = 0
+    zch_size: int | None = None
+    sharding: str = "table_wise"
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this table."""
+        return {
+            "dim": self.dim,
+            "dtype": self.dtype.value,
+            "kind": self.kind.value,
+            "num_embeddings": self.num_embeddings,
+            "zch_size": self.zch_size,
+            "sharding": self.sharding,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], path: str = "<table>") -> TableSpec:
+        """Parse one table entry; raises :class:`ArtifactError` naming ``path`` if malformed."""
+        try:
+            return cls(
+                dim=int(obj["dim"]),
+                dtype=DType(obj.get("dtype", "float32")),
+                kind=TableKind(obj.get("kind", "plain")),
+                num_embeddings=int(obj.get("num_embeddings") or 0),
+                zch_size=None if obj.get("zch_size") is None else int(obj["zch_size"]),
+                sharding=str(obj.get("sharding", "table_wise")),
+            )
+        except (KeyError, ValueError, TypeError) as e:
+            raise ArtifactError(path, f"malformed table entry {obj!r}: {e}") from e
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The generation and checkpoint step a restored generation started from."""
+
+    generation: int
+    checkpoint_step: int
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    """GENERATION.json: one training process lifetime of a run."""
+
+    run: str
+    generation: int
+    world_size: int
+    tables: dict[str, TableSpec]
+    parent: Parent | None = None
+    created_at: str = field(default_factory=utc_now)
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_run(self.run)
+        for t in self.tables:
+            validate_table_id(t)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written as GENERATION.json."""
+        parent = None
+        if self.parent is not None:
+            parent = {
+                "generation": self.parent.generation,
+                "checkpoint_step": self.parent.checkpoint_step,
+            }
+        return {
+            **self.extra,
+            "schema_version": self.schema_version,
+            "run": self.run,
+            "generation": self.generation,
+            "created_at": self.created_at,
+            "parent": parent,
+            "world_size": self.world_size,
+            "tables": {name: spec.to_json() for name, spec in self.tables.items()},
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], path: str) -> GenerationInfo:
+        """Parse GENERATION.json read from ``path``."""
+        _check_schema(obj, path)
+        parent_obj = obj.get("parent")
+        try:
+            parent = (
+                None
+                if parent_obj is None
+                else Parent(int(parent_obj["generation"]), int(parent_obj["checkpoint_step"]))
+            )
+            known = {"schema_version", "run", "generation", "created_at", "parent"}
+            known |= {"world_size", "tables"}
+            return cls(
+                run=str(_require(obj, "run", path)),
+                generation=int(_require(obj, "generation", path)),
+                world_size=int(_require(obj, "world_size", path)),
+                tables={
+                    str(k): TableSpec.from_json(v, f"{path}: tables.{k}")
+                    for k, v in _require(obj, "tables", path).items()
+                },
+                parent=parent,
+                created_at=str(obj.get("created_at", "")),
+                extra={k: v for k, v in obj.items() if k not in known},
+            )
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise ArtifactError(path, f"malformed GENERATION.json: {e}") from e
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One parquet shard of a dump, as listed in MANIFEST.json."""
+
+    path: str
+    table: str
+    rank: int
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this shard."""
+        return {
+            "path": self.path,
+            "table": self.table,
+            "rank": self.rank,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """MANIFEST.json: the commit record of one dump. Written last."""
+
+    run: str
+    generation: int
+    seq: int
+    kind: DumpKind
+    first_step: int
+    last_step: int
+    world_size: int
+    shards: tuple[ShardInfo, ...]
+    tables: dict[str, int]  # table id -> rows across all ranks
+    created_at: str = field(default_factory=utc_now)
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version(self) -> int:
+        """``generation << 32 | seq``."""
+        return make_version(self.generation, self.seq)
+
+    def shards_of(self, table: str) -> list[ShardInfo]:
+        """The shards of one table, by rank."""
+        return sorted((s for s in self.shards if s.table == table), key=lambda s: s.rank)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written as MANIFEST.json."""
+        return {
+            **self.extra,
+            "schema_version": self.schema_version,
+            "run": self.run,
+            "generation": self.generation,
+            "seq": self.seq,
+            "version": self.version,
+            "kind": self.kind.value,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "created_at": self.created_at,
+            "world_size": self.world_size,
+            "shards": [s.to_json() for s in self.shards],
+            "tables": {name: {"rows": rows} for name, rows in self.tables.items()},
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any], path: str) -> Manifest:
+        """Parse MANIFEST.json read from ``path``; the stored version must match G and seq."""
+        _check_schema(obj, path)
+        known = {"schema_version", "run", "generation", "seq", "version", "kind", "first_step"}
+        known |= {"last_step", "created_at", "world_size", "shards", "tables"}
+        try:
+            m = cls(
+                run=str(_require(obj, "run", path)),
+                generation=int(_require(obj, "generation", path)),
+                seq=int(_require(obj, "seq", path)),
+                kind=DumpKind(_require(obj, "kind", path)),
+                first_step=int(_require(obj, "first_step", path)),
+                last_step=int(_require(obj, "last_step", path)),
+                world_size=int(_require(obj, "world_size", path)),
+                shards=tuple(
+                    ShardInfo(
+                        path=str(s["path"]),
+                        table=validate_table_id(str(s["table"])),
+                        rank=int(s["rank"]),
+                        rows=int(s["rows"]),
+                        bytes=int(s["bytes"]),
+                        sha256=str(s["sha256"]),
+                    )
+                    for s in _require(obj, "shards", path)
+                ),
+                tables={
+                    validate_table_id(str(k)): int(v["rows"])
+                    for k, v in _require(obj, "tables", path).items()
+                },
+                created_at=str(obj.get("created_at", "")),
+                extra={k: v for k, v in obj.items() if k not in known},
+            )
+        except ArtifactError:
+            raise
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise ArtifactError(path, f"malformed MANIFEST.json: {e}") from e
+        if "version" in obj and int(obj["version"]) != m.version:
+            raise ArtifactError(
+                path, f"version {obj['version']} != generation {m.generation} << 32 | seq {m.seq}"
+            )
+        return m

@@ -1,0 +1,84 @@
+"""The ``deltarec`` command line (SPEC §7a).
+
+Each command lives in its own module ``deltarec.cli.cmd_<name>`` which defines ``NAME``,
+``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when
+their command runs, so ``deltarec verify`` never imports torch.
+
+Exit codes: 0 success, 1 a check failed (or the command failed), 2 bad usage or bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from deltarec.errors import BadInputError, CheckFailedError, DeltarecError
+
+COMMANDS: dict[str, str] = {
+    "demo": "run the whole pipeline locally on the example model (SQLite, 2 CPU ranks)",
+    "train": "train the example model with delta dumps (under torchrun for several ranks)",
+    "provision": "create the store views for the tables of a generation",
+    "publish": "publish the committed dumps of a generation that the store does not hold yet",
+    "verify": "read rows back from the store and compare them with the artifacts",
+    "promote": "record a verified generation as serving's current one",
+    "rollback": "restore serving to a promoted generation",
+    "inspect": "list generations, dumps, tables, rows and bytes under an artifact root",
+    "pipeline": "compile, submit or locally run the Kubeflow pipeline",
+}
+"""Command name -> one-line help. The module is ``deltarec.cli.cmd_<name>``."""
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _command_module(name: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(f"deltarec.cli.cmd_{name}")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; the sub-parser of ``command`` gets its full arguments."""
+    parser = argparse.ArgumentParser(
+        prog="deltarec",
+        description="Publish the embedding rows a torchrec job changes to an online store "
+        "while it trains, and prove that serving holds what the model holds.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            _command_module(name).add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``deltarec`` console script."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    if command not in COMMANDS:
+        command = None
+    parser = build_parser(command)
+    args = parser.parse_args(args_list)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(_command_module(args.command).run(args) or 0)
+    except BadInputError as e:
+        print(f"deltarec {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except CheckFailedError as e:
+        print(f"deltarec {args.command}: check failed: {e}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except DeltarecError as e:
+        print(f"deltarec {args.command}: failed: {e}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
