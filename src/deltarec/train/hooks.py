@@ -1,0 +1,44 @@
+"""The hook interface between the training loop and deltarec's training-side services.
+
+The loop in :mod:`deltarec.train` calls every hook at fixed points; the dumper (and the
+publisher behind it) attach through this interface so the loop never imports them directly.
+Hooks must keep ``after_step`` cheap: no collective operation, no blocking I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class TrainHook(Protocol):
+    """What the training loop calls. All methods run on the training thread of every rank."""
+
+    def on_start(self, model: torch.nn.Module, step: int, restored_from: int | None) -> None:
+        """Training begins at ``step``; ``restored_from`` is the checkpoint step, if any.
+
+        Called after :meth:`load_state_dict` when resuming from a checkpoint.
+        """
+
+    def after_step(self, step: int) -> None:
+        """A training step (forward, backward, optimizer) finished; ``step`` counts from 1."""
+
+    def before_eval(self) -> None:
+        """Evaluation begins: lookups until :meth:`after_eval` are not training updates."""
+
+    def after_eval(self) -> None:
+        """Evaluation ended."""
+
+    def on_end(self, step: int) -> None:
+        """Training finished normally at ``step`` (the final dump happens here)."""
+
+    def close(self) -> None:
+        """Release everything; called on every exit path, also after an exception."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State saved in the training checkpoint."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore state from a training checkpoint (before :meth:`on_start`)."""
