@@ -37,7 +37,8 @@ class SchemaVersionError(ArtifactError):
         self.found = found
         self.supported = supported
         super().__init__(
-            path, f"unknown schema_version {found!r} (this deltarec reads schema_version {supported})"
+            path,
+            f"unknown schema_version {found!r} (this deltarec reads schema_version {supported})",
         )
 
 

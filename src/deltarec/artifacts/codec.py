@@ -24,11 +24,12 @@ COLUMNS = (KEY, EMBEDDING, OP, STEP)
 
 def element_type(dtype: DType) -> np.dtype:
     """The numpy element type of an encoded row."""
-    return {
+    table: dict[DType, np.dtype] = {
         DType.FLOAT32: np.dtype("<f4"),
         DType.FLOAT16: np.dtype("<f2"),
         DType.INT8_ROWWISE: np.dtype("u1"),
-    }[DType(dtype)]
+    }
+    return table[DType(dtype)]
 
 
 def encoded_width(dtype: DType, dim: int) -> int:

@@ -8,6 +8,7 @@ row count against the manifest entry before returning rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -165,10 +166,8 @@ class ShardWriter:
             self._writer.close()
             self._raw.close()
         finally:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.root.fs.rm(self.tmp)
-            except FileNotFoundError:
-                pass
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -1,0 +1,65 @@
+"""Write small generations directly with the artifacts API (no torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deltarec.artifacts import (
+    ArtifactRoot,
+    DType,
+    DumpKind,
+    GenerationInfo,
+    Manifest,
+    Parent,
+    ShardRows,
+    ShardWriter,
+    TableSpec,
+    codec,
+)
+
+TABLE = "sparse.ebc.t"
+DIM = 4
+
+
+def new_generation(root: ArtifactRoot, run: str, parent: Parent | None = None) -> int:
+    info = GenerationInfo(
+        run=run, generation=1, world_size=1, tables={TABLE: TableSpec(dim=DIM)}, parent=parent
+    )
+    return root.allocate_generation(info).generation
+
+
+def row_for(key: int, step: int) -> np.ndarray:
+    return np.full(DIM, key * 1000 + step, dtype=np.float32)
+
+
+def write_dump(
+    root: ArtifactRoot,
+    run: str,
+    generation: int,
+    seq: int,
+    keys: list[int],
+    step: int,
+    kind: DumpKind = DumpKind.DELTA,
+    evicted: tuple[int, ...] = (),
+    commit: bool = True,
+) -> Manifest:
+    k = np.asarray(keys, dtype=np.int64)
+    values = np.stack([row_for(int(x), step) for x in k]) if len(k) else np.zeros((0, DIM))
+    ops = np.asarray([1 if int(x) in evicted else 0 for x in k], dtype=np.int8)
+    with ShardWriter(root, run, generation, seq, TABLE, 0, DType.FLOAT32, DIM) as w:
+        w.write(ShardRows(k, codec.encode(values, DType.FLOAT32), ops, np.full(len(k), step)))
+        shard = w.close()
+    m = Manifest(
+        run=run,
+        generation=generation,
+        seq=seq,
+        kind=kind,
+        first_step=step,
+        last_step=step,
+        world_size=1,
+        shards=(shard,),
+        tables={TABLE: len(k)},
+    )
+    if commit:
+        root.commit_manifest(m)
+    return m
