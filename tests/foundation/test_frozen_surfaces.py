@@ -1,0 +1,78 @@
+"""Freeze the artifact schema: renaming or dropping a field breaks every other writer/reader."""
+
+import pyarrow as pa
+from helpers import TABLE, new_generation, write_dump
+
+from deltarec.artifacts import ArtifactRoot, DType, codec
+from deltarec.cli import COMMANDS
+
+
+def test_generation_json_fields_are_frozen(tmp_path):
+    root = ArtifactRoot(str(tmp_path))
+    g = new_generation(root, "run")
+    obj = root.read_json(root.generation_file("run", g))
+    assert set(obj) == {
+        "schema_version",
+        "run",
+        "generation",
+        "created_at",
+        "parent",
+        "world_size",
+        "tables",
+    }
+    assert set(obj["tables"][TABLE]) == {
+        "dim",
+        "dtype",
+        "kind",
+        "num_embeddings",
+        "zch_size",
+        "sharding",
+    }
+
+
+def test_manifest_json_fields_are_frozen(tmp_path):
+    root = ArtifactRoot(str(tmp_path))
+    g = new_generation(root, "run")
+    write_dump(root, "run", g, 3, [1, 2], step=9)
+    obj = root.read_json(root.manifest_file("run", g, 3))
+    assert list(obj) == [
+        "schema_version",
+        "run",
+        "generation",
+        "seq",
+        "version",
+        "kind",
+        "first_step",
+        "last_step",
+        "created_at",
+        "world_size",
+        "shards",
+        "tables",
+    ]
+    assert list(obj["shards"][0]) == ["path", "table", "rank", "rows", "bytes", "sha256"]
+    assert obj["shards"][0]["path"] == f"{TABLE}/rank-00000.parquet"
+    assert obj["tables"] == {TABLE: {"rows": 2}}
+
+
+def test_parquet_columns_are_frozen():
+    schema = codec.shard_schema(DType.INT8_ROWWISE, 8)
+    assert schema.names == ["key", "embedding", "op", "step"]
+    assert schema.field("key").type == pa.int64()
+    assert schema.field("embedding").type == pa.list_(pa.uint8(), 12)
+    assert schema.field("op").type == pa.int8()
+    assert schema.field("step").type == pa.int64()
+    assert codec.shard_schema(DType.FLOAT16, 8).field("embedding").type == pa.list_(pa.float16(), 8)
+
+
+def test_cli_command_names_are_frozen():
+    assert list(COMMANDS) == [
+        "demo",
+        "train",
+        "provision",
+        "publish",
+        "verify",
+        "promote",
+        "rollback",
+        "inspect",
+        "pipeline",
+    ]
