@@ -1,0 +1,60 @@
+"""Online stores behind one small interface (SPEC §5).
+
+Open a store by URL with :func:`open_store`; every backend implements :class:`Store`
+(provision, versioned write, read, scan, snapshot replace, registry of generations, progress
+marks, serving pointer, freshness, staging merge) and declares its :class:`Capabilities`.
+
+Exports:
+    open_store, store_class, STORE_CLASSES: the registry of backends by short name.
+    parse_store_url, redact_url and the configs: URL syntax and pydantic configs.
+    Store, Capabilities, ReadResult, ProgressMark, ServingPointer, FreshnessRecord, ViewInfo.
+    view_name, check_identifier: physical names of views.
+    check_batch: the row checks every backend applies.
+"""
+
+from deltarec.stores.base import Store
+from deltarec.stores.config import (
+    FeatureStoreConfig,
+    PostgresConfig,
+    RedisConfig,
+    SqliteConfig,
+    StoreConfig,
+    parse_config,
+    parse_store_url,
+    redact_url,
+)
+from deltarec.stores.naming import check_identifier, view_name
+from deltarec.stores.registry import STORE_CLASSES, open_store, store_class
+from deltarec.stores.rows import check_batch
+from deltarec.stores.types import (
+    Capabilities,
+    FreshnessRecord,
+    ProgressMark,
+    ReadResult,
+    ServingPointer,
+    ViewInfo,
+)
+
+__all__ = [
+    "STORE_CLASSES",
+    "Capabilities",
+    "FeatureStoreConfig",
+    "FreshnessRecord",
+    "PostgresConfig",
+    "ProgressMark",
+    "ReadResult",
+    "RedisConfig",
+    "ServingPointer",
+    "SqliteConfig",
+    "Store",
+    "StoreConfig",
+    "ViewInfo",
+    "check_batch",
+    "check_identifier",
+    "open_store",
+    "parse_config",
+    "parse_store_url",
+    "redact_url",
+    "store_class",
+    "view_name",
+]

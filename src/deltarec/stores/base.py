@@ -1,0 +1,215 @@
+"""The store interface (SPEC §5): one small abstract class every backend implements.
+
+A store holds, per tracked table, a **view** (table, hash, feature view) of ``key -> (encoded
+row, version)``, and a **registry**: generations it has seen, progress marks, the serving
+pointer, freshness records and per-generation staging views.
+
+Contract of every backend:
+
+* **Versioned upsert.** A row is applied only if its version is >= the stored one, and >= the
+  view's floor (set by a snapshot) and > the key's tombstone. Replays are harmless; a late
+  writer never overwrites a newer row.
+* **Deletes.** ``op = 1`` deletes the key and leaves a tombstone with its version where
+  ``capabilities.deletes``; a late older upsert never resurrects it. Elsewhere the row passed
+  (the fallback row) is written like an upsert.
+* **One batch, one transaction.** ``write`` applies all of its rows and its progress mark, or
+  nothing (where ``capabilities.atomic_marks``).
+* **Errors.** Unreachable store: :class:`~deltarec.errors.StoreUnavailableError` (the caller
+  retries); invalid rows: :class:`~deltarec.errors.InvalidRowError` before anything is
+  written; an unprovisioned table: :class:`~deltarec.errors.BadInputError`; anything else
+  that retrying cannot fix: :class:`~deltarec.errors.StoreError`.
+
+Stores are used from one thread at a time; backends that may be shared between threads lock.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from deltarec.artifacts.types import TableSpec
+from deltarec.stores.types import (
+    Capabilities,
+    FreshnessRecord,
+    ProgressMark,
+    ReadResult,
+    ServingPointer,
+    ViewInfo,
+)
+
+
+class Store(abc.ABC):
+    """An online store behind one small interface. Open one with :func:`open_store`."""
+
+    kind: ClassVar[str]
+    """The registry's short name (``sqlite``, ``postgres``, ``redis``, ``featurestore``)."""
+    capabilities: ClassVar[Capabilities]
+
+    # ---- views ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def provision(
+        self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
+    ) -> dict[str, ViewInfo]:
+        """Create the views (and the registry) for ``tables``; idempotent.
+
+        With ``staging_generation`` the views are that generation's staging views.
+
+        Returns:
+            table id -> the provisioned view.
+
+        Raises:
+            ViewMismatchError: a view exists with another dim or dtype (names both).
+            BadInputError: two table ids map to one view name, or a name is not safe.
+        """
+
+    @abc.abstractmethod
+    def views(self) -> dict[str, ViewInfo]:
+        """The live views this store holds, by table id."""
+
+    # ---- rows ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def write(
+        self,
+        table: str,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """Apply one batch with the versioned-upsert contract, and ``mark`` with it.
+
+        Args:
+            table: table id (provisioned).
+            keys: int64 ``[n]``, unique within the batch.
+            embedding: ``[n, encoded_width]`` encoded rows in the table's dtype.
+            ops: int8 ``[n]``; 0 upsert, 1 delete.
+            versions: int64 ``[n]``; ``generation << 32 | seq`` of each row.
+            mark: progress mark committed with the rows (may be given with ``n == 0``).
+            staging_generation: write into that generation's staging view instead.
+
+        Returns:
+            The number of rows in the batch (applied or already superseded).
+        """
+
+    @abc.abstractmethod
+    def read(
+        self, table: str, keys: np.ndarray, staging_generation: int | None = None
+    ) -> ReadResult:
+        """Read ``keys`` (int64 ``[n]``) of a view; see :class:`ReadResult`."""
+
+    @abc.abstractmethod
+    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
+        """Every key of a live view, ascending where the backend can, in int64 batches."""
+
+    @abc.abstractmethod
+    def finish_snapshot(
+        self,
+        run: str,
+        generation: int,
+        seq: int,
+        table: str,
+        world_size: int,
+        staging_generation: int | None = None,
+    ) -> bool:
+        """Complete a snapshot dump of ``table`` once every rank's mark is complete.
+
+        Removes the keys whose version is older than the snapshot's (the keys it lacks) and
+        makes the snapshot version the view's floor, in one transaction. In staged mode the
+        replacement is recorded and applied by :meth:`merge_staging`. Idempotent.
+
+        Returns:
+            True if the snapshot is complete (now or before), False if ranks are missing.
+        """
+
+    def delete(self, table: str, keys: np.ndarray, version: int) -> int:
+        """Delete ``keys`` at ``version`` (a versioned delete; see the class contract)."""
+        view = self.views()[table]
+        from deltarec.artifacts import codec
+
+        n = int(np.asarray(keys).shape[0])
+        width = codec.encoded_width(view.dtype, view.dim)
+        return self.write(
+            table,
+            np.asarray(keys, np.int64),
+            np.zeros((n, width), codec.element_type(view.dtype)),
+            np.ones(n, np.int8),
+            np.full(n, version, np.int64),
+        )
+
+    # ---- registry ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def register_generation(self, run: str, generation: int) -> None:
+        """Record that ``generation`` of ``run`` publishes to this store (idempotent)."""
+
+    @abc.abstractmethod
+    def generations(self, run: str) -> list[int]:
+        """The generations of ``run`` known to the store, ascending."""
+
+    @abc.abstractmethod
+    def progress(self, run: str, generation: int) -> list[ProgressMark]:
+        """Every progress mark of one generation (latest per dump, table and rank)."""
+
+    @abc.abstractmethod
+    def record_freshness(self, record: FreshnessRecord) -> None:
+        """Store when a dump was committed and when it became visible (idempotent per rank)."""
+
+    @abc.abstractmethod
+    def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
+        """Freshness records of ``run`` (one generation, or all), by generation, seq, rank."""
+
+    @abc.abstractmethod
+    def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
+        """Point serving at ``generation`` through dump ``seq``; kept in a history."""
+
+    @abc.abstractmethod
+    def get_serving(self, run: str) -> ServingPointer | None:
+        """The current serving pointer of ``run``, or None if never promoted."""
+
+    @abc.abstractmethod
+    def serving_history(self, run: str) -> list[ServingPointer]:
+        """Every serving pointer of ``run``, oldest first."""
+
+    @abc.abstractmethod
+    def merge_staging(self, run: str, generation: int) -> int:
+        """Make ``generation``'s staging views live with the versioned-merge contract.
+
+        One transaction where ``capabilities.atomic_merge``; elsewhere idempotent and
+        resumable. The staging views are dropped afterwards. Returns the rows merged.
+
+        Raises:
+            NotImplementedError: the backend has no staging (names it).
+        """
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and files (idempotent)."""
+
+    def describe(self) -> str:
+        """The store's URL without credentials (for messages and logs)."""
+        return self.kind
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(f"the {self.kind} store does not support {what}")
+
+
+__all__ = [
+    "Capabilities",
+    "FreshnessRecord",
+    "ProgressMark",
+    "ReadResult",
+    "ServingPointer",
+    "Store",
+    "ViewInfo",
+]

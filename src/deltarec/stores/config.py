@@ -1,0 +1,299 @@
+"""Store configs (pydantic, unknown fields rejected) and the store URL syntax (SPEC §5).
+
+==========================================================  ==============
+URL                                                         config
+==========================================================  ==============
+``sqlite:///path/to/store.db`` (``sqlite:///:memory:``)      SqliteConfig
+``postgresql://user@host:port/db?layout=float4[]``          PostgresConfig
+``redis://host:port/0?prefix=emb:``                         RedisConfig
+``featurestore://project/view?region=cn-hangzhou``          FeatureStoreConfig
+==========================================================  ==============
+
+Query parameters set config fields; an unknown one is a :class:`~deltarec.errors.ConfigError`
+naming it and the fields the backend knows. Passwords are never part of a config's text form:
+PostgreSQL reads ``PGPASSWORD`` (libpq), Redis ``REDIS_PASSWORD``, FeatureStore the Alibaba
+Cloud credential chain and ``FEATUREDB_USERNAME``/``FEATUREDB_PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from deltarec.errors import ConfigError
+from deltarec.stores.naming import check_identifier, check_kv_prefix, check_prefix
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SqliteConfig(_Config):
+    """The embedded default: one SQLite file."""
+
+    type: Literal["sqlite"] = "sqlite"
+    path: str
+    """Database file (created if missing); ``:memory:`` for a private in-memory store."""
+    prefix: str = "emb_"
+    """View name prefix."""
+    timeout_s: float = Field(30.0, gt=0)
+    """How long a writer waits for another writer's lock before failing."""
+    synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL"
+    """SQLite ``PRAGMA synchronous`` (WAL mode: NORMAL is durable across process crashes)."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return check_prefix(v)
+
+
+class PostgresConfig(_Config):
+    """PostgreSQL and wire-compatible stores (Hologres)."""
+
+    type: Literal["postgres"] = "postgres"
+    host: str = "localhost"
+    """Server host (or a socket directory)."""
+    port: int = Field(5432, gt=0, lt=65536)
+    """Server port."""
+    user: str | None = None
+    """Role name; None lets libpq choose (``PGUSER``)."""
+    dbname: str = "postgres"
+    """Database name."""
+    password: str | None = Field(None, repr=False, exclude=True)
+    """Only from the URL if given there; prefer ``PGPASSWORD``. Never printed."""
+    schema_name: str = Field("public", alias="schema")
+    """Schema holding the views and the registry."""
+    prefix: str = "emb_"
+    """View name prefix."""
+    layout: Literal["bytea", "float4[]"] = "bytea"
+    """``bytea``: packed little-endian rows; ``float4[]``: arrays (float32/float16 tables)."""
+    connect_timeout: int = Field(10, gt=0)
+    """Seconds before a connection attempt fails (and is retried by the publisher)."""
+    sslmode: str | None = None
+    """libpq ``sslmode``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return check_prefix(v)
+
+    @field_validator("schema_name")
+    @classmethod
+    def _schema(cls, v: str) -> str:
+        return check_identifier(v, "schema name")
+
+
+class RedisConfig(_Config):
+    """Redis: one hash per table, field = key, value = 8-byte version + packed row."""
+
+    type: Literal["redis"] = "redis"
+    host: str = "localhost"
+    """Server host."""
+    port: int = Field(6379, gt=0, lt=65536)
+    """Server port."""
+    db: int = Field(0, ge=0)
+    """Database number."""
+    username: str | None = None
+    """ACL user; the password comes from ``REDIS_PASSWORD``."""
+    prefix: str = "emb:"
+    """Key prefix of the per-table hashes and of the registry keys."""
+    socket_timeout_s: float = Field(10.0, gt=0)
+    """Seconds before a command times out (and is retried by the publisher)."""
+    rows_per_script: int = Field(2000, gt=0)
+    """Rows per server-side script call inside one pipelined batch."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        return check_kv_prefix(v)
+
+
+class FeatureStoreConfig(_Config):
+    """Alibaba PAI FeatureStore through its Python SDK (``feature_store_py``)."""
+
+    type: Literal["featurestore"] = "featurestore"
+    project: str
+    """FeatureStore project name."""
+    view: str
+    """Feature view name prefix: table ``t`` goes to the view ``<view>_<t mapped>``."""
+    region: str
+    """Alibaba Cloud region id, e.g. ``cn-hangzhou``."""
+    entity: str = "deltarec_key"
+    """Feature entity the views join on (provisioned if missing)."""
+    datasource: str | None = None
+    """Online datasource (FeatureDB) name; None uses the project's default."""
+    endpoint: str | None = None
+    """PAI-FeatureStore OpenAPI endpoint override."""
+    write_mode: Literal["merge"] = "merge"
+    """Only MERGE: rows carry monotonic timestamps (their versions)."""
+
+    @field_validator("project", "view", "entity")
+    @classmethod
+    def _names(cls, v: str) -> str:
+        return check_identifier(v, "FeatureStore name")
+
+
+StoreConfig = Annotated[
+    SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig, Field(discriminator="type")
+]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(StoreConfig)
+_SCHEMES = {
+    "sqlite": "sqlite",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "redis": "redis",
+    "featurestore": "featurestore",
+}
+
+
+def parse_config(
+    obj: dict[str, Any],
+) -> SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig:
+    """Validate a config mapping (``{"type": "sqlite", "path": ...}``)."""
+    try:
+        return _ADAPTER.validate_python(obj)  # type: ignore[no-any-return]
+    except ValidationError as e:
+        raise ConfigError(f"store config {_redacted(obj)}: {_errors(e)}") from e
+
+
+def parse_store_url(url: str) -> SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig:
+    """Parse a store URL into its config; raises :class:`ConfigError` naming the problem."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(f"store URL {url!r} is not a URL; expected one of {_examples()}")
+    parts = urllib.parse.urlsplit(url)
+    kind = _SCHEMES.get(parts.scheme.lower())
+    if kind is None:
+        raise ConfigError(
+            f"store URL {redact_url(url)!r}: unknown scheme {parts.scheme!r}; "
+            f"expected one of {_examples()}"
+        )
+    params = _query(url, parts.query)
+    try:
+        fields = _URL_FIELDS[kind](parts)
+    except ValueError as e:
+        raise ConfigError(f"store URL {redact_url(url)!r}: {e}") from e
+    overlap = set(fields) & set(params)
+    if overlap:
+        raise ConfigError(f"store URL {redact_url(url)!r}: {sorted(overlap)} given twice")
+    obj = {"type": kind, **fields, **params}
+    try:
+        return _ADAPTER.validate_python(obj)  # type: ignore[no-any-return]
+    except ValidationError as e:
+        raise ConfigError(f"store URL {redact_url(url)!r}: {_errors(e)}") from e
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _query(url: str, query: str) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key in params:
+            raise ConfigError(f"store URL {redact_url(url)!r}: option {key!r} given twice")
+        params[key] = value
+    return params
+
+
+def _sqlite_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError("a SQLite URL has no host: use sqlite:///relative or sqlite:////absolute")
+    path = urllib.parse.unquote(parts.path)
+    path = path[1:] if path.startswith("/") else path  # sqlite:///rel, sqlite:////abs
+    if not path:
+        raise ValueError("no database path (sqlite:///path/to/store.db)")
+    return {"path": path}
+
+
+def _postgres_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if parts.hostname:
+        fields["host"] = urllib.parse.unquote(parts.hostname)
+    if parts.port is not None:
+        fields["port"] = parts.port
+    if parts.username:
+        fields["user"] = urllib.parse.unquote(parts.username)
+    if parts.password:
+        fields["password"] = urllib.parse.unquote(parts.password)
+    db = parts.path.lstrip("/")
+    if db:
+        fields["dbname"] = urllib.parse.unquote(db)
+    return fields
+
+
+def _redis_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
+    if parts.password:
+        raise ValueError("put the Redis password in REDIS_PASSWORD, not in the URL")
+    fields: dict[str, Any] = {}
+    if parts.hostname:
+        fields["host"] = parts.hostname
+    if parts.port is not None:
+        fields["port"] = parts.port
+    if parts.username:
+        fields["username"] = urllib.parse.unquote(parts.username)
+    db = parts.path.strip("/")
+    if db:
+        if not db.isdigit():
+            raise ValueError(f"database {db!r} is not a number")
+        fields["db"] = int(db)
+    return fields
+
+
+def _featurestore_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
+    if parts.username or parts.password:
+        raise ValueError(
+            "credentials never go in the URL: use the Alibaba Cloud default credential chain "
+            "and FEATUREDB_USERNAME/FEATUREDB_PASSWORD"
+        )
+    view = parts.path.strip("/")
+    if not parts.hostname or not view or "/" in view:
+        raise ValueError("expected featurestore://<project>/<view>?region=<region>")
+    return {"project": parts.hostname, "view": view}
+
+
+_URL_FIELDS = {
+    "sqlite": _sqlite_fields,
+    "postgres": _postgres_fields,
+    "redis": _redis_fields,
+    "featurestore": _featurestore_fields,
+}
+
+
+def _examples() -> str:
+    return (
+        "sqlite:///path/to/store.db, postgresql://user@host:port/db, redis://host:port/0, "
+        "featurestore://project/view?region=..."
+    )
+
+
+def _errors(e: ValidationError) -> str:
+    msgs = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"][1:] if p != "") or str(err["loc"][0])
+        if err["type"] == "extra_forbidden":
+            msgs.append(f"unknown option {loc!r}")
+        else:
+            msgs.append(f"{loc}: {err['msg']}")
+    return "; ".join(msgs)
+
+
+def _redacted(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if "password" in k else v) for k, v in obj.items()}
+
+
+def env_password(name: str) -> str | None:
+    """A password from the environment variable ``name`` (None if unset or empty)."""
+    return os.environ.get(name) or None

@@ -1,0 +1,433 @@
+"""The registry shared by the relational backends (SQLite, PostgreSQL).
+
+Registry tables (plain SQL, so operators can query them; times are unix seconds):
+
+* ``deltarec_views(name, table_id, staging_generation, dim, dtype, layout, floor_version,
+  has_tombstones, created_at)``: every provisioned view; ``staging_generation`` 0 is live.
+* ``deltarec_tombstones(name, key, version)``: deleted keys with the version of the delete.
+* ``deltarec_generations(run, generation, registered_at, merged_at)``.
+* ``deltarec_progress(run, generation, seq, table_id, rank, staging_generation, rows_done,
+  complete, written_at)``: progress marks, written in the rows' transaction.
+* ``deltarec_snapshots(run, generation, seq, table_id, staging_generation, version,
+  swept_at)``: completed snapshot dumps (``swept_at`` NULL until applied to the live view).
+* ``deltarec_serving(id, run, generation, seq, promoted_at, note)``: the serving pointer history;
+  the current pointer is the newest row of a run.
+* ``deltarec_freshness(run, generation, seq, rank, committed_at, visible_at)``.
+
+SQL here is written with ``?`` placeholders; the PostgreSQL backend rewrites them to ``%s``.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from deltarec.artifacts.types import DType, TableSpec
+from deltarec.errors import BadInputError, ViewMismatchError
+from deltarec.ids import make_version, validate_run
+from deltarec.stores.base import Store
+from deltarec.stores.naming import staging_prefix, view_names
+from deltarec.stores.types import FreshnessRecord, ProgressMark, ServingPointer, ViewInfo
+
+REGISTRY_DDL = (
+    """CREATE TABLE IF NOT EXISTS deltarec_views (
+        name TEXT PRIMARY KEY, table_id TEXT NOT NULL, staging_generation BIGINT NOT NULL,
+        dim BIGINT NOT NULL, dtype TEXT NOT NULL, layout TEXT NOT NULL,
+        floor_version BIGINT NOT NULL DEFAULT 0, has_tombstones BIGINT NOT NULL DEFAULT 0,
+        created_at DOUBLE PRECISION NOT NULL, UNIQUE (table_id, staging_generation))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_tombstones (
+        name TEXT NOT NULL, key BIGINT NOT NULL, version BIGINT NOT NULL,
+        PRIMARY KEY (name, key))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_generations (
+        run TEXT NOT NULL, generation BIGINT NOT NULL, registered_at DOUBLE PRECISION NOT NULL,
+        merged_at DOUBLE PRECISION, PRIMARY KEY (run, generation))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_progress (
+        run TEXT NOT NULL, generation BIGINT NOT NULL, seq BIGINT NOT NULL,
+        table_id TEXT NOT NULL, rank BIGINT NOT NULL, staging_generation BIGINT NOT NULL,
+        rows_done BIGINT NOT NULL, complete BIGINT NOT NULL,
+        written_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run, generation, seq, table_id, rank))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_snapshots (
+        run TEXT NOT NULL, generation BIGINT NOT NULL, seq BIGINT NOT NULL,
+        table_id TEXT NOT NULL, staging_generation BIGINT NOT NULL, version BIGINT NOT NULL,
+        swept_at DOUBLE PRECISION, PRIMARY KEY (run, generation, seq, table_id))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_serving (
+        run TEXT NOT NULL, generation BIGINT NOT NULL, seq BIGINT NOT NULL,
+        promoted_at DOUBLE PRECISION NOT NULL, note TEXT NOT NULL,
+        PRIMARY KEY (run, promoted_at))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_freshness (
+        run TEXT NOT NULL, generation BIGINT NOT NULL, seq BIGINT NOT NULL, rank BIGINT NOT NULL,
+        committed_at DOUBLE PRECISION NOT NULL, visible_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (run, generation, seq, rank))""",
+)
+
+_MARK_UPSERT = """INSERT INTO deltarec_progress
+    (run, generation, seq, table_id, rank, staging_generation, rows_done, complete, written_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (run, generation, seq, table_id, rank) DO UPDATE SET
+    staging_generation = excluded.staging_generation, rows_done = excluded.rows_done,
+    complete = excluded.complete, written_at = excluded.written_at"""
+
+
+class RelationalStore(Store):
+    """Registry, provisioning and snapshot bookkeeping of the SQL backends.
+
+    Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
+    DDL, and the row operations.
+    """
+
+    prefix: str
+    layout: str = "bytea"
+
+    # ---- connection primitives (subclass) ------------------------------------------------
+    @abc.abstractmethod
+    def _tx(self, write: bool = True) -> AbstractContextManager[Any]:
+        """A transaction (exclusive where the backend needs it for writes); yields a cursor."""
+
+    @abc.abstractmethod
+    def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
+        """DDL creating one view (live or staging), idempotent."""
+
+    @abc.abstractmethod
+    def _drop_view_sql(self, name: str) -> str:
+        """DDL dropping one view."""
+
+    @abc.abstractmethod
+    def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
+        """Delete rows and tombstones of ``view`` older than ``version``; raise its floor."""
+
+    @abc.abstractmethod
+    def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
+        """Versioned merge of a staging view into its live view (inside the caller's tx)."""
+
+    def _sql(self, sql: str) -> str:
+        return sql
+
+    def _exec(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        return cur.execute(self._sql(sql), tuple(params))
+
+    def _rows(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._exec(cur, sql, params)
+        return list(cur.fetchall())
+
+    def _create_registry(self) -> None:
+        with self._tx() as cur:
+            for ddl in REGISTRY_DDL:
+                self._exec(cur, ddl)
+
+    # ---- views ---------------------------------------------------------------------------
+    def provision(
+        self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
+    ) -> dict[str, ViewInfo]:
+        """See :meth:`Store.provision`."""
+        stage = int(staging_generation or 0)
+        prefix = staging_prefix(self.prefix, stage) if stage else self.prefix
+        names = view_names(tables, prefix)
+        out: dict[str, ViewInfo] = {}
+        with self._tx() as cur:
+            for table, spec in tables.items():
+                out[table] = self._provision_one(cur, table, names[table], spec, stage)
+        self._views_cache.clear()
+        return out
+
+    def _provision_one(
+        self, cur: Any, table: str, name: str, spec: TableSpec, stage: int
+    ) -> ViewInfo:
+        self._check_layout(table, spec)
+        wanted = ViewInfo(table, name, spec.dim, DType(spec.dtype), stage)
+        rows = self._rows(
+            cur,
+            "SELECT table_id, dim, dtype, layout, staging_generation, floor_version "
+            "FROM deltarec_views WHERE name = ?",
+            (name,),
+        )
+        if rows:
+            t, dim, dtype, layout, stg, floor = rows[0]
+            existing = ViewInfo(t, name, int(dim), DType(dtype), int(stg), int(floor))
+            if t != table:
+                raise BadInputError(
+                    f"view {name!r} already holds table {t!r}; table {table!r} maps to the "
+                    "same name: rename one of them or use another prefix"
+                )
+            if (existing.dim, existing.dtype, layout) != (spec.dim, DType(spec.dtype), self.layout):
+                raise ViewMismatchError(
+                    name,
+                    f"{existing.describe()} layout={layout}",
+                    f"{wanted.describe()} layout={self.layout} (table {table!r})",
+                )
+            return existing
+        for ddl in self._create_view_sql(name, spec, staging=bool(stage)):
+            self._exec(cur, ddl)
+        self._exec(
+            cur,
+            "INSERT INTO deltarec_views (name, table_id, staging_generation, dim, dtype, layout, "
+            "floor_version, has_tombstones, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?)",
+            (name, table, stage, spec.dim, DType(spec.dtype).value, self.layout, time.time()),
+        )
+        return wanted
+
+    def _check_layout(self, table: str, spec: TableSpec) -> None:
+        """Subclasses reject dtypes their layout cannot hold."""
+
+    def views(self) -> dict[str, ViewInfo]:
+        """See :meth:`Store.views`."""
+        return {v.table: v for v in self._all_views() if v.staging_generation == 0}
+
+    def _all_views(self) -> list[ViewInfo]:
+        with self._tx(write=False) as cur:
+            rows = self._rows(
+                cur,
+                "SELECT table_id, name, dim, dtype, staging_generation, floor_version "
+                "FROM deltarec_views",
+            )
+        return [ViewInfo(t, n, int(d), DType(dt), int(s), int(f)) for t, n, d, dt, s, f in rows]
+
+    def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
+        stage = int(staging_generation or 0)
+        key = (table, stage)
+        if key not in self._views_cache:
+            for v in self._all_views():
+                self._views_cache[(v.table, v.staging_generation)] = v
+        try:
+            return self._views_cache[key]
+        except KeyError:
+            where = f" (staging generation {stage})" if stage else ""
+            raise BadInputError(
+                f"table {table!r}{where} is not provisioned in {self.describe()}; "
+                "run `deltarec provision` first"
+            ) from None
+
+    # ---- snapshots -----------------------------------------------------------------------
+    def finish_snapshot(
+        self,
+        run: str,
+        generation: int,
+        seq: int,
+        table: str,
+        world_size: int,
+        staging_generation: int | None = None,
+    ) -> bool:
+        """See :meth:`Store.finish_snapshot`."""
+        stage = int(staging_generation or 0)
+        version = make_version(generation, seq)
+        live = self._view(table)
+        with self._tx() as cur:
+            done = self._rows(
+                cur,
+                "SELECT swept_at, staging_generation FROM deltarec_snapshots "
+                "WHERE run = ? AND generation = ? AND seq = ? AND table_id = ?",
+                (run, generation, seq, table),
+            )
+            if done and (done[0][0] is not None or stage):
+                return True
+            complete = self._rows(
+                cur,
+                "SELECT COUNT(*) FROM deltarec_progress WHERE run = ? AND generation = ? "
+                "AND seq = ? AND table_id = ? AND complete = 1",
+                (run, generation, seq, table),
+            )[0][0]
+            if int(complete) < world_size:
+                return False
+            swept = None if stage else time.time()
+            if not stage:
+                self._sweep(cur, live, version)
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_snapshots (run, generation, seq, table_id, "
+                "staging_generation, version, swept_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run, generation, seq, table_id) DO UPDATE SET "
+                "swept_at = excluded.swept_at",
+                (run, generation, seq, table, stage, version, swept),
+            )
+        return True
+
+    # ---- staging -------------------------------------------------------------------------
+    def merge_staging(self, run: str, generation: int) -> int:
+        """See :meth:`Store.merge_staging` (one transaction)."""
+        validate_run(run)
+        stages = [v for v in self._all_views() if v.staging_generation == generation]
+        merged = 0
+        with self._tx() as cur:
+            for stage in stages:
+                live = self._view(stage.table)
+                merged += self._merge_view(cur, stage, live)
+                snaps = self._rows(
+                    cur,
+                    "SELECT version FROM deltarec_snapshots WHERE run = ? AND generation = ? "
+                    "AND table_id = ? AND staging_generation = ? AND swept_at IS NULL",
+                    (run, generation, stage.table, generation),
+                )
+                for (version,) in snaps:
+                    self._sweep(cur, live, int(version))
+                self._exec(cur, self._drop_view_sql(stage.name))
+                self._exec(cur, "DELETE FROM deltarec_views WHERE name = ?", (stage.name,))
+            self._exec(
+                cur,
+                "UPDATE deltarec_snapshots SET swept_at = ? WHERE run = ? AND generation = ? "
+                "AND staging_generation = ? AND swept_at IS NULL",
+                (time.time(), run, generation, generation),
+            )
+            self._exec(
+                cur,
+                "UPDATE deltarec_generations SET merged_at = ? WHERE run = ? AND generation = ?",
+                (time.time(), run, generation),
+            )
+        self._views_cache.clear()
+        return merged
+
+    # ---- registry ------------------------------------------------------------------------
+    def register_generation(self, run: str, generation: int) -> None:
+        """See :meth:`Store.register_generation`."""
+        validate_run(run)
+        with self._tx() as cur:
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_generations (run, generation, registered_at) "
+                "VALUES (?, ?, ?) ON CONFLICT (run, generation) DO NOTHING",
+                (run, int(generation), time.time()),
+            )
+
+    def generations(self, run: str) -> list[int]:
+        """See :meth:`Store.generations`."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(
+                cur,
+                "SELECT generation FROM deltarec_generations WHERE run = ? ORDER BY generation",
+                (run,),
+            )
+        return [int(g) for (g,) in rows]
+
+    def _write_mark(self, cur: Any, mark: ProgressMark, stage: int) -> None:
+        validate_run(mark.run)
+        self._exec(
+            cur,
+            _MARK_UPSERT,
+            (
+                mark.run,
+                mark.generation,
+                mark.seq,
+                mark.table,
+                mark.rank,
+                stage,
+                mark.rows,
+                int(mark.complete),
+                time.time(),
+            ),
+        )
+
+    def progress(self, run: str, generation: int) -> list[ProgressMark]:
+        """See :meth:`Store.progress`."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(
+                cur,
+                "SELECT seq, table_id, rank, rows_done, complete, staging_generation, written_at "
+                "FROM deltarec_progress WHERE run = ? AND generation = ? "
+                "ORDER BY seq, table_id, rank",
+                (run, generation),
+            )
+        return [
+            ProgressMark(run, generation, int(s), t, int(r), int(n), bool(c), int(g), float(w))
+            for s, t, r, n, c, g, w in rows
+        ]
+
+    def record_freshness(self, record: FreshnessRecord) -> None:
+        """See :meth:`Store.record_freshness` (the first record of a rank's dump is kept)."""
+        with self._tx() as cur:
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_freshness (run, generation, seq, rank, committed_at, "
+                "visible_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run, generation, seq, rank) DO NOTHING",
+                (
+                    record.run,
+                    record.generation,
+                    record.seq,
+                    record.rank,
+                    record.committed_at,
+                    record.visible_at,
+                ),
+            )
+
+    def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
+        """See :meth:`Store.freshness`."""
+        sql = (
+            "SELECT generation, seq, rank, committed_at, visible_at FROM deltarec_freshness "
+            "WHERE run = ?"
+        )
+        params: list[Any] = [run]
+        if generation is not None:
+            sql += " AND generation = ?"
+            params.append(generation)
+        with self._tx(write=False) as cur:
+            rows = self._rows(cur, sql + " ORDER BY generation, seq, rank", params)
+        return [
+            FreshnessRecord(run, int(g), int(s), int(r), float(c), float(v))
+            for g, s, r, c, v in rows
+        ]
+
+    def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
+        """See :meth:`Store.set_serving`."""
+        validate_run(run)
+        make_version(generation, seq)
+        with self._tx() as cur:
+            last = self._rows(
+                cur, "SELECT MAX(promoted_at) FROM deltarec_serving WHERE run = ?", (run,)
+            )[0][0]
+            now = max(time.time(), float(last or 0.0) + 1e-6)  # strictly increasing per run
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_serving (run, generation, seq, promoted_at, note) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (run, generation, seq, now, note),
+            )
+        return ServingPointer(run, generation, seq, now, note)
+
+    def get_serving(self, run: str) -> ServingPointer | None:
+        """See :meth:`Store.get_serving`."""
+        history = self.serving_history(run)
+        return history[-1] if history else None
+
+    def serving_history(self, run: str) -> list[ServingPointer]:
+        """See :meth:`Store.serving_history`."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(
+                cur,
+                "SELECT generation, seq, promoted_at, note FROM deltarec_serving WHERE run = ? "
+                "ORDER BY promoted_at",
+                (run,),
+            )
+        return [ServingPointer(run, int(g), int(s), float(p), str(n)) for g, s, p, n in rows]
+
+    # ---- helpers for subclasses ----------------------------------------------------------
+    def _view_state(self, cur: Any, name: str, lock: str = "") -> tuple[int, bool]:
+        rows = self._rows(
+            cur,
+            f"SELECT floor_version, has_tombstones FROM deltarec_views WHERE name = ?{lock}",
+            (name,),
+        )
+        if not rows:
+            raise BadInputError(f"view {name!r} was dropped; provision it again")
+        return int(rows[0][0]), bool(rows[0][1])
+
+    def _iter_pages(self, name: str, batch_rows: int, quote: str) -> Iterator[list[int]]:
+        last: int | None = None
+        while True:
+            with self._tx(write=False) as cur:
+                if last is None:
+                    sql = f"SELECT key FROM {quote} ORDER BY key LIMIT ?"
+                    params: tuple[Any, ...] = (batch_rows,)
+                else:
+                    sql = f"SELECT key FROM {quote} WHERE key > ? ORDER BY key LIMIT ?"
+                    params = (last, batch_rows)
+                keys = [int(k) for (k,) in self._rows(cur, sql, params)]
+            if not keys:
+                return
+            yield keys
+            last = keys[-1]
+            if len(keys) < batch_rows:
+                return
+
+    _views_cache: dict[tuple[str, int], ViewInfo]

@@ -1,0 +1,305 @@
+"""SQLite: the embedded default store, one file, zero setup (SPEC §5).
+
+Each view is a table ``key INTEGER PRIMARY KEY, embedding BLOB, version INTEGER NOT NULL,
+updated_at REAL`` (BLOB = the encoded row, packed little-endian in the table's dtype), so an
+outside reader gets a row with ``SELECT embedding FROM emb_sparse_ebc_user_id WHERE key = ?``.
+A batch is one ``BEGIN IMMEDIATE`` transaction holding its rows and its progress mark; the
+database runs in WAL mode so readers never block the writer. Staging views carry an extra
+``op`` column: a delete is staged as a row and applied by :meth:`SqliteStore.merge_staging`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.types import TableSpec
+from deltarec.errors import StoreError, StoreUnavailableError
+from deltarec.stores.config import SqliteConfig
+from deltarec.stores.naming import quote
+from deltarec.stores.relational import RelationalStore
+from deltarec.stores.rows import check_batch
+from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
+
+_READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
+
+
+def upsert_sql(name: str, guard_tombstones: bool) -> str:
+    """The versioned upsert of one row (``key, embedding, version, updated_at``) into a view."""
+    q = quote(name)
+    source = "SELECT ?1, ?2, ?3, ?4"
+    if guard_tombstones:
+        source += (
+            " WHERE NOT EXISTS (SELECT 1 FROM deltarec_tombstones t"
+            f" WHERE t.name = '{name}' AND t.key = ?1 AND t.version > ?3)"
+        )
+    else:
+        source += " WHERE true"
+    return (
+        f"INSERT INTO {q} (key, embedding, version, updated_at) {source} "
+        "ON CONFLICT (key) DO UPDATE SET embedding = excluded.embedding, "
+        f"version = excluded.version, updated_at = excluded.updated_at "
+        f"WHERE excluded.version >= {q}.version"
+    )
+
+
+class SqliteStore(RelationalStore):
+    """The SQLite backend. Safe to share between threads (one lock around the connection).
+
+    Args:
+        config: the parsed ``sqlite:///path`` URL.
+    """
+
+    kind = "sqlite"
+    capabilities = Capabilities(
+        deletes=True,
+        atomic_marks=True,
+        atomic_merge=True,
+        staging=True,
+        scan=True,
+        snapshot_replace=True,
+    )
+
+    def __init__(self, config: SqliteConfig) -> None:
+        self.config = config
+        self.prefix = config.prefix
+        self._lock = threading.RLock()
+        self._views_cache: dict[tuple[str, int], ViewInfo] = {}
+        path = config.path
+        if path != ":memory:":
+            parent = os.path.dirname(os.path.abspath(path))
+            os.makedirs(parent, exist_ok=True)
+        try:
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                path, timeout=config.timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute(f"PRAGMA synchronous = {config.synchronous}")
+        except sqlite3.Error as e:
+            raise StoreError(f"sqlite store {path!r}: cannot open: {e}") from e
+        self._create_registry()
+
+    def describe(self) -> str:
+        """``sqlite:///<path>``."""
+        return f"sqlite:///{self.config.path}"
+
+    # ---- connection ----------------------------------------------------------------------
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Any]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"{self.describe()} is closed")
+            cur = self._conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                yield cur
+                cur.execute("COMMIT")
+            except BaseException as e:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise _map_error(self.describe(), e) from e
+                raise
+            finally:
+                cur.close()
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # ---- DDL -----------------------------------------------------------------------------
+    def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
+        op = ", op INTEGER NOT NULL" if staging else ""
+        return [
+            f"CREATE TABLE IF NOT EXISTS {quote(name)} (key INTEGER PRIMARY KEY, "
+            f"embedding BLOB NOT NULL, version INTEGER NOT NULL, updated_at REAL NOT NULL{op})"
+        ]
+
+    def _drop_view_sql(self, name: str) -> str:
+        return f"DROP TABLE IF EXISTS {quote(name)}"
+
+    # ---- rows ----------------------------------------------------------------------------
+    def write(
+        self,
+        table: str,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write`."""
+        stage = int(staging_generation or 0)
+        view = self._view(table, stage)
+        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
+        check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+        now = time.time()
+        with self._tx() as cur:
+            floor, tombstones = self._view_state(cur, view.name)
+            keep = versions >= floor
+            if stage:
+                self._write_staged(
+                    cur, view, keys[keep], embedding[keep], ops[keep], versions[keep], now
+                )
+            else:
+                self._write_live(cur, view, keys, embedding, ops, versions, keep, tombstones, now)
+            if mark is not None:
+                self._write_mark(cur, mark, stage)
+        return int(keys.shape[0])
+
+    def _write_live(
+        self,
+        cur: sqlite3.Cursor,
+        view: ViewInfo,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        keep: np.ndarray,
+        tombstones: bool,
+        now: float,
+    ) -> None:
+        up = keep & (ops == 0)
+        dels = keep & (ops == 1)
+        if dels.any() and not tombstones:
+            cur.execute("UPDATE deltarec_views SET has_tombstones = 1 WHERE name = ?", (view.name,))
+            tombstones = True
+        rows = embedding[up]
+        cur.executemany(
+            upsert_sql(view.name, tombstones),
+            zip(
+                keys[up].tolist(),
+                map(bytes, rows),
+                versions[up].tolist(),
+                itertools.repeat(now, len(rows)),
+                strict=True,
+            ),
+        )
+        if dels.any():
+            self._delete(cur, view.name, keys[dels].tolist(), versions[dels].tolist())
+
+    @staticmethod
+    def _delete(cur: sqlite3.Cursor, name: str, keys: list[int], versions: list[int]) -> None:
+        pairs = list(zip(keys, versions, strict=True))
+        cur.executemany(f"DELETE FROM {quote(name)} WHERE key = ? AND version <= ?", pairs)
+        cur.executemany(
+            "INSERT INTO deltarec_tombstones (name, key, version) VALUES (?, ?, ?) "
+            "ON CONFLICT (name, key) DO UPDATE SET version = excluded.version "
+            "WHERE excluded.version > deltarec_tombstones.version",
+            [(name, k, v) for k, v in pairs],
+        )
+
+    def _write_staged(
+        self,
+        cur: sqlite3.Cursor,
+        view: ViewInfo,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        now: float,
+    ) -> None:
+        q = quote(view.name)
+        cur.executemany(
+            f"INSERT INTO {q} (key, embedding, version, updated_at, op) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET embedding = excluded.embedding, "
+            "version = excluded.version, updated_at = excluded.updated_at, op = excluded.op "
+            f"WHERE excluded.version >= {q}.version",
+            zip(
+                keys.tolist(),
+                map(bytes, embedding),
+                versions.tolist(),
+                itertools.repeat(now, len(keys)),
+                ops.tolist(),
+                strict=True,
+            ),
+        )
+
+    def read(
+        self, table: str, keys: np.ndarray, staging_generation: int | None = None
+    ) -> ReadResult:
+        """See :meth:`Store.read`."""
+        view = self._view(table, staging_generation)
+        keys = np.asarray(keys, dtype=np.int64)
+        n = int(keys.shape[0])
+        width = codec.encoded_width(view.dtype, view.dim)
+        element = codec.element_type(view.dtype)
+        out = ReadResult(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, width), element))
+        extra = " AND op = 0" if view.staging_generation else ""
+        position = {int(k): i for i, k in enumerate(keys.tolist())}
+        with self._tx(write=False) as cur:
+            for start in range(0, n, _READ_CHUNK):
+                chunk = keys[start : start + _READ_CHUNK].tolist()
+                marks = ", ".join("?" * len(chunk))
+                cur.execute(
+                    f"SELECT key, embedding, version FROM {quote(view.name)} "
+                    f"WHERE key IN ({marks}){extra}",
+                    chunk,
+                )
+                for key, blob, version in cur.fetchall():
+                    i = position[int(key)]
+                    out.found[i] = True
+                    out.versions[i] = version
+                    out.embedding[i] = np.frombuffer(blob, dtype=element)
+        return out
+
+    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
+        """See :meth:`Store.scan_keys` (ascending)."""
+        view = self._view(table)
+        for page in self._iter_pages(view.name, batch_rows, quote(view.name)):
+            yield np.asarray(page, dtype=np.int64)
+
+    # ---- snapshot / staging --------------------------------------------------------------
+    def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
+        cur.execute(
+            "UPDATE deltarec_views SET floor_version = MAX(floor_version, ?) WHERE name = ?",
+            (version, view.name),
+        )
+        cur.execute(f"DELETE FROM {quote(view.name)} WHERE version < ?", (version,))
+        cur.execute(
+            "DELETE FROM deltarec_tombstones WHERE name = ? AND version < ?", (view.name, version)
+        )
+        self._views_cache.clear()
+
+    def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
+        s, q = quote(stage.name), quote(live.name)
+        floor, _ = self._view_state(cur, live.name)
+        cur.execute(f"SELECT COUNT(*) FROM {s} WHERE op = 1 AND version >= ?", (floor,))
+        if cur.fetchone()[0]:
+            cur.execute("UPDATE deltarec_views SET has_tombstones = 1 WHERE name = ?", (live.name,))
+        cur.execute(
+            f"INSERT INTO {q} (key, embedding, version, updated_at) "
+            f"SELECT s.key, s.embedding, s.version, s.updated_at FROM {s} s "
+            "WHERE s.op = 0 AND s.version >= ? AND NOT EXISTS (SELECT 1 FROM deltarec_tombstones t"
+            " WHERE t.name = ? AND t.key = s.key AND t.version > s.version) "
+            "ON CONFLICT (key) DO UPDATE SET embedding = excluded.embedding, "
+            f"version = excluded.version, updated_at = excluded.updated_at "
+            f"WHERE excluded.version >= {q}.version",
+            (floor, live.name),
+        )
+        merged = int(cur.rowcount)
+        cur.execute(f"SELECT key, version FROM {s} WHERE op = 1 AND version >= ?", (floor,))
+        deletes = cur.fetchall()
+        if deletes:
+            self._delete(cur, live.name, [k for k, _ in deletes], [v for _, v in deletes])
+        return merged + len(deletes)
+
+
+def _map_error(where: str, e: sqlite3.Error) -> Exception:
+    text = str(e)
+    if isinstance(e, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return StoreUnavailableError(f"{where}: {text}")
+    return StoreError(f"{where}: {text}")

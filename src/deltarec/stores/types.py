@@ -1,0 +1,125 @@
+"""Records the store interface passes around: read results, progress marks, serving pointers.
+
+All times are unix seconds (float, UTC). All arrays are numpy arrays; embeddings are always the
+encoded rows of :mod:`deltarec.artifacts.codec` (``[n, encoded_width]`` of the table's element
+type), identical to the parquet ``embedding`` column, so nothing is re-encoded on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from deltarec.artifacts.types import DType
+from deltarec.ids import make_version
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do. Optional operations raise ``NotImplementedError`` naming it."""
+
+    deletes: bool
+    """``op = 1`` deletes the key (with a version-guarded tombstone); else the row is written."""
+    atomic_marks: bool
+    """A progress mark commits in the same transaction as its rows (exactly-once)."""
+    atomic_merge: bool
+    """``merge_staging`` makes a whole generation live in one transaction."""
+    staging: bool
+    """Per-generation staging views (``staged`` publish mode) are supported."""
+    scan: bool
+    """``scan_keys`` lists every key of a view."""
+    snapshot_replace: bool
+    """Publishing a snapshot removes the keys it lacks (older versions)."""
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """One provisioned view: a table's live view, or its staging view of one generation."""
+
+    table: str
+    name: str
+    dim: int
+    dtype: DType
+    staging_generation: int = 0  # 0 = the live view
+    floor_version: int = 0  # writes below this version are superseded (snapshot replace)
+
+    def describe(self) -> str:
+        """``dim=64 dtype=float32`` (for mismatch messages)."""
+        return f"dim={self.dim} dtype={DType(self.dtype).value}"
+
+
+@dataclass
+class ReadResult:
+    """Rows read for ``n`` requested keys, in the order requested.
+
+    Attributes:
+        found: bool ``[n]``; False where the store holds no live row (absent or tombstoned).
+        versions: int64 ``[n]``; the stored version, 0 where not found.
+        embedding: ``[n, encoded_width]`` encoded rows; zeros where not found.
+    """
+
+    found: np.ndarray
+    versions: np.ndarray
+    embedding: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.found.shape[0])
+
+
+@dataclass(frozen=True)
+class ProgressMark:
+    """How far one rank's shard of one table of one dump has been applied.
+
+    A shard is written in byte-sized batches; each batch carries a mark with the number of the
+    shard's rows applied so far, and the last one ``complete=True``. Marks are committed in the
+    same transaction as their rows where ``Capabilities.atomic_marks`` holds.
+    """
+
+    run: str
+    generation: int
+    seq: int
+    table: str
+    rank: int
+    rows: int
+    complete: bool
+    staging_generation: int = 0
+    written_at: float = 0.0  # filled in by the store when read back
+
+    @property
+    def version(self) -> int:
+        """The dump's version, ``generation << 32 | seq``."""
+        return make_version(self.generation, self.seq)
+
+
+@dataclass(frozen=True)
+class ServingPointer:
+    """The generation (through dump ``seq``) that serving was last promoted to."""
+
+    run: str
+    generation: int
+    seq: int
+    promoted_at: float
+    note: str = ""
+
+    @property
+    def version(self) -> int:
+        """``generation << 32 | seq``."""
+        return make_version(self.generation, self.seq)
+
+
+@dataclass(frozen=True)
+class FreshnessRecord:
+    """When one rank's part of a dump was committed (manifest) and became visible in the store."""
+
+    run: str
+    generation: int
+    seq: int
+    rank: int
+    committed_at: float
+    visible_at: float
+
+    @property
+    def lag_s(self) -> float:
+        """Seconds from commit to visibility."""
+        return self.visible_at - self.committed_at
