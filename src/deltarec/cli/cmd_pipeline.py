@@ -1,0 +1,204 @@
+"""``deltarec pipeline compile | submit | run --local``: the Kubeflow pipeline (SPEC §8).
+
+* ``compile [--output PATH] [--components DIR]`` writes the pipeline YAML (default
+  ``deltarec-pipeline.yaml`` in the current directory) and optionally every component's YAML.
+* ``submit --host URL [--namespace NS] [--experiment NAME] <parameters>`` compiles the pipeline
+  and starts a run on a KFP endpoint.
+* ``run --local <parameters>`` runs it on this machine with kfp.local (no network).
+
+Credentials reach the steps only from Kubernetes Secrets: ``--secret NAME`` mounts the Secret's
+standard keys (``PGPASSWORD``, ``AWS_ACCESS_KEY_ID``, ...) as environment variables of the same
+names, ``--secret NAME:KEY=ENV,...`` maps keys explicitly; by default the Secret
+``deltarec-credentials`` is mounted (optional). A store URL or artifact root that carries a
+password is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from deltarec.errors import BadInputError, CheckFailedError
+
+NAME = "pipeline"
+HELP = "compile, submit or locally run the Kubeflow pipeline"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``compile``, ``submit`` and ``run`` sub-commands."""
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    comp = sub.add_parser("compile", help="write the pipeline YAML")
+    comp.add_argument("--output", default="deltarec-pipeline.yaml", help="pipeline YAML path")
+    comp.add_argument("--components", metavar="DIR", help="also write each component's YAML here")
+    _secret_arguments(comp)
+
+    sub_ = sub.add_parser("submit", help="compile and start a run on a KFP endpoint")
+    sub_.add_argument("--host", help="KFP API endpoint (default: found in-cluster)")
+    sub_.add_argument("--namespace", help="KFP namespace (multi-user profile)")
+    sub_.add_argument("--experiment", default="deltarec", help="experiment name")
+    sub_.add_argument("--run-label", help="the run's display name (default deltarec-<run>)")
+    sub_.add_argument("--service-account", help="service account of the steps (see the chart)")
+    sub_.add_argument("--pipeline-root", help="where KFP keeps step artifacts")
+    sub_.add_argument("--output", help="also keep the compiled YAML here")
+    _secret_arguments(sub_)
+    _param_arguments(sub_)
+
+    run = sub.add_parser("run", help="run the pipeline on this machine (--local)")
+    run.add_argument("--local", action="store_true", help="run with kfp.local (required)")
+    run.add_argument(
+        "--pipeline-root",
+        default="kfp-local",
+        help="where kfp.local keeps step outputs (default ./kfp-local)",
+    )
+    run.add_argument("--json", metavar="PATH", help="write the run's result as JSON")
+    _param_arguments(run)
+
+
+def _secret_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--secret",
+        action="append",
+        default=None,
+        metavar="NAME[:KEY=ENV,...]",
+        help="Kubernetes Secret mounted as environment into every step (repeatable; default "
+        "deltarec-credentials with the standard credential keys)",
+    )
+    p.add_argument("--no-secrets", action="store_true", help="mount no Secret")
+
+
+def _param_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", dest="run_name", required=True, help="run name")
+    p.add_argument("--artifacts", dest="artifact_root", required=True, help="artifact root")
+    p.add_argument("--store", dest="store_url", required=True, help="store URL (no password)")
+    p.add_argument("--steps", type=int, default=1000, help="training steps")
+    p.add_argument("--dump-every-steps", type=int, default=100, help="dump cadence (0: off)")
+    p.add_argument("--dump-every-minutes", type=float, default=0.0, help="minutes (0: off)")
+    p.add_argument("--publish-mode", choices=["direct", "staged"], default="direct")
+    p.add_argument("--sample", dest="sample_size", type=int, default=10000, help="0: all keys")
+    p.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
+    p.add_argument("--nodes", type=int, default=1, help="above 1: a Training Operator PyTorchJob")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="0 trains on CPU")
+    p.add_argument("--checkpoint-dir", default="", help="trainer checkpoints (--workdir)")
+    p.add_argument("--train-args", dest="train_extra_args", default="", help="more train args")
+
+
+_PARAM_NAMES = (
+    "run_name",
+    "artifact_root",
+    "store_url",
+    "steps",
+    "dump_every_steps",
+    "dump_every_minutes",
+    "publish_mode",
+    "sample_size",
+    "ranks_per_node",
+    "nodes",
+    "gpus_per_node",
+    "checkpoint_dir",
+    "train_extra_args",
+)
+
+
+def parse_secret(text: str):  # type: ignore[no-untyped-def]
+    """``NAME`` or ``NAME:KEY=ENV,KEY=ENV`` -> :class:`~deltarec.orchestrate.SecretEnv`."""
+    from deltarec.orchestrate.types import CREDENTIAL_ENV, SecretEnv
+
+    name, _, mapping = text.partition(":")
+    if not mapping:
+        return SecretEnv(name, {k: k for k in CREDENTIAL_ENV})
+    pairs: dict[str, str] = {}
+    for item in mapping.split(","):
+        key, eq, env = item.partition("=")
+        if not eq or not key or not env:
+            raise BadInputError(f"--secret {text!r}: {item!r} is not KEY=ENV")
+        pairs[key] = env
+    return SecretEnv(name, pairs)
+
+
+def _secrets(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    if args.no_secrets:
+        return ()
+    if not args.secret:
+        return None  # the default Secret
+    return tuple(parse_secret(s) for s in args.secret)
+
+
+def _params(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from deltarec.orchestrate.params import parse_params
+
+    return parse_params(**{n: getattr(args, n) for n in _PARAM_NAMES})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to compile, submit or run."""
+    if args.action == "compile":
+        return _compile(args)
+    if args.action == "submit":
+        return _submit(args)
+    return _run_local(args)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from deltarec.orchestrate.components import COMPONENTS
+    from deltarec.orchestrate.pipeline import compile_component, compile_pipeline
+
+    path = compile_pipeline(args.output, _secrets(args))
+    print(f"pipeline: {os.path.abspath(path)}")
+    if args.components:
+        os.makedirs(args.components, exist_ok=True)
+        for name in COMPONENTS:
+            out = compile_component(name, os.path.join(args.components, f"{name}.yaml"))
+            print(f"component {name}: {os.path.abspath(out)}")
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from deltarec.orchestrate.pipeline import submit
+
+    params = _params(args)
+    run_id = submit(
+        params,
+        host=args.host,
+        namespace=args.namespace,
+        experiment=args.experiment,
+        secrets=_secrets(args),
+        run_label=args.run_label,
+        package_path=args.output,
+        pipeline_root=args.pipeline_root,
+        service_account=args.service_account,
+    )
+    print(f"submitted run {run_id} (experiment {args.experiment})")
+    return 0
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from deltarec.orchestrate.local import run_local
+
+    if not args.local:
+        raise BadInputError("pipeline run: only --local is supported here; use submit for KFP")
+    result = run_local(_params(args), pipeline_root=args.pipeline_root)
+    record = result.generation
+    print(
+        f"run {record.run} generation {record.generation}: {record.dumps} dumps, "
+        f"{record.rows} rows; verify {result.verdict}; "
+        f"promoted {result.promoted if result.promoted is not None else '-'}"
+    )
+    print(f"report: {result.report_path}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "verdict": result.verdict,
+                    "promoted": result.promoted,
+                    "generation": record.to_metadata(),
+                    "metrics": result.metrics,
+                    "report": result.report_path,
+                    "pipeline_root": result.pipeline_root,
+                },
+                f,
+                indent=2,
+            )
+    if result.verdict != "PASS":
+        raise CheckFailedError(f"verify of generation {record.generation} failed; not promoted")
+    return 0

@@ -1,0 +1,146 @@
+"""Records and errors of the orchestration layer.
+
+The step entry points in :mod:`deltarec.orchestrate.steps` read and write KFP artifacts only
+through the small :class:`ArtifactLike` / :class:`MetricsLike` protocols below, so they are
+plain Python functions that tests call without KFP.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from deltarec.errors import BadInputError, DeltarecError
+
+
+class ArtifactLike(Protocol):
+    """What a step needs of a KFP ``Artifact``: a local path, a URI and a metadata dict."""
+
+    path: str
+    uri: str
+    metadata: dict[str, Any]
+
+
+class MetricsLike(ArtifactLike, Protocol):
+    """What a step needs of a KFP ``Metrics`` artifact."""
+
+    def log_metric(self, metric: str, value: float) -> None:
+        """Record one scalar metric."""
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """What the train step hands to verify and promote (the generation artifact's metadata).
+
+    Attributes:
+        run: the run name.
+        generation: the generation the train step produced.
+        last_seq: the newest committed dump of that generation.
+        last_step: the training step of the newest committed dump.
+        dumps: how many committed dumps the generation has.
+        rows: rows over all committed dumps (all tables, all ranks).
+        uri: the generation's directory under the artifact root.
+    """
+
+    run: str
+    generation: int
+    last_seq: int
+    last_step: int
+    dumps: int
+    rows: int
+    uri: str
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The JSON-able dict stored as the artifact's metadata."""
+        return asdict(self)
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], where: str) -> GenerationRecord:
+        """Read a record back from artifact metadata; a missing field is a BadInputError."""
+        try:
+            return cls(
+                run=str(metadata["run"]),
+                generation=int(metadata["generation"]),
+                last_seq=int(metadata["last_seq"]),
+                last_step=int(metadata["last_step"]),
+                dumps=int(metadata["dumps"]),
+                rows=int(metadata["rows"]),
+                uri=str(metadata["uri"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInputError(f"{where}: not a deltarec generation artifact ({e!r})") from e
+
+
+@dataclass(frozen=True)
+class SecretEnv:
+    """A Kubernetes Secret whose keys reach the steps as environment variables.
+
+    Only the Secret's *name* and key names are ever written into a pipeline; the values stay
+    in the cluster.
+
+    Attributes:
+        name: the Secret's name in the pipeline's namespace.
+        key_to_env: Secret data key -> environment variable name.
+        optional: when True a missing Secret (or key) is not an error.
+    """
+
+    name: str
+    key_to_env: dict[str, str]
+    optional: bool = True
+
+    def __post_init__(self) -> None:
+        if not _DNS1123.match(self.name):
+            raise BadInputError(
+                f"secret name {self.name!r} is not a Kubernetes name (lower-case a-z0-9 and -)"
+            )
+        for key, env in self.key_to_env.items():
+            if not _SECRET_KEY.match(key) or not _ENV_NAME.match(env):
+                raise BadInputError(
+                    f"secret {self.name!r}: key {key!r} -> env {env!r} is not a valid mapping"
+                )
+
+
+CREDENTIAL_ENV = (
+    "PGPASSWORD",
+    "REDIS_PASSWORD",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "ALIBABA_CLOUD_ACCESS_KEY_ID",
+    "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
+    "FEATUREDB_USERNAME",
+    "FEATUREDB_PASSWORD",
+)
+"""Keys of the default credentials Secret; each becomes the environment variable of that name."""
+
+DEFAULT_SECRET = "deltarec-credentials"
+"""The Secret the chart references and the pipeline mounts (optional) by default."""
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def default_secrets() -> tuple[SecretEnv, ...]:
+    """The credentials Secret mounted when nothing else is configured."""
+    return (SecretEnv(DEFAULT_SECRET, {k: k for k in CREDENTIAL_ENV}, optional=True),)
+
+
+class StepFailedError(DeltarecError):
+    """A pipeline step's deltarec command failed; names the step and the exit code."""
+
+    def __init__(self, step: str, code: int, detail: str = "") -> None:
+        self.step = step
+        self.code = code
+        extra = f": {detail}" if detail else ""
+        super().__init__(f"step {step!r} failed with exit code {code}{extra}")
+
+
+class TrainJobFailedError(DeltarecError):
+    """The PyTorchJob of a multi-node train step failed or did not finish in time."""
+
+    def __init__(self, namespace: str, name: str, problem: str) -> None:
+        self.namespace = namespace
+        self.name = name
+        super().__init__(f"PyTorchJob {namespace}/{name}: {problem}")
