@@ -1,0 +1,205 @@
+"""Every component and the pipeline compile; the YAML wires the steps as documented and holds
+no credential; submit sends it with the parameters to a KFP endpoint."""
+
+import importlib.util
+import pathlib
+
+import pytest
+import yaml
+
+from deltarec.cli import main
+from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+STEPS = ["provision", "train", "verify", "promote", "rollback"]
+PARAMS = [
+    "--run",
+    "ctr-main",
+    "--artifacts",
+    "s3://bucket/artifacts",
+    "--store",
+    "postgresql://trainer@db.ml.svc:5432/emb",
+    "--steps",
+    "500",
+]
+
+
+def load_module(path):
+    spec = importlib.util.spec_from_file_location(path.stem + "_" + path.parent.name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_each_component_folder_compiles_its_component_on_the_pinned_image(step, tmp_path):
+    module = load_module(REPO / "components" / step / "component.py")
+    assert (REPO / "components" / step / "README.md").read_text().startswith(f"# {step}")
+    from kfp import compiler
+
+    out = tmp_path / f"{step}.yaml"
+    compiler.Compiler().compile(module.component, str(out))
+    spec = yaml.safe_load(out.read_text())
+    (executor,) = spec["deploymentSpec"]["executors"].values()
+    container = executor["container"]
+    assert container["image"] == (TRAINER_IMAGE if step == "train" else TOOLS_IMAGE)
+    source = container["command"][-1]
+    assert "from deltarec.orchestrate import steps" in source
+    assert "packages_to_install" not in out.read_text() and "deltarec==" not in source
+
+
+def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["pipeline", "compile", "--components", "comps"]) == 0
+    spec = next(yaml.safe_load_all((tmp_path / "deltarec-pipeline.yaml").read_text()))
+    written = sorted(p.name for p in (tmp_path / "comps").iterdir())
+    assert written == [f"{s}.yaml" for s in sorted(STEPS)]
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert set(params) == {
+        "run_name",
+        "artifact_root",
+        "store_url",
+        "steps",
+        "dump_every_steps",
+        "dump_every_minutes",
+        "publish_mode",
+        "sample_size",
+        "ranks_per_node",
+        "nodes",
+        "gpus_per_node",
+        "checkpoint_dir",
+        "train_extra_args",
+    }
+    tasks = spec["root"]["dag"]["tasks"]
+    assert set(tasks) == {"provision", "train", "verify", "condition-1"}
+    assert tasks["train"]["dependentTasks"] == ["provision"]
+    assert tasks["verify"]["inputs"]["artifacts"]["generation"]["taskOutputArtifact"] == {
+        "outputArtifactKey": "generation",
+        "producerTask": "train",
+    }
+    gate = tasks["condition-1"]
+    assert gate["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--verify-Output'] == 'PASS'"
+    )
+    promote = spec["components"]["comp-condition-1"]["dag"]["tasks"]["promote"]
+    assert promote["inputs"]["artifacts"]["generation"]["componentInputArtifact"]
+    assert all(t["cachingOptions"] == {} for t in tasks.values() if "cachingOptions" in t)
+    accel = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
+    assert accel["accelerator"]["resourceType"] == "nvidia.com/gpu"
+
+
+def test_pipeline_yaml_mounts_secrets_by_name_only(tmp_path):
+    out = tmp_path / "p.yaml"
+    assert (
+        main(
+            [
+                "pipeline",
+                "compile",
+                "--output",
+                str(out),
+                "--secret",
+                "pg-cred:password=PGPASSWORD",
+                "--secret",
+                "cloud",
+            ]
+        )
+        == 0
+    )
+    docs = list(yaml.safe_load_all(out.read_text()))
+    platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(platform) == {"exec-provision", "exec-train", "exec-verify", "exec-promote"}
+    env = platform["exec-train"]["secretAsEnv"]
+    assert [s["secretName"] for s in env] == ["pg-cred", "cloud"]
+    assert env[0]["keyToEnv"] == [{"envVar": "PGPASSWORD", "secretKey": "password"}]
+    aws = {"envVar": "AWS_SECRET_ACCESS_KEY", "secretKey": "AWS_SECRET_ACCESS_KEY"}
+    assert aws in env[1]["keyToEnv"]
+
+
+def test_bad_secret_specs_are_refused_with_exit_code_2(tmp_path, capsys):
+    out = str(tmp_path / "p.yaml")
+    assert main(["pipeline", "compile", "--output", out, "--secret", "Bad_Name"]) == 2
+    assert "Bad_Name" in capsys.readouterr().err
+    assert main(["pipeline", "compile", "--output", out, "--secret", "ok:password"]) == 2
+    assert not (tmp_path / "p.yaml").exists()
+
+
+class FakeClient:
+    calls = []
+
+    def __init__(self, host=None, namespace=None):
+        self.host, self.namespace = host, namespace
+
+    def create_run_from_pipeline_package(self, pipeline_file, **kw):
+        FakeClient.calls.append(
+            {"host": self.host, "yaml": pathlib.Path(pipeline_file).read_text(), **kw}
+        )
+
+        class Result:
+            run_id = "run-42"
+
+        return Result()
+
+
+@pytest.fixture
+def fake_kfp(monkeypatch):
+    import kfp
+
+    FakeClient.calls = []
+    monkeypatch.setattr(kfp, "Client", FakeClient)
+    return FakeClient
+
+
+def test_submit_sends_parameters_and_secret_names_but_never_the_secret_value(
+    fake_kfp, monkeypatch, capsys, tmp_path
+):
+    secret_value = "s3cr3t-Pa55w0rd-9f2c"
+    monkeypatch.setenv("PGPASSWORD", secret_value)  # the operator's shell holds the value
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_value + "-aws")
+    kept = tmp_path / "submitted.yaml"
+    code = main(
+        [
+            "pipeline",
+            "submit",
+            "--host",
+            "http://kfp.example:8888",
+            "--namespace",
+            "ml",
+            "--experiment",
+            "ctr",
+            "--secret",
+            "pg:password=PGPASSWORD",
+            "--secret",
+            "cloud",
+            "--service-account",
+            "deltarec-pipeline",
+            "--output",
+            str(kept),
+            *PARAMS,
+        ]
+    )
+    assert code == 0 and "submitted run run-42" in capsys.readouterr().out
+    (call,) = fake_kfp.calls
+    assert call["host"] == "http://kfp.example:8888" and call["namespace"] == "ml"
+    assert call["experiment_name"] == "ctr" and call["service_account"] == "deltarec-pipeline"
+    assert call["arguments"]["run_name"] == "ctr-main" and call["arguments"]["steps"] == 500
+    assert call["arguments"]["store_url"] == "postgresql://trainer@db.ml.svc:5432/emb"
+    assert "secretName: pg" in call["yaml"] and "envVar: PGPASSWORD" in call["yaml"]
+    for text in (call["yaml"], kept.read_text(), repr(call["arguments"])):
+        assert secret_value not in text
+
+
+@pytest.mark.parametrize(
+    "store",
+    ["postgresql://trainer:hunter2@db:5432/emb", "redis://db:6379/0?password=hunter2"],
+)
+def test_submit_refuses_a_store_url_with_a_password_and_sends_nothing(fake_kfp, capsys, store):
+    args = ["pipeline", "submit", "--host", "http://kfp", *PARAMS[:4], "--store", store]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "store_url" in err and "Secret" in err and "hunter2" not in err
+    assert fake_kfp.calls == []
+
+
+def test_run_requires_local(capsys):
+    assert main(["pipeline", "run", *PARAMS]) == 2
+    assert "only --local" in capsys.readouterr().err
