@@ -1,0 +1,346 @@
+"""PostgreSQL (and wire-compatible Hologres) store: COPY into a staging table, versioned merge.
+
+Each view is a table ``key BIGINT PRIMARY KEY, embedding BYTEA | REAL[], version BIGINT NOT
+NULL, updated_at TIMESTAMPTZ`` in the configured schema (``bytea`` = the encoded row packed
+little-endian; ``float4[]`` = its values, for float32/float16 tables), so an outside reader gets
+a row with one plain query. A batch is one transaction: binary ``COPY`` into a per-session
+``TEMP`` table (``ON COMMIT DELETE ROWS``), then one ``INSERT ... ON CONFLICT DO UPDATE ...
+WHERE version <= EXCLUDED.version`` (and a guarded ``DELETE`` + tombstone for ``op = 1``), and
+the progress mark. A lost connection raises :class:`~deltarec.errors.StoreUnavailableError` and
+the next call reconnects; the publisher retries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import errors as pgerrors
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.types import DType, TableSpec
+from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
+from deltarec.stores.config import PostgresConfig
+from deltarec.stores.naming import quote
+from deltarec.stores.pgcopy import batch_payload, decode_float4_array
+from deltarec.stores.relational import RelationalStore
+from deltarec.stores.rows import check_batch
+from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
+
+_DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
+_READ_CHUNK = 10000
+_COPY_CHUNK = 8 << 20
+_BATCH = {"bytea": "deltarec_batch_bytea", "float4[]": "deltarec_batch_float4"}
+_TRANSIENT = (
+    psycopg.OperationalError,  # connection refused/reset, admin shutdown, query canceled
+    pgerrors.SerializationFailure,
+    pgerrors.DeadlockDetected,
+    pgerrors.LockNotAvailable,
+)
+
+
+class PostgresStore(RelationalStore):
+    """The PostgreSQL backend (psycopg 3). One connection, guarded by a lock.
+
+    Args:
+        config: the parsed ``postgresql://`` URL.
+    """
+
+    kind = "postgres"
+    capabilities = Capabilities(
+        deletes=True,
+        atomic_marks=True,
+        atomic_merge=True,
+        staging=True,
+        scan=True,
+        snapshot_replace=True,
+    )
+
+    def __init__(self, config: PostgresConfig) -> None:
+        self.config = config
+        self.prefix = config.prefix
+        self.layout = config.layout
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        self._views_cache: dict[tuple[str, int], ViewInfo] = {}
+        self._create_registry()
+
+    def describe(self) -> str:
+        """The URL without password."""
+        c = self.config
+        user = f"{c.user}@" if c.user else ""
+        return f"postgresql://{user}{c.host}:{c.port}/{c.dbname}"
+
+    # ---- connection ----------------------------------------------------------------------
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError(f"{self.describe()} is closed")
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        c = self.config
+        params: dict[str, Any] = {
+            "host": c.host,
+            "port": c.port,
+            "dbname": c.dbname,
+            "connect_timeout": c.connect_timeout,
+            "application_name": "deltarec",
+        }
+        for name in ("user", "password", "sslmode"):
+            if getattr(c, name):
+                params[name] = getattr(c, name)
+        try:
+            conn = psycopg.connect(autocommit=True, **params)
+            schema = quote(c.schema_name)
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            conn.execute(f"SET search_path TO {schema}")
+            for layout, table in _BATCH.items():
+                emb = "BYTEA" if layout == "bytea" else "REAL[]"
+                conn.execute(
+                    f"CREATE TEMP TABLE IF NOT EXISTS {table} (key BIGINT NOT NULL, "
+                    f"embedding {emb} NOT NULL, version BIGINT NOT NULL, op SMALLINT NOT NULL) "
+                    "ON COMMIT DELETE ROWS"
+                )
+        except psycopg.Error as e:
+            raise _map_error(self.describe(), e) from e
+        self._conn = conn
+        return conn
+
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Any]:
+        with self._lock:
+            conn = self._connect()
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    yield cur
+            except psycopg.Error as e:
+                if isinstance(e, _TRANSIENT) or conn.closed or conn.broken:
+                    self._drop_connection()
+                raise _map_error(self.describe(), e) from e
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    def _create_registry(self) -> None:
+        with self._tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            from deltarec.stores.relational import REGISTRY_DDL
+
+            for ddl in REGISTRY_DDL:
+                cur.execute(ddl)
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            self._closed = True
+            self._drop_connection()
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s")
+
+    # ---- DDL -----------------------------------------------------------------------------
+    def _check_layout(self, table: str, spec: TableSpec) -> None:
+        if self.layout == "float4[]" and DType(spec.dtype) is DType.INT8_ROWWISE:
+            raise ConfigError(
+                f"table {table!r} is int8_rowwise; the float4[] layout holds float32/float16 "
+                "tables only (use layout=bytea)"
+            )
+
+    def provision(self, tables: Any, staging_generation: int | None = None) -> dict[str, ViewInfo]:
+        """See :meth:`Store.provision` (serialized with other ranks by an advisory lock)."""
+        with self._lock, self._tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            return super().provision(tables, staging_generation)
+
+    def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
+        emb = "BYTEA" if self.layout == "bytea" else "REAL[]"
+        op = ", op SMALLINT NOT NULL" if staging else ""
+        return [
+            f"CREATE TABLE IF NOT EXISTS {quote(name)} (key BIGINT PRIMARY KEY, "
+            f"embedding {emb} NOT NULL, version BIGINT NOT NULL, "
+            f"updated_at TIMESTAMPTZ NOT NULL DEFAULT now(){op})"
+        ]
+
+    def _drop_view_sql(self, name: str) -> str:
+        return f"DROP TABLE IF EXISTS {quote(name)}"
+
+    # ---- rows ----------------------------------------------------------------------------
+    def write(
+        self,
+        table: str,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write`: COPY, versioned merge and mark in one transaction."""
+        stage = int(staging_generation or 0)
+        view = self._view(table, stage)
+        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
+        check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+        has_deletes = bool(stage == 0 and (ops == 1).any())
+        if has_deletes:  # own small transaction first: avoids lock upgrades between ranks
+            with self._tx() as cur:
+                cur.execute(
+                    "UPDATE deltarec_views SET has_tombstones = 1 "
+                    "WHERE name = %s AND has_tombstones = 0",
+                    (view.name,),
+                )
+        payload = batch_payload(keys, embedding, versions, ops, self.layout) if len(keys) else b""
+        with self._tx() as cur:
+            floor, tombstones = self._view_state(cur, view.name, " FOR SHARE")
+            if payload:
+                self._copy(cur, payload)
+                if stage:
+                    self._merge_into_stage(cur, view, floor)
+                else:
+                    self._merge_batch(cur, view.name, _BATCH[self.layout], floor, tombstones)
+                    if has_deletes:
+                        self._apply_deletes(cur, view.name, _BATCH[self.layout], floor)
+            if mark is not None:
+                self._write_mark(cur, mark, stage)
+        return int(keys.shape[0])
+
+    def _copy(self, cur: Any, payload: bytes) -> None:
+        table = _BATCH[self.layout]
+        view = memoryview(payload)
+        with cur.copy(
+            f"COPY {table} (key, embedding, version, op) FROM STDIN (FORMAT BINARY)"
+        ) as cp:
+            for start in range(0, len(view), _COPY_CHUNK):
+                cp.write(view[start : start + _COPY_CHUNK])
+
+    @staticmethod
+    def _merge_batch(cur: Any, name: str, source: str, floor: int, tombstones: bool) -> int:
+        q = quote(name)
+        guard = ""
+        params: tuple[Any, ...] = (floor,)
+        if tombstones:
+            guard = (
+                " AND NOT EXISTS (SELECT 1 FROM deltarec_tombstones t WHERE t.name = %s"
+                " AND t.key = s.key AND t.version > s.version)"
+            )
+            params = (floor, name)
+        cur.execute(
+            f"INSERT INTO {q} AS v (key, embedding, version, updated_at) "
+            f"SELECT s.key, s.embedding, s.version, now() FROM {source} s "
+            f"WHERE s.op = 0 AND s.version >= %s{guard} "
+            "ON CONFLICT (key) DO UPDATE SET embedding = EXCLUDED.embedding, "
+            "version = EXCLUDED.version, updated_at = EXCLUDED.updated_at "
+            "WHERE v.version <= EXCLUDED.version",
+            params,
+        )
+        return int(cur.rowcount)
+
+    @staticmethod
+    def _apply_deletes(cur: Any, name: str, source: str, floor: int) -> int:
+        q = quote(name)
+        cur.execute(
+            f"DELETE FROM {q} v USING {source} s WHERE s.op = 1 AND s.version >= %s "
+            "AND v.key = s.key AND v.version <= s.version",
+            (floor,),
+        )
+        cur.execute(
+            "INSERT INTO deltarec_tombstones AS t (name, key, version) "
+            f"SELECT %s, s.key, s.version FROM {source} s WHERE s.op = 1 AND s.version >= %s "
+            "ON CONFLICT (name, key) DO UPDATE SET version = EXCLUDED.version "
+            "WHERE t.version < EXCLUDED.version",
+            (name, floor),
+        )
+        return int(cur.rowcount)
+
+    def _merge_into_stage(self, cur: Any, view: ViewInfo, floor: int) -> None:
+        q = quote(view.name)
+        cur.execute(
+            f"INSERT INTO {q} AS v (key, embedding, version, updated_at, op) "
+            f"SELECT s.key, s.embedding, s.version, now(), s.op FROM {_BATCH[self.layout]} s "
+            "WHERE s.version >= %s ON CONFLICT (key) DO UPDATE SET "
+            "embedding = EXCLUDED.embedding, version = EXCLUDED.version, "
+            "updated_at = EXCLUDED.updated_at, op = EXCLUDED.op "
+            "WHERE v.version <= EXCLUDED.version",
+            (floor,),
+        )
+
+    def read(
+        self, table: str, keys: np.ndarray, staging_generation: int | None = None
+    ) -> ReadResult:
+        """See :meth:`Store.read`."""
+        view = self._view(table, staging_generation)
+        keys = np.asarray(keys, dtype=np.int64)
+        n = int(keys.shape[0])
+        element = codec.element_type(view.dtype)
+        out = ReadResult(
+            np.zeros(n, bool),
+            np.zeros(n, np.int64),
+            np.zeros((n, codec.encoded_width(view.dtype, view.dim)), element),
+        )
+        position = {int(k): i for i, k in enumerate(keys.tolist())}
+        extra = " AND op = 0" if view.staging_generation else ""
+        with self._tx(write=False) as cur:
+            for start in range(0, n, _READ_CHUNK):
+                cur.execute(
+                    f"SELECT key, embedding, version FROM {quote(view.name)} "
+                    f"WHERE key = ANY(%s){extra}",
+                    (keys[start : start + _READ_CHUNK].tolist(),),
+                )
+                for key, emb, version in cur.fetchall():
+                    i = position[int(key)]
+                    out.found[i] = True
+                    out.versions[i] = version
+                    out.embedding[i] = self._decode(emb, view, element)
+        return out
+
+    def _decode(self, value: Any, view: ViewInfo, element: np.dtype) -> np.ndarray:
+        if self.layout == "bytea":
+            return np.frombuffer(value, dtype=element)
+        return decode_float4_array(value, view.dim).astype(element)
+
+    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
+        """See :meth:`Store.scan_keys` (ascending)."""
+        view = self._view(table)
+        for page in self._iter_pages(view.name, batch_rows, quote(view.name)):
+            yield np.asarray(page, dtype=np.int64)
+
+    # ---- snapshot / staging --------------------------------------------------------------
+    def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
+        cur.execute(
+            "UPDATE deltarec_views SET floor_version = GREATEST(floor_version, %s) WHERE name = %s",
+            (version, view.name),
+        )
+        cur.execute(f"DELETE FROM {quote(view.name)} WHERE version < %s", (version,))
+        cur.execute(
+            "DELETE FROM deltarec_tombstones WHERE name = %s AND version < %s", (view.name, version)
+        )
+        self._views_cache.clear()
+
+    def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
+        cur.execute(
+            "UPDATE deltarec_views SET has_tombstones = 1 WHERE name = %s AND has_tombstones = 0 "
+            f"AND EXISTS (SELECT 1 FROM {quote(stage.name)} WHERE op = 1)",
+            (live.name,),
+        )
+        floor, tombstones = self._view_state(cur, live.name, " FOR UPDATE")
+        merged = self._merge_batch(cur, live.name, quote(stage.name), floor, tombstones)
+        return merged + self._apply_deletes(cur, live.name, quote(stage.name), floor)
+
+    def merge_staging(self, run: str, generation: int) -> int:
+        """See :meth:`Store.merge_staging` (one transaction, serialized by an advisory lock)."""
+        with self._lock, self._tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            return super().merge_staging(run, generation)
+
+
+def _map_error(where: str, e: psycopg.Error) -> Exception:
+    if isinstance(e, _TRANSIENT):
+        return StoreUnavailableError(f"{where}: {type(e).__name__}: {e}".strip())
+    return StoreError(f"{where}: {type(e).__name__}: {e}".strip())

@@ -1,0 +1,212 @@
+"""Real PostgreSQL and Redis servers for tests and benchmarks, on 127.0.0.1 and free ports.
+
+``PostgresServer`` runs the Debian ``postgresql`` binaries (``initdb``/``pg_ctl`` under
+``/usr/lib/postgresql/*/bin``) on a data directory in a temporary folder; as root it runs them
+as the unprivileged ``postgres`` user (PostgreSQL refuses to run as root). ``RedisServer`` runs
+``redis-server`` with an append-only file, so a stop and a restart lose nothing. Both can be
+stopped and started again on the same port and data ("the store is down, then back").
+
+Example::
+
+    with PostgresServer() as pg, RedisServer() as rd:
+        store = open_store(pg.url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+_PG_USER = "postgres"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not accept connections on 127.0.0.1:{port} in {timeout}s")
+
+
+def postgres_bindir() -> str:
+    """The newest ``/usr/lib/postgresql/<v>/bin`` holding ``initdb``."""
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0,
+    )
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    if initdb:
+        return os.path.dirname(initdb)
+    raise RuntimeError("PostgreSQL binaries not found: apt-get install postgresql")
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (trust auth, fsync off: for tests only).
+
+    Args:
+        port: TCP port (default: a free one).
+        fsync: keep PostgreSQL's fsync (benchmarks that want production durability).
+    """
+
+    def __init__(self, port: int | None = None, fsync: bool = False) -> None:
+        self.bindir = postgres_bindir()
+        self.port = port or free_port()
+        self.fsync = fsync
+        self.as_root = os.geteuid() == 0
+        self.base = tempfile.mkdtemp(prefix="deltarec-pg-")
+        self.datadir = os.path.join(self.base, "data")
+        self.logfile = os.path.join(self.base, "server.log")
+        self.user = _PG_USER if self.as_root else _current_user()
+        if self.as_root:
+            os.chmod(self.base, 0o755)
+            shutil.chown(self.base, _PG_USER, _PG_USER)
+        self._run(
+            f"{self.bindir}/initdb -D {self.datadir} -A trust -U {self.user} "
+            "--no-sync -E UTF8 --locale=C.UTF-8"
+        )
+        self.running = False
+
+    @property
+    def url(self) -> str:
+        """``postgresql://user@127.0.0.1:port/postgres``."""
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, command: str) -> None:
+        argv = (
+            ["su", _PG_USER, "-s", "/bin/sh", "-c", command]
+            if self.as_root
+            else ["/bin/sh", "-c", command]
+        )
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{command!r} failed: {done.stdout}{done.stderr}")
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start (or restart after :meth:`stop`) on the same port and data."""
+        opts = (
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
+            f"-c fsync={'on' if self.fsync else 'off'} -c synchronous_commit="
+            f"{'on' if self.fsync else 'off'} -c full_page_writes=off -c max_connections=50 "
+            "-c shared_buffers=128MB -c max_wal_size=2GB"
+        )
+        self._run(
+            f"{self.bindir}/pg_ctl -D {self.datadir} -l {self.logfile} -w -t "
+            f"{int(timeout)} -o '{opts}' start"
+        )
+        _wait_port(self.port, timeout, "PostgreSQL")
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``, or ``immediate`` to simulate a crash)."""
+        if self.running:
+            self._run(f"{self.bindir}/pg_ctl -D {self.datadir} -m {mode} -w stop")
+            self.running = False
+
+    def close(self) -> None:
+        """Stop and remove the data directory."""
+        try:
+            self.stop("immediate")
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` with an append-only file (survives stop/start).
+
+    Args:
+        port: TCP port (default: a free one).
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: apt-get install redis-server")
+        self.binary = binary
+        self.port = port or free_port()
+        self.base = tempfile.mkdtemp(prefix="deltarec-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:port/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start (or restart after :meth:`stop`) on the same port and data."""
+        argv = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.base,
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            os.path.join(self.base, "server.log"),
+        ]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_port(self.port, timeout, "redis-server")
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM flushes the append-only file)."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        """Stop and remove the data directory."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _current_user() -> str:
+    import getpass
+
+    return getpass.getuser()
