@@ -1,0 +1,48 @@
+"""``deltarec promote``: record a verified generation as serving's current one."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+NAME = "promote"
+HELP = "record a verified generation as serving's current one"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``deltarec promote``."""
+    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
+    parser.add_argument("--run", required=True, help="run name")
+    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    parser.add_argument("--generation", required=True, type=int, metavar="G")
+    parser.add_argument(
+        "--through-seq", type=int, metavar="S", help="promote through this dump (default: newest)"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="promote even without a passing verification record (the registry notes it)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Promote; a generation without a passing verification is refused (exit 1)."""
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.promote import promote
+    from deltarec.stores import open_store
+
+    root = ArtifactRoot(args.artifacts)
+    with open_store(args.store) as store:
+        result = promote(
+            root, args.run, store, args.generation, through_seq=args.through_seq, force=args.force
+        )
+        where = store.describe()
+    p = result.pointer
+    merged = f", {result.merged_rows} staged rows merged" if result.merged_rows else ""
+    Console().print(
+        f"serving of run {p.run!r} in {where} is now generation {p.generation} through dump "
+        f"{p.seq} ({p.note}{merged})",
+        highlight=False,
+    )
+    return 0

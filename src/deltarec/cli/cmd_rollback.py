@@ -1,0 +1,56 @@
+"""``deltarec rollback``: restore serving to a promoted generation."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+NAME = "rollback"
+HELP = "restore serving to a promoted generation"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``deltarec rollback``."""
+    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
+    parser.add_argument("--run", required=True, help="run name")
+    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    parser.add_argument("--to-generation", required=True, type=int, metavar="G")
+    parser.add_argument(
+        "--through-seq",
+        type=int,
+        metavar="S",
+        help="restore to this dump of G (default: the dump G was last promoted at)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Roll back; prints the new generation and the keys restored and removed."""
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.promote import rollback
+    from deltarec.stores import open_store
+
+    root = ArtifactRoot(args.artifacts)
+    with open_store(args.store) as store:
+        result = rollback(root, args.run, store, args.to_generation, through_seq=args.through_seq)
+    console = Console()
+    if result.generation is None:
+        console.print(
+            f"nothing changed after generation {result.to_generation} dump "
+            f"{result.through_seq}; serving pointer recorded",
+            highlight=False,
+        )
+        return 0
+    console.print(
+        f"rolled run {result.run!r} back to generation {result.to_generation} dump "
+        f"{result.through_seq} through new generation {result.generation} (version "
+        f"{result.version}): {sum(result.restored.values())} keys restored, "
+        f"{sum(result.removed.values())} removed",
+        highlight=False,
+    )
+    for table in sorted(result.restored):
+        console.print(
+            f"  {table}: {result.restored[table]} restored, {result.removed[table]} removed",
+            highlight=False,
+        )
+    return 0

@@ -1,0 +1,151 @@
+"""Fixtures for verify/promote/rollback tests: generations built with ShardWriter directly.
+
+``Lineage`` writes generations and dumps the way the dumper does (shards, then the manifest
+last) and publishes them into a store the way the publisher does (versioned writes, a progress
+mark per batch, snapshot replacement), so these tests need neither torch nor a training run.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from deltarec.artifacts import (
+    ArtifactRoot,
+    DType,
+    DumpKind,
+    GenerationInfo,
+    Manifest,
+    Parent,
+    ShardRows,
+    ShardWriter,
+    TableKind,
+    TableSpec,
+    codec,
+    read_shard,
+)
+from deltarec.stores import open_store
+from deltarec.stores.base import Store
+from deltarec.stores.types import ProgressMark
+
+RUN = "ctr"
+T_EMB = "sparse.ebc.user_id"
+T_ZCH = "sparse.zch.ad_id"
+SPECS = {
+    T_EMB: TableSpec(dim=8, dtype=DType.FLOAT32, kind=TableKind.PLAIN, num_embeddings=1000),
+    T_ZCH: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH, zch_size=64),
+}
+
+
+def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:
+    """Deterministic float rows: distinct per key and per salt."""
+    k = np.asarray(keys, np.float32)[:, None]
+    return (np.sin(k * 0.37 + salt + np.arange(dim, dtype=np.float32)) * 2.0).astype(np.float32)
+
+
+@dataclass
+class Lineage:
+    root: ArtifactRoot
+    run: str = RUN
+    specs: dict[str, TableSpec] = field(default_factory=lambda: dict(SPECS))
+    step: int = 0
+    T_EMB = T_EMB
+    T_ZCH = T_ZCH
+
+    @staticmethod
+    def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:
+        return values(keys, salt, dim)
+
+    def expected_row(self, table: str, keys: np.ndarray, salt: float) -> np.ndarray:
+        spec = self.specs[table]
+        return codec.encode(values(np.asarray(keys), salt, spec.dim), spec.dtype)
+
+    def generation(self, parent: Parent | None = None) -> int:
+        info = GenerationInfo(self.run, 1, 1, dict(self.specs), parent=parent)
+        return self.root.allocate_generation(info).generation
+
+    def dump(
+        self,
+        gen: int,
+        seq: int,
+        rows: dict[str, tuple[np.ndarray, float] | tuple[np.ndarray, float, np.ndarray]],
+        kind: DumpKind = DumpKind.DELTA,
+        steps: int = 10,
+    ) -> Manifest:
+        """Write one dump: per table (keys, salt[, ops]); values from ``values``."""
+        first = self.step + 1
+        self.step += steps
+        shards = []
+        counts = {}
+        for table, spec_rows in sorted(rows.items()):
+            keys = np.asarray(spec_rows[0], np.int64)
+            salt = spec_rows[1]
+            ops = (
+                np.asarray(spec_rows[2], np.int8)
+                if len(spec_rows) == 3
+                else np.zeros(len(keys), np.int8)
+            )
+            spec = self.specs[table]
+            enc = codec.encode(values(keys, salt, spec.dim), spec.dtype)
+            with ShardWriter(self.root, self.run, gen, seq, table, 0, spec.dtype, spec.dim) as w:
+                w.write(ShardRows(keys, enc, ops, np.full(len(keys), self.step, np.int64)))
+                shards.append(w.close())
+            counts[table] = len(keys)
+        m = Manifest(self.run, gen, seq, kind, first, self.step, 1, tuple(shards), counts)
+        self.root.commit_manifest(m)
+        return m
+
+    def publish(self, store: Store, gen: int, seqs: list[int] | None = None) -> None:
+        """Publish committed dumps of ``gen`` like the publisher (direct mode)."""
+        info = self.root.read_generation(self.run, gen)
+        store.provision(info.tables)
+        store.register_generation(self.run, gen)
+        for seq in seqs if seqs is not None else self.root.list_dumps(self.run, gen):
+            m = self.root.read_manifest(self.run, gen, seq)
+            d = self.root.dump_dir(self.run, gen, seq)
+            for shard in m.shards:
+                r = read_shard(self.root, d, shard, info.tables[shard.table].dtype)
+                mark = ProgressMark(self.run, gen, seq, shard.table, 0, len(r), True)
+                store.write(
+                    shard.table,
+                    r.keys,
+                    r.embedding,
+                    r.ops,
+                    np.full(len(r), m.version, np.int64),
+                    mark=mark,
+                )
+                if m.kind is DumpKind.SNAPSHOT:
+                    store.finish_snapshot(self.run, gen, seq, shard.table, 1)
+
+
+@pytest.fixture
+def lineage(tmp_path) -> Lineage:
+    return Lineage(ArtifactRoot(str(tmp_path / "artifacts")))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def store(sqlite_url) -> Iterator[Store]:
+    s = open_store(sqlite_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def raw_sqlite(sqlite_url):
+    """A second, raw connection to the SQLite store file (to tamper behind the store's back)."""
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
