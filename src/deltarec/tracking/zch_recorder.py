@@ -1,0 +1,178 @@
+"""Instance-level recording of what one ``MCHManagedCollisionModule`` does between dumps.
+
+The recorder replaces two bound methods on ONE module instance (never on the class) and puts
+them back in :meth:`MchRecorder.close`:
+
+* ``remap``: every lookup. The remapped rows are validated against the local shard's row
+  range (before the embedding lookup reads them); in training mode the raw ids looked up are
+  recorded, and whether any of them went to the shared miss (fallback) slot.
+* ``_update_and_evict``: the only place where the raw id → slot mapping changes. While it
+  runs, the module's eviction policy object gets an instance-level wrapper of
+  ``update_metadata_and_generate_eviction_scores`` (removed again before the call returns),
+  which sees the positions being replaced: the raw ids that leave (evicted) and the raw ids
+  that enter (admitted) are recorded from those positions, so nothing scans the mapping.
+
+Work per step is O(batch); work per eviction is O(ids in the eviction history). The mapping
+buffers themselves are only read with ``searchsorted`` at collect time (O(k log zch_size)).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from deltarec.tracking.zch_errors import ZchRowRangeError, ZchTrackingError
+
+EMPTY_ID = torch.iinfo(torch.int64).max
+"""The value ``MCHManagedCollisionModule`` keeps in ``_mch_sorted_raw_ids`` for an empty slot."""
+
+_MARK = "_deltarec_zch_recorder"
+_POLICY_FN = "update_metadata_and_generate_eviction_scores"
+_COMPACT_MIN = 1 << 20
+
+
+class MchRecorder:
+    """Records lookups, admissions and evictions of one MCH module instance.
+
+    Args:
+        table: the table id (for error messages).
+        mch: the ``MCHManagedCollisionModule`` (this rank's shard of the table).
+        row_low: the first global row of this rank's embedding shard.
+        row_high: the end (exclusive) of this rank's embedding shard, in global rows.
+
+    Raises:
+        ZchTrackingError: if the module is already tracked by another open recorder.
+    """
+
+    def __init__(self, table: str, mch: Any, row_low: int, row_high: int) -> None:
+        if mch.__dict__.get(_MARK) is not None:
+            raise ZchTrackingError(
+                table, "already tracked by another open source; close() it before tracking again"
+            )
+        self.table = table
+        self.mch: Any = mch
+        self.row_low = row_low
+        self.row_high = row_high
+        device = mch._mch_sorted_raw_ids.device
+        self._lookups: list[torch.Tensor] = []
+        self._admitted: list[torch.Tensor] = []
+        self._evicted: list[torch.Tensor] = []
+        self._pending = 0
+        self._compact_at = _COMPACT_MIN
+        self._miss = torch.zeros((), dtype=torch.bool, device=device)
+        self.evictions = 0
+        self._orig_remap: Callable[..., Any] = mch.remap
+        self._orig_update: Callable[..., Any] = mch._update_and_evict
+        mch.__dict__[_MARK] = self
+        mch.__dict__["remap"] = self._remap
+        mch.__dict__["_update_and_evict"] = self._update_and_evict
+
+    # ---- state read by the table source -------------------------------------------------
+
+    @property
+    def miss_slot(self) -> int:
+        """The global row of the shared miss (fallback) slot of this shard."""
+        return int(self.mch._output_global_offset) + int(self.mch._zch_size) - 1
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Return and reset what was recorded: ``(candidate ids, evicted ids, miss seen)``.
+
+        Candidates are the raw ids looked up in training plus the ids admitted; both tensors are
+        unique int64 on the module's device.
+        """
+        device = self._miss.device
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        candidates = torch.unique(torch.cat([empty, *self._lookups, *self._admitted]))
+        evicted = torch.unique(torch.cat([empty, *self._evicted]))
+        miss = bool(self._miss.item())
+        self._lookups, self._admitted, self._evicted = [], [], []
+        self._pending = 0
+        self._compact_at = _COMPACT_MIN
+        self._miss.zero_()
+        return candidates, evicted, miss
+
+    def check_rows(self, rows: torch.Tensor, where: str) -> None:
+        """Raise :class:`ZchRowRangeError` if any global row is outside this rank's shard."""
+        if rows.numel() == 0:
+            return
+        low, high = (int(v) for v in torch.aminmax(rows))
+        if low >= self.row_low and high < self.row_high:
+            return
+        bad = rows[(rows < self.row_low) | (rows >= self.row_high)]
+        raise ZchRowRangeError(
+            self.table, torch.unique(bad).tolist(), self.row_low, self.row_high, where
+        )
+
+    def close(self) -> None:
+        """Put the module's own methods back (idempotent)."""
+        d = self.mch.__dict__
+        if d.get(_MARK) is not self:
+            return
+        for name in ("remap", "_update_and_evict"):
+            d.pop(name, None)
+        d.pop(_MARK, None)
+
+    # ---- the instance-level wrappers ---------------------------------------------------
+
+    def _remap(self, features: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        out: dict[str, Any] = self._orig_remap(features, *args, **kwargs)
+        training = self.mch.training
+        miss = self.miss_slot
+        for name, jt in out.items():
+            rows = jt.values()
+            self.check_rows(rows, "a lookup")
+            if training and name in features:
+                self._record_lookup(features[name].values(), rows, miss)
+        return out
+
+    def _record_lookup(self, raw: torch.Tensor, rows: torch.Tensor, miss: int) -> None:
+        self._lookups.append(raw.detach().to(torch.int64).clone())
+        self._miss |= (rows == miss).any()
+        self._pending += int(raw.numel())
+        if self._pending >= self._compact_at:
+            merged = torch.unique(torch.cat(self._lookups))
+            self._lookups = [merged]
+            self._pending = int(merged.numel())
+            self._compact_at = max(_COMPACT_MIN, 2 * self._pending)
+
+    def _update_and_evict(
+        self, uniq_ids: torch.Tensor, uniq_ids_counts: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> Any:
+        policy = self.mch._eviction_policy
+        orig_policy_fn = getattr(policy, _POLICY_FN)
+        signature = inspect.signature(orig_policy_fn)
+        seen: dict[str, torch.Tensor] = {}
+        mch = self.mch
+
+        def policy_fn(*p_args: Any, **p_kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            evicted_pos, selected_new = orig_policy_fn(*p_args, **p_kwargs)
+            bound = signature.bind(*p_args, **p_kwargs).arguments
+            order = bound["coalesced_history_argsort_mapping"]
+            matched = bound["coalesced_history_mch_matching_elements_mask"]
+            seen["left"] = mch._mch_sorted_raw_ids[evicted_pos].clone()
+            seen["entered"] = uniq_ids[order][~matched][selected_new]
+            return evicted_pos, selected_new
+
+        had_own = _POLICY_FN in policy.__dict__
+        policy.__dict__[_POLICY_FN] = policy_fn
+        try:
+            result = self._orig_update(uniq_ids, uniq_ids_counts, *args, **kwargs)
+        finally:
+            if had_own:
+                policy.__dict__[_POLICY_FN] = orig_policy_fn
+            else:
+                policy.__dict__.pop(_POLICY_FN, None)
+        if "left" not in seen:
+            raise ZchTrackingError(
+                self.table,
+                "the eviction step did not consult the eviction policy; this torchrec "
+                "version's MCHManagedCollisionModule is not supported by the ZCH tracking",
+            )
+        left = seen["left"]
+        self._evicted.append(left[left != EMPTY_ID])
+        self._admitted.append(seen["entered"].to(torch.int64))
+        self.evictions += 1
+        return result

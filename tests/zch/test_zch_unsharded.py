@@ -1,0 +1,193 @@
+"""ZCH table sources on an unsharded model: raw ids, admissions, evictions, key -1, row checks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from zch_helpers import (
+    ZchModel,
+    apply,
+    assert_same_state,
+    kjts,
+    model_state,
+    stream,
+)
+
+from deltarec.artifacts.types import TableKind
+from deltarec.tracking.zch import (
+    ZchRowRangeError,
+    ZchTableSource,
+    ZchTrackingError,
+    discover_zch_sources,
+    zch_embedding_fqns,
+)
+from deltarec.tracking.zch_cpu import presize_zch_history
+
+
+def _parts(model: ZchModel) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
+    return {
+        "mc_ebc.bag": (
+            model.mc_ebc._managed_collision_collection._managed_collision_modules["bag"],
+            model.mc_ebc._embedding_module.embedding_bags["bag"].weight,
+        ),
+        "mc_ec.seq": (
+            model.mc_ec._managed_collision_collection._managed_collision_modules["seq"],
+            model.mc_ec._embedding_module.embeddings["seq"].weight,
+        ),
+    }
+
+
+def _train(model: ZchModel, opt: torch.optim.Optimizer, ids: list[int]) -> None:
+    opt.zero_grad()
+    model(*kjts(ids)).backward()
+    opt.step()
+
+
+def _sources(model: ZchModel) -> dict[str, ZchTableSource]:
+    sources = discover_zch_sources(model)
+    assert all(isinstance(s, ZchTableSource) for s in sources)
+    return {s.table_id: s for s in sources}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "dlfu"])
+def test_replayed_collects_equal_the_model_state_after_every_interval(policy: str) -> None:
+    torch.manual_seed(0)
+    model = ZchModel(zch_size=8, policy=policy)
+    presize_zch_history(model, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sources = _sources(model)
+    assert set(sources) == {"mc_ebc.bag", "mc_ec.seq"}
+    replay: dict[str, dict[int, np.ndarray]] = {t: {} for t in sources}
+    step = 0
+    for _interval in range(6):
+        for _ in range(3):
+            _train(model, opt, stream(step, seed=1))
+            step += 1
+        for table, source in sources.items():
+            counts = apply(replay[table], source.collect())
+            mch, weight = _parts(model)[table]
+            assert_same_state(replay[table], model_state(mch, weight, 0, with_fallback=True))
+            assert counts["evicted"] > 0, f"{table}: no eviction in this interval"
+    for source in sources.values():
+        source.close()
+
+
+def test_spec_says_zch_with_global_sizes_and_fqns_name_both_module_paths() -> None:
+    model = ZchModel(zch_size=8, policy="lru")
+    sources = _sources(model)
+    spec = sources["mc_ebc.bag"].spec
+    assert (spec.kind, spec.zch_size, spec.num_embeddings, spec.dim) == (TableKind.ZCH, 8, 8, 4)
+    assert spec.sharding == "row_wise"
+    assert zch_embedding_fqns(model) == {
+        "mc_ebc._embedding_module.embedding_bags.bag",
+        "mc_ebc._managed_collision_collection._managed_collision_modules.bag",
+        "mc_ec._embedding_module.embeddings.seq",
+        "mc_ec._managed_collision_collection._managed_collision_modules.seq",
+    }
+    for source in sources.values():
+        source.close()
+
+
+def test_id_admitted_after_the_last_collect_is_dumped_without_a_new_lookup() -> None:
+    model = ZchModel(zch_size=8, policy="lru", interval=2)
+    presize_zch_history(model, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ebc.bag"]
+    mch, weight = _parts(model)["mc_ebc.bag"]
+    _train(model, opt, [7])  # a miss: 7 waits in the eviction history
+    first = source.collect()
+    assert first.keys.tolist() == [-1]  # the fallback row (first collect), no id yet
+    _train(model, opt, [8])  # eviction step: admits 7 and 8; only 8 is looked up
+    second = source.collect()
+    assert second.keys.tolist() == [7, 8]  # no miss since the first collect: no -1
+    assert second.ops.tolist() == [0, 0]
+    want = model_state(mch, weight, 0, with_fallback=True)
+    for key, row in zip(second.keys.tolist(), second.rows.numpy(), strict=True):
+        np.testing.assert_array_equal(row, want[key])
+    source.close()
+
+
+def test_evicted_id_gets_op_1_with_the_fallback_row_and_readmitted_id_its_new_row() -> None:
+    model = ZchModel(zch_size=4, policy="lru")  # 3 usable slots
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ebc.bag"]
+    mch, weight = _parts(model)["mc_ebc.bag"]
+    _train(model, opt, [1, 2, 3])
+    source.collect()
+    _train(model, opt, [4, 2, 3])  # evicts 1 (least recently used)
+    _train(model, opt, [1, 3, 4])  # re-admits 1, evicts 2
+    got = source.collect()
+    by_key = dict(
+        zip(got.keys.tolist(), zip(got.ops.tolist(), got.rows.numpy(), strict=True), strict=True)
+    )
+    state = model_state(mch, weight, 0, with_fallback=True)
+    assert by_key[1][0] == 0
+    np.testing.assert_array_equal(by_key[1][1], state[1])
+    assert by_key[2][0] == 1 and 2 not in state
+    np.testing.assert_array_equal(by_key[2][1], state[-1])
+    assert -1 not in by_key  # no lookup missed since the first collect: fallback unchanged
+    source.close()
+
+
+def test_read_keys_gives_rows_of_held_ids_and_fallback_for_others() -> None:
+    model = ZchModel(zch_size=4, policy="lru")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ec.seq"]
+    mch, weight = _parts(model)["mc_ec.seq"]
+    _train(model, opt, [10, 20, 30, 40])  # 40 misses: 3 usable slots
+    got = source.read_keys(torch.tensor([40, 10, -1, 20, 10]))
+    state = model_state(mch, weight, 0, with_fallback=True)
+    held = {k for k in (10, 20, 30, 40) if k in state}
+    assert got.keys.tolist() == [-1, 10, 20, 40]
+    assert got.ops.tolist() == [0] + [0 if k in held else 1 for k in (10, 20, 40)]
+    for key, op, row in zip(got.keys.tolist(), got.ops.tolist(), got.rows.numpy(), strict=True):
+        np.testing.assert_array_equal(row, state[key if op == 0 else -1])
+    chunks = list(source.snapshot(chunk_rows=2))
+    snap: dict[int, np.ndarray] = {}
+    for chunk in chunks:
+        assert len(chunk) <= 2
+        apply(snap, chunk)
+    assert_same_state(snap, state)
+    source.close()
+
+
+def test_out_of_range_remapped_row_raises_naming_table_and_rows() -> None:
+    model = ZchModel(zch_size=8, policy="lru")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ebc.bag"]
+    mch, _ = _parts(model)["mc_ebc.bag"]
+    _train(model, opt, [5, 6])
+    pos = int(torch.searchsorted(mch._mch_sorted_raw_ids, torch.tensor(6)))
+    mch._mch_remapped_ids_mapping[pos] = 1234
+    with pytest.raises(ZchRowRangeError) as err:
+        source.collect()
+    assert err.value.table == "mc_ebc.bag" and err.value.rows == [1234]
+    with pytest.raises(ZchRowRangeError, match=r"'mc_ebc\.bag'.*\[0, 8\).*\[1234\]"):
+        model(*kjts([6, 5]))
+    source.close()
+
+
+def test_close_restores_the_module_methods_and_a_second_source_may_then_track() -> None:
+    from torchrec.modules.mc_modules import MCHManagedCollisionModule
+
+    class_remap = MCHManagedCollisionModule.remap
+    model = ZchModel(zch_size=8, policy="lru")
+    mch, _ = _parts(model)["mc_ebc.bag"]
+    sources = _sources(model)
+    assert "remap" in mch.__dict__ and MCHManagedCollisionModule.remap is class_remap
+    with pytest.raises(ZchTrackingError, match="already tracked"):
+        discover_zch_sources(model)
+    assert "remap" in mch.__dict__  # the failed discovery left the open source alone
+    for source in sources.values():
+        source.close()
+    assert "remap" not in mch.__dict__ and "_update_and_evict" not in mch.__dict__
+    again = _sources(model)
+    for source in again.values():
+        source.close()
