@@ -7,7 +7,9 @@ mark per batch, snapshot replacement), so these tests need neither torch nor a t
 
 from __future__ import annotations
 
+import pathlib
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -59,6 +61,13 @@ class Lineage:
     @staticmethod
     def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:
         return values(keys, salt, dim)
+
+    @staticmethod
+    def flip_byte(path: str) -> None:
+        """Corrupt one byte in the middle of a file (a shard's data pages)."""
+        data = bytearray(pathlib.Path(path).read_bytes())
+        data[len(data) // 3] ^= 0xFF
+        pathlib.Path(path).write_bytes(bytes(data))
 
     def expected_row(self, table: str, keys: np.ndarray, salt: float) -> np.ndarray:
         spec = self.specs[table]
@@ -132,8 +141,45 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'store.db'}"
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    from deltarec.testing.servers import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    pytest.importorskip("deltarec.stores.redis", reason="the redis store is not available")
+    from deltarec.testing.servers import RedisServer
+
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+def store_url(request, sqlite_url) -> str:
+    """A fresh, empty store of each backend (a schema / key prefix of its own per test)."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    if request.param == "sqlite":
+        return sqlite_url
+    if request.param == "postgres":
+        return f"{request.getfixturevalue('postgres_server').url}?schema={name}"
+    return f"{request.getfixturevalue('redis_server').url}?prefix={name}:"
+
+
 @pytest.fixture
-def store(sqlite_url) -> Iterator[Store]:
+def store(store_url) -> Iterator[Store]:
+    s = open_store(store_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url) -> Iterator[Store]:
     s = open_store(sqlite_url)
     try:
         yield s

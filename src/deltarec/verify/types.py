@@ -228,16 +228,19 @@ class VerifyResult:
         parts.extend(self.errors)
         for t in self.tables.values():
             if t.failures:
-                counts = ", ".join(
-                    f"{c.value} {t.counts[c]}"
-                    for c in CLASS_ORDER
-                    if c in FAILING_CLASSES and t.counts[c]
-                )
-                worst = next((m for m in t.mismatches if m.row_class in FAILING_CLASSES), None)
-                where = (
-                    f" (e.g. key {worst.key}: {worst.row_class.value}, {worst.reason})"
-                    if worst
-                    else ""
-                )
-                parts.append(f"table {t.table!r}: {counts}{where}")
+                parts.append(f"table {t.table!r}: " + ", ".join(_class_examples(t)))
         return "; ".join(parts)
+
+
+def _class_examples(t: TableResult) -> list[str]:
+    """``DIFFERENT 2 (e.g. key 3: values differ)`` for each failing class with keys."""
+    out = []
+    for c in CLASS_ORDER:
+        if c not in FAILING_CLASSES or not t.counts[c]:
+            continue
+        example = next((m for m in t.mismatches if m.row_class is c), None)
+        text = f"{c.value} {t.counts[c]}"
+        if example is not None:
+            text += f" (e.g. key {example.key}: {example.reason})"
+        out.append(text)
+    return out
