@@ -50,9 +50,15 @@ class ZchModel(nn.Module):
     """One MC-EBC table ``bag`` (feature ``f_bag``) and one MC-EC table ``seq`` (``f_seq``)."""
 
     def __init__(
-        self, zch_size: int, policy: str, interval: int = 1, hash_size: int = 1_000_000
+        self,
+        zch_size: int,
+        policy: str,
+        interval: int = 1,
+        hash_size: int = 1_000_000,
+        seq_policy: str | None = None,
     ) -> None:
         super().__init__()
+        seq_policy = seq_policy or policy
         bag = [
             EmbeddingBagConfig(
                 name="bag", embedding_dim=DIM, num_embeddings=zch_size, feature_names=["f_bag"]
@@ -73,7 +79,7 @@ class ZchModel(nn.Module):
         self.mc_ec = ManagedCollisionEmbeddingCollection(
             EmbeddingCollection(seq),
             ManagedCollisionCollection(
-                {"seq": mch(zch_size, policy, interval, hash_size, "seq")}, seq
+                {"seq": mch(zch_size, seq_policy, interval, hash_size, "seq")}, seq
             ),
             return_remapped_features=True,
         )
