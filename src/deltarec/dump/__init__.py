@@ -1,0 +1,33 @@
+"""The delta dump engine: tracked rows become committed generation artifacts (SPEC §3, §4).
+
+The training loop drives a :class:`Dumper` (directly, or through the :class:`DumpHook` that
+:func:`make_train_hook` builds for ``deltarec train``). Rows are gathered on the device, copied
+to host memory asynchronously, and encoded, written and committed by a background worker; a
+queue bounded in bytes makes training wait instead of growing memory.
+
+Exports:
+    Dumper, DumperConfig: the engine and its configuration.
+    DumpHook, make_train_hook: the training-hook adapter and its factory.
+    DataMismatchError: ranks reached the final dump at different steps.
+    ByteBoundedQueue: the bounded queue (also used by benchmarks).
+    dedup_ids, gather_to_host, rows_to_host, HostRows: the plain-torch gather core.
+"""
+
+from deltarec.dump.config import DumperConfig
+from deltarec.dump.dumper import DataMismatchError, Dumper
+from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
+from deltarec.dump.hook import DumpHook, make_train_hook
+from deltarec.dump.queue import ByteBoundedQueue
+
+__all__ = [
+    "ByteBoundedQueue",
+    "DataMismatchError",
+    "DumpHook",
+    "Dumper",
+    "DumperConfig",
+    "HostRows",
+    "dedup_ids",
+    "gather_to_host",
+    "make_train_hook",
+    "rows_to_host",
+]

@@ -1,0 +1,84 @@
+"""The dumper's configuration (pydantic; unknown keys are rejected)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deltarec.artifacts.types import DType
+from deltarec.errors import InvalidIdentifierError
+from deltarec.ids import validate_run, validate_table_id
+
+
+class DumperConfig(BaseModel):
+    """How and when the dumper writes generation artifacts (SPEC §3, §4).
+
+    With neither ``every_steps`` nor ``every_minutes`` only the snapshot (if enabled), a
+    restore's republish dump and the final dump are written.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    artifacts: str = Field(min_length=1)
+    """Artifact root: a local path or any fsspec URI (``s3://bucket/prefix``, ...)."""
+    run: str
+    """Run name (``[A-Za-z0-9_.-]``): one model's training lineage."""
+    every_steps: int | None = Field(default=None, ge=1)
+    """Dump after every this many training steps (counted from the generation's start)."""
+    every_minutes: float | None = Field(default=None, gt=0)
+    """Dump when this many minutes have passed since the previous dump (see docs/dump.md for
+    how ranks agree on the step without a per-step collective)."""
+    snapshot: bool = True
+    """Write dump 0 with every row when a generation starts without a parent."""
+    default_dtype: DType = DType.FLOAT32
+    """Encoding of tables not named in ``table_dtypes``."""
+    table_dtypes: dict[str, DType] = Field(default_factory=dict)
+    """Per-table encoding (``float32`` | ``float16`` | ``int8_rowwise``), by table id."""
+    chunk_rows: int = Field(default=65536, ge=1)
+    """Rows per gathered chunk (one parquet row group)."""
+    queue_bytes: int = Field(default=256 << 20, ge=1 << 16)
+    """Bytes of gathered rows the dump path may hold on the host (queued plus being written).
+    When full, the training thread waits: nothing is dropped."""
+    fsync: bool = True
+    """fsync shards and manifests on local disks before renaming them into place."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec storage options for the artifact root (credentials come from the environment
+    by default)."""
+    commit_timeout_s: float = Field(default=1800.0, gt=0)
+    """How long a rank waits for the other ranks at a dump's commit before failing."""
+    time_sync_max_steps: int = Field(default=1000, ge=1)
+    """With ``every_minutes``: at most this many steps between two clock agreements."""
+
+    @field_validator("run")
+    @classmethod
+    def _run_is_safe(cls, value: str) -> str:
+        try:
+            return validate_run(value)
+        except InvalidIdentifierError as e:
+            raise ValueError(str(e)) from e
+
+    @field_validator("table_dtypes")
+    @classmethod
+    def _tables_are_safe(cls, value: dict[str, DType]) -> dict[str, DType]:
+        for table in value:
+            try:
+                validate_table_id(table)
+            except InvalidIdentifierError as e:
+                raise ValueError(str(e)) from e
+        return value
+
+    @model_validator(mode="after")
+    def _chunk_fits_queue(self) -> DumperConfig:
+        # A chunk of a 1-dim float32 table must fit, else every put would wait for an empty
+        # queue and the writer could never overlap with the gather.
+        if self.chunk_rows * 13 > self.queue_bytes:
+            raise ValueError(
+                f"queue_bytes {self.queue_bytes} cannot hold one chunk of {self.chunk_rows} "
+                "rows (13 bytes per row at least); lower chunk_rows or raise queue_bytes"
+            )
+        return self
+
+    def dtype_of(self, table: str) -> DType:
+        """The encoding of ``table``."""
+        return self.table_dtypes.get(table, self.default_dtype)

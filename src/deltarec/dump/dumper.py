@@ -1,0 +1,416 @@
+"""The dumper: turns tracked rows into committed generation artifacts without stalling training.
+
+Shaped like a checkpointer. The training loop calls :meth:`Dumper.maybe_dump` after every step
+and the dumper decides; public methods own the guards, private ones do the work::
+
+    dumper = Dumper(config, sources)
+    dumper.start(step=0)                       # allocate generation, clean, snapshot (dump 0)
+    for step in range(1, n + 1):
+        train_step()
+        dumper.maybe_dump(step)                # cheap unless a dump is due
+    dumper.final_dump(n)                       # kind "final"; waits until committed
+    dumper.close()
+
+A dump, on the training thread of every rank at the same step: every source's touched rows are
+deduplicated and gathered on the device and copied to host memory (asynchronously, pinned, on
+CUDA) chunk by chunk into a queue bounded in bytes; when the queue is full the training thread
+waits. The background :class:`~deltarec.dump.worker.DumpWorker` encodes, writes and commits.
+A failure there is raised on the training thread at the next call, naming dump and table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from deltarec.artifacts.lineage import keys_published_after
+from deltarec.artifacts.root import ArtifactRoot
+from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
+from deltarec.dump.cadence import Cadence
+from deltarec.dump.config import DumperConfig
+from deltarec.dump.exchange import Exchange
+from deltarec.dump.gather import HostRows, rows_to_host
+from deltarec.dump.queue import ByteBoundedQueue
+from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
+from deltarec.errors import ConfigError, DumpError
+from deltarec.tracking.types import TableSource, TouchedRows
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class DataMismatchError(DumpError):
+    """Ranks reached the final dump at different steps (uneven data exhaustion)."""
+
+
+class Dumper:
+    """Delta dumps of one training process lifetime (one generation).
+
+    Args:
+        config: where and when to dump.
+        sources: this rank's table sources, in the same table order on every rank.
+        on_commit: called on the worker thread after each committed dump (publisher hand-off).
+        keep_rows_bytes: rows kept in memory per dump for ``on_commit`` (0: none).
+    """
+
+    def __init__(
+        self,
+        config: DumperConfig,
+        sources: Sequence[TableSource],
+        on_commit: OnCommit | None = None,
+        keep_rows_bytes: int = 0,
+    ) -> None:
+        self.config = config
+        self.sources = list(sources)
+        ids = [s.table_id for s in self.sources]
+        if len(set(ids)) != len(ids):
+            dup = sorted({t for t in ids if ids.count(t) > 1})
+            raise ConfigError(f"several table sources claim the same table id(s): {dup}")
+        self.root = ArtifactRoot(config.artifacts, config.storage_options)
+        self.on_commit = on_commit
+        self.keep_rows_bytes = keep_rows_bytes
+        self.generation: GenerationInfo | None = None
+        self.queue = ByteBoundedQueue(config.queue_bytes, abort_check=self._check_worker)
+        self._worker: DumpWorker | None = None
+        self._train_x: Exchange | None = None
+        self._worker_x: Exchange | None = None
+        self._cadence: Cadence | None = None
+        self._restored: dict[str, Any] | None = None
+        self._seq = -1
+        self._step = 0
+        self._last_dump_step = 0
+        self._paused = False
+        self._closed = False
+        self.dump_seconds: list[float] = []
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This rank within the dumper's groups (0 when not distributed)."""
+        return self._train_x.rank if self._train_x is not None else 0
+
+    @property
+    def started(self) -> bool:
+        """True between :meth:`start` and :meth:`close`."""
+        return self.generation is not None and not self._closed
+
+    def start(self, step: int = 0, restored_from: int | None = None) -> GenerationInfo:
+        """Open the next generation at training step ``step`` (collective: every rank at once).
+
+        Rank 0 removes incomplete dumps of the run and allocates the generation atomically;
+        a fresh generation then gets a snapshot (dump 0) unless disabled, and a generation
+        restored by :meth:`load_state_dict` republishes (dump 1) every key that dumps after
+        the checkpoint had published, with the restored values.
+
+        Args:
+            step: the training step the model is at (0 for a fresh start).
+            restored_from: the checkpoint step when resuming (defaults to the step saved in
+                the dumper's state).
+        """
+        if self.generation is not None:
+            raise RuntimeError("dumper already started")
+        self._train_x = Exchange.create(self.config.commit_timeout_s)
+        self._worker_x = Exchange.create(self.config.commit_timeout_s)
+        for s in self.sources:
+            bind = getattr(s, "bind", None)
+            if bind is not None:
+                bind(self._train_x)
+        tables = self._table_specs()
+        parent = None
+        if self._restored is not None:
+            ckpt = restored_from if restored_from is not None else int(self._restored["step"])
+            parent = Parent(int(self._restored["generation"]), int(ckpt))
+        self.generation = self._allocate(tables, parent)
+        self._step = self._last_dump_step = step
+        self._worker = DumpWorker(
+            self.root,
+            self.config.run,
+            self.generation.generation,
+            tables,
+            self.queue,
+            self._worker_x,
+            fsync=self.config.fsync,
+            on_commit=self.on_commit,
+            keep_rows_bytes=self.keep_rows_bytes,
+        )
+        self._cadence = Cadence(
+            self.config.every_steps,
+            self.config.every_minutes,
+            clock_sync=self._agreed_clock,
+            max_gap=self.config.time_sync_max_steps,
+        )
+        self._discard_pending()
+        if parent is not None:
+            self._republish(step, parent)
+        elif self.config.snapshot:
+            self._dump(step, DumpKind.SNAPSHOT, seq=0)
+        self._seq = max(self._seq, 0)
+        self._cadence.start(step)
+        return self.generation
+
+    def _table_specs(self) -> dict[str, TableSpec]:
+        tables = {
+            s.table_id: replace(s.spec, dtype=self.config.dtype_of(s.table_id))
+            for s in self.sources
+        }
+        assert self._train_x is not None
+        everyone = self._train_x.all_gather(sorted(tables))
+        if any(names != everyone[0] for names in everyone):
+            raise ConfigError(
+                "ranks discovered different tables: "
+                + "; ".join(f"rank {r}: {names}" for r, names in enumerate(everyone))
+            )
+        unknown = sorted(set(self.config.table_dtypes) - set(tables))
+        if unknown:
+            raise ConfigError(
+                f"table_dtypes names unknown tables {unknown}; tables: {sorted(tables)}"
+            )
+        return tables
+
+    def _allocate(self, tables: dict[str, TableSpec], parent: Parent | None) -> GenerationInfo:
+        assert self._train_x is not None
+        outcome: tuple[str, Any]
+        if self._train_x.rank == 0:
+            try:
+                removed = self.root.clean_incomplete(self.config.run)
+                if removed:
+                    log.info("removed %d incomplete dump directories: %s", len(removed), removed)
+                info = GenerationInfo(
+                    run=self.config.run,
+                    generation=1,
+                    world_size=self._train_x.world_size,
+                    tables=tables,
+                    parent=parent,
+                )
+                outcome = ("ok", self.root.allocate_generation(info).to_json())
+            except Exception as e:
+                outcome = ("error", f"{type(e).__name__}: {e}")
+        else:
+            outcome = ("ok", None)
+        outcome = self._train_x.broadcast(outcome, src=0)
+        if outcome[0] != "ok":
+            raise DumpError(self.config.run, 0, 0, None, f"allocating a generation: {outcome[1]}")
+        path = self.root.generation_file(self.config.run, int(outcome[1]["generation"]))
+        return GenerationInfo.from_json(outcome[1], self.root.url(path))
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Finish queued dumps (up to ``timeout`` seconds), stop the worker, release sources."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._worker is not None:
+                self._worker.stop(timeout)
+        finally:
+            for s in self.sources:
+                try:
+                    s.close()
+                except Exception:
+                    log.exception("closing table source %s failed", s.table_id)
+            for x in (self._train_x, self._worker_x):
+                if x is not None:
+                    x.close()
+
+    # ---- per step ------------------------------------------------------------------------
+    def maybe_dump(self, step: int) -> int | None:
+        """Dump if the cadence says so after training step ``step``; returns the dump's seq.
+
+        Raises the failure of an earlier dump (:class:`~deltarec.errors.DumpError`).
+        No collective runs here except at the cadence's agreed steps.
+        """
+        self._require_started()
+        self._check_worker()
+        self._step = step
+        assert self._cadence is not None
+        if not self._cadence.due(step):
+            return None
+        return self._dump(step, DumpKind.DELTA)
+
+    def dump_now(self, step: int) -> int:
+        """Dump the rows touched so far at ``step`` (collective: every rank at the same step)."""
+        self._require_started()
+        self._check_worker()
+        self._step = step
+        return self._dump(step, DumpKind.DELTA)
+
+    def final_dump(self, step: int, timeout: float | None = None) -> Manifest:
+        """Write the last delta (kind ``final``) and wait until it is committed.
+
+        Every rank's last step is compared first (one all_gather); if they differ the call
+        fails on every rank naming the ranks and steps, so a lagging rank's rows are never
+        silently skipped.
+        """
+        self._require_started()
+        self._check_worker()
+        assert self._train_x is not None and self._worker is not None
+        steps = self._train_x.all_gather(int(step))
+        if len(set(steps)) != 1:
+            raise DataMismatchError(
+                self.config.run,
+                self.generation.generation if self.generation else 0,
+                self._seq + 1,
+                None,
+                "ranks ended at different steps ("
+                + ", ".join(f"rank {r}: step {s}" for r, s in enumerate(steps))
+                + "); the ranks ran out of data unevenly, no final dump was written",
+            )
+        self._step = step
+        seq = self._dump(step, DumpKind.FINAL)
+        return self._worker.wait_committed(seq, timeout)
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Wait until every queued dump is written and committed (raises a dump failure)."""
+        self._require_started()
+        assert self._worker is not None
+        if self._seq >= 0 and self._worker.last_committed_seq() != self._seq:
+            self._worker.wait_committed(self._seq, timeout)
+        self._check_worker()
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def before_eval(self) -> None:
+        """Lookups from now until :meth:`after_eval` are not training updates."""
+        if self._paused:
+            return
+        self._paused = True
+        for s in self.sources:
+            hook = getattr(s, "before_eval", None)
+            if hook is not None:
+                hook()
+
+    def after_eval(self) -> None:
+        """Evaluation ended: forget the ids recorded during it."""
+        if not self._paused:
+            return
+        self._paused = False
+        for s in self.sources:
+            hook = getattr(s, "after_eval", None)
+            if hook is not None:
+                hook()
+
+    # ---- checkpoint ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a training checkpoint keeps: run, generation, last seq and step."""
+        gen = self.generation.generation if self.generation is not None else None
+        return {
+            "version": STATE_VERSION,
+            "run": self.config.run,
+            "generation": gen,
+            "seq": self._seq,
+            "step": self._step,
+            "last_dump_step": self._last_dump_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from a checkpoint, before :meth:`start`: the next generation's parent."""
+        if self.generation is not None:
+            raise RuntimeError("load_state_dict must be called before start()")
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"dumper state version {state.get('version')!r} is not supported")
+        if state.get("run") != self.config.run:
+            raise ConfigError(
+                f"checkpoint belongs to run {state.get('run')!r}, not {self.config.run!r}"
+            )
+        if state.get("generation") is None:
+            return  # checkpoint taken before the dumper started: a fresh lineage
+        self._restored = dict(state)
+
+    # ---- internals -----------------------------------------------------------------------
+    def _require_started(self) -> None:
+        if self.generation is None or self._closed:
+            raise RuntimeError("the dumper is not started (call start() first) or is closed")
+
+    def _check_worker(self) -> None:
+        if self._worker is not None:
+            self._worker.check()
+
+    def _agreed_clock(self) -> float:
+        assert self._train_x is not None
+        return float(self._train_x.broadcast(time.time(), src=0))
+
+    def _discard_pending(self) -> None:
+        for s in self.sources:
+            discard = getattr(s, "discard", None)
+            if discard is not None:
+                discard()
+
+    def _dump(self, step: int, kind: DumpKind, seq: int | None = None) -> int:
+        seq = self._seq + 1 if seq is None else seq
+        first = self._last_dump_step + 1 if kind is not DumpKind.SNAPSHOT else step
+        first = min(first, step)
+        started = time.perf_counter()
+        for source in self.sources:
+            chunks = (
+                self._snapshot_chunks(source)
+                if kind is DumpKind.SNAPSHOT
+                else _collect(source, self)
+            )
+            self._enqueue(seq, source.table_id, step, chunks)
+        self.queue.put(EndOfDump(seq, kind, first, step), 0)
+        self.dump_seconds.append(time.perf_counter() - started)
+        self._seq = seq
+        self._last_dump_step = step
+        if self._cadence is not None and kind is not DumpKind.SNAPSHOT:
+            self._cadence.start(step)
+        return seq
+
+    def _enqueue(self, seq: int, table: str, step: int, chunks: Iterator[HostRows]) -> None:
+        for host in chunks:
+            if len(host) == 0:
+                continue
+            self.queue.put(Chunk(seq, table, step, host), host.nbytes)
+
+    def _snapshot_chunks(self, source: TableSource) -> Iterator[HostRows]:
+        stream = getattr(source, "iter_snapshot", None)
+        if stream is not None:
+            yield from stream(self.config.chunk_rows)
+            return
+        for touched in source.snapshot(self.config.chunk_rows):
+            yield from _split(touched, self.config.chunk_rows)
+
+    def _republish(self, step: int, parent: Parent) -> None:
+        assert self.generation is not None
+        published = keys_published_after(self.root, self.config.run, parent)
+        seq = 1
+        for source in self.sources:
+            keys = published.get(source.table_id, np.empty(0, np.int64))
+            self._enqueue(seq, source.table_id, step, self._read_chunks(source, keys))
+        self.queue.put(EndOfDump(seq, DumpKind.DELTA, step, step), 0)
+        self._seq = seq
+        self._last_dump_step = step
+        log.info(
+            "generation %d republished %d keys published after step %d of generation %d",
+            self.generation.generation,
+            sum(len(k) for k in published.values()),
+            parent.checkpoint_step,
+            parent.generation,
+        )
+
+    def _read_chunks(self, source: TableSource, keys: np.ndarray) -> Iterator[HostRows]:
+        stream = getattr(source, "iter_read_keys", None)
+        tkeys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
+        if stream is not None:
+            yield from stream(tkeys, self.config.chunk_rows)
+            return
+        yield from _split(source.read_keys(tkeys), self.config.chunk_rows)
+
+
+def _collect(source: TableSource, dumper: Dumper) -> Iterator[HostRows]:
+    stream = getattr(source, "iter_collect", None)
+    if stream is not None:
+        yield from stream(dumper.config.chunk_rows)
+        return
+    yield from _split(source.collect(), dumper.config.chunk_rows)
+
+
+def _split(touched: TouchedRows, chunk_rows: int) -> Iterator[HostRows]:
+    n = len(touched)
+    for start in range(0, n, chunk_rows):
+        end = start + chunk_rows
+        yield rows_to_host(touched.keys[start:end], touched.rows[start:end], touched.ops[start:end])

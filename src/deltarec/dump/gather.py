@@ -1,0 +1,178 @@
+"""The device side of a dump, on plain torch tensors: dedup, gather, device→host copy.
+
+Nothing here imports torchrec, so the same path runs on CUDA machines without it and in the
+CUDA benchmark. On CUDA the gathered rows are copied to pinned host memory on a dedicated copy
+stream: the gather of chunk ``k + 1`` overlaps the copy of chunk ``k``, and each host chunk
+carries an event the background worker waits on before it reads the bytes. On CPU the gather
+already produces a host tensor and no copy is made.
+
+Typical use (training thread)::
+
+    ids = dedup_ids(touched_local_rows)              # sorted, unique, on the table's device
+    for chunk in gather_to_host(weight, ids, chunk_rows=65536, key_offset=row_offset):
+        queue.put(chunk, chunk.nbytes)               # the worker calls chunk.wait() first
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def dedup_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Sorted unique int64 ids, on the device the ids live on.
+
+    Args:
+        ids: any-shaped integer tensor of row indices (duplicates allowed).
+
+    Returns:
+        1-D int64 tensor, ascending, without duplicates.
+    """
+    flat = ids.reshape(-1)
+    if flat.dtype != torch.int64:
+        flat = flat.to(torch.int64)
+    if flat.numel() == 0:
+        return flat
+    return torch.unique(flat, sorted=True)
+
+
+@dataclass
+class HostRows:
+    """A chunk of gathered rows in host memory (pinned on CUDA), ready to encode.
+
+    Attributes:
+        keys: int64 ``[n]`` serving keys.
+        rows: float ``[n, dim]`` values (a host tensor; pinned when copied from CUDA).
+        ops: int8 ``[n]``.
+        event: CUDA event recorded after the copy; None for CPU tables.
+        keepalive: device tensors that must outlive the asynchronous copy.
+    """
+
+    keys: torch.Tensor
+    rows: torch.Tensor
+    ops: torch.Tensor
+    event: torch.cuda.Event | None = None
+    keepalive: tuple[torch.Tensor, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes this chunk holds (rows + keys + ops)."""
+        return int(
+            self.rows.numel() * self.rows.element_size() + self.keys.numel() * 8 + self.ops.numel()
+        )
+
+    def wait(self) -> None:
+        """Block until the device→host copy has finished (no-op on CPU)."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+            self.keepalive = ()
+
+    def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(keys, rows, ops)`` as numpy arrays on the host memory (after :meth:`wait`)."""
+        return self.keys.numpy(), self.rows.numpy(), self.ops.numpy()
+
+
+class _CopyEngine:
+    """One copy stream per device; pinned buffers come from torch's caching host allocator."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+
+    def to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Copy device tensors into fresh pinned host tensors asynchronously."""
+        if not self.cuda:
+            return list(tensors), None
+        assert self.stream is not None
+        producer = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(producer)
+        out = []
+        with torch.cuda.stream(self.stream):
+            for t in tensors:
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                t.record_stream(self.stream)
+                out.append(host)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event
+
+
+_ENGINES: dict[torch.device, _CopyEngine] = {}
+
+
+def _engine(device: torch.device) -> _CopyEngine:
+    eng = _ENGINES.get(device)
+    if eng is None:
+        eng = _ENGINES[device] = _CopyEngine(device)
+    return eng
+
+
+def rows_to_host(
+    keys: torch.Tensor, rows: torch.Tensor, ops: torch.Tensor | None = None
+) -> HostRows:
+    """Copy already gathered rows (and their keys/ops) to host memory, asynchronously on CUDA.
+
+    Args:
+        keys: int64 ``[n]`` on the rows' device (or on the host).
+        rows: ``[n, dim]`` values.
+        ops: int8 ``[n]`` or None (all upserts).
+
+    Returns:
+        A :class:`HostRows` whose :meth:`~HostRows.wait` completes the copy.
+    """
+    if ops is None:
+        ops = torch.zeros(keys.shape[0], dtype=torch.int8, device=keys.device)
+    eng = _engine(rows.device)
+    dev = [keys.to(rows.device), rows.contiguous(), ops.to(rows.device)]
+    host, event = eng.to_host(*dev)
+    keep = tuple(dev) if event is not None else ()
+    return HostRows(keys=host[0], rows=host[1], ops=host[2], event=event, keepalive=keep)
+
+
+def gather_to_host(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    chunk_rows: int,
+    key_offset: int = 0,
+    keys: torch.Tensor | None = None,
+) -> Iterator[HostRows]:
+    """Gather ``weight[ids]`` chunk by chunk and copy each chunk to host memory.
+
+    The values are read when each chunk is gathered: callers that need one consistent step
+    consume the whole iterator before the model changes again (the dumper does, on the
+    training thread; the byte-bounded queue makes it wait for space, never drop rows).
+
+    Args:
+        weight: ``[num_rows, dim]`` table (or local shard) on any device.
+        ids: 1-D int64 local row indices on ``weight``'s device (see :func:`dedup_ids`).
+        chunk_rows: rows per yielded chunk (>= 1).
+        key_offset: added to ``ids`` to form the serving keys (a row-wise shard's offset).
+        keys: explicit serving keys (same length as ``ids``) instead of ``ids + key_offset``.
+
+    Yields:
+        :class:`HostRows` chunks in ``ids`` order; ``ops`` are all upserts.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    n = int(ids.shape[0])
+    eng = _engine(weight.device)
+    for start in range(0, n, chunk_rows):
+        idx = ids[start : start + chunk_rows]
+        rows = weight.index_select(0, idx)
+        k = idx + key_offset if keys is None else keys[start : start + chunk_rows]
+        k = k.to(device=weight.device, dtype=torch.int64)
+        ops = torch.zeros(idx.shape[0], dtype=torch.int8, device=weight.device)
+        if eng.cuda:
+            host, event = eng.to_host(k, rows, ops)
+            yield HostRows(host[0], host[1], host[2], event, keepalive=(k, rows, ops))
+        else:
+            yield HostRows(k, rows, ops)

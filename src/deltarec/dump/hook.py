@@ -1,0 +1,186 @@
+"""The dumper as a training hook (``deltarec.train.hooks.TrainHook``), and its factory.
+
+``deltarec train --artifacts ROOT --run NAME ...`` builds the hook with::
+
+    from deltarec.dump import make_train_hook
+    hook = make_train_hook(artifacts=root, run=name, every_steps=50, every_minutes=None,
+                           snapshot=True, store=None, publish_mode="direct")
+
+The training loop then calls ``load_state_dict`` (when resuming), ``on_start``, ``after_step``
+every step, ``before_eval``/``after_eval`` around evaluation, ``on_end`` (the final dump) and
+``close`` on every exit path. With a ``store``, each committed dump's rows of this rank are
+handed to a :class:`deltarec.publish.BackgroundPublisher` from memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.types import Manifest
+from deltarec.dump.config import DumperConfig
+from deltarec.dump.dumper import Dumper
+from deltarec.errors import ConfigError
+from deltarec.tracking.types import TableSource
+
+log = logging.getLogger(__name__)
+
+SourceFactory = Callable[[torch.nn.Module], Sequence[TableSource]]
+
+
+def _default_sources(model: torch.nn.Module) -> Sequence[TableSource]:
+    from deltarec.tracking.discovery import discover_sources
+
+    return discover_sources(model)
+
+
+class DumpHook:
+    """Drives a :class:`Dumper` from the training loop (implements ``TrainHook``).
+
+    Args:
+        config: the dumper's configuration.
+        store: a store URL to publish committed dumps to (None: artifacts only).
+        publish_mode: ``direct`` or ``staged`` (see SPEC §6).
+        sources: builds the table sources from the model (default: DMP discovery).
+    """
+
+    def __init__(
+        self,
+        config: DumperConfig,
+        store: str | None = None,
+        publish_mode: str = "direct",
+        sources: SourceFactory = _default_sources,
+    ) -> None:
+        if publish_mode not in ("direct", "staged"):
+            raise ConfigError(f"publish_mode must be 'direct' or 'staged', got {publish_mode!r}")
+        self.config = config
+        self.store = store
+        self.publish_mode = publish_mode
+        self._sources = sources
+        self.dumper: Dumper | None = None
+        self.publisher: Any = None
+        self._state: dict[str, Any] | None = None
+
+    def on_start(self, model: torch.nn.Module, step: int, restored_from: int | None) -> None:
+        """Discover the tables, open the generation (snapshot or republish)."""
+        sources = self._sources(model)
+        on_commit = None
+        keep = 0
+        if self.store is not None:
+            self.publisher = self._make_publisher()
+            on_commit = self._submit
+            keep = self.config.queue_bytes
+        self.dumper = Dumper(self.config, sources, on_commit=on_commit, keep_rows_bytes=keep)
+        if self._state is not None:
+            self.dumper.load_state_dict(self._state)
+        self.dumper.start(step, restored_from)
+
+    def _make_publisher(self) -> Any:
+        import torch.distributed as dist
+
+        from deltarec.publish import BackgroundPublisher  # type: ignore[attr-defined]
+
+        distributed = dist.is_available() and dist.is_initialized()
+        return BackgroundPublisher(
+            self.store,
+            self.config.artifacts,
+            self.config.run,
+            rank=dist.get_rank() if distributed else 0,
+            world_size=dist.get_world_size() if distributed else 1,
+            mode=self.publish_mode,
+        )
+
+    def _submit(self, manifest: Manifest, rows: dict[str, ShardRows] | None) -> None:
+        self.publisher.submit(manifest, rows or {})
+
+    def after_step(self, step: int) -> None:
+        """Dump if due; re-raise an earlier dump's or publish's failure."""
+        assert self.dumper is not None, "on_start was not called"
+        if self.publisher is not None:
+            self.publisher.check()
+        self.dumper.maybe_dump(step)
+
+    def before_eval(self) -> None:
+        """Pause tracking: evaluation lookups are not training updates."""
+        if self.dumper is not None:
+            self.dumper.before_eval()
+
+    def after_eval(self) -> None:
+        """Resume tracking; ids recorded during evaluation are dropped."""
+        if self.dumper is not None:
+            self.dumper.after_eval()
+
+    def on_end(self, step: int) -> None:
+        """The final dump (every rank's last step must agree); waits until committed."""
+        assert self.dumper is not None, "on_start was not called"
+        self.dumper.final_dump(step)
+        if self.publisher is not None:
+            self.publisher.close(None)
+            self.publisher.check()
+            self.publisher = None
+
+    def close(self) -> None:
+        """Stop the worker and the publisher (also after a failure)."""
+        try:
+            if self.dumper is not None:
+                self.dumper.close()
+        finally:
+            if self.publisher is not None:
+                self.publisher.close(timeout=60.0)
+                self.publisher = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dumper's state for the training checkpoint."""
+        if self.dumper is None:
+            return dict(self._state or {})
+        return self.dumper.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep the checkpoint's dumper state; applied in :meth:`on_start`."""
+        self._state = dict(state)
+
+
+def make_train_hook(
+    *,
+    artifacts: str,
+    run: str,
+    every_steps: int | None = None,
+    every_minutes: float | None = None,
+    snapshot: bool = True,
+    store: str | None = None,
+    publish_mode: str = "direct",
+    **options: Any,
+) -> DumpHook:
+    """Build the dump hook for ``deltarec train`` (keyword arguments only).
+
+    Args:
+        artifacts: artifact root (local path or fsspec URI).
+        run: run name.
+        every_steps: dump every N steps (None: no step cadence).
+        every_minutes: dump every M minutes (None: no time cadence).
+        snapshot: write a snapshot (dump 0) when a generation starts without a parent.
+        store: store URL to publish to while training (None: artifacts only).
+        publish_mode: ``direct`` or ``staged``.
+        **options: further :class:`DumperConfig` fields (``table_dtypes``, ``queue_bytes``...).
+
+    Raises:
+        ConfigError: for invalid or unknown options.
+    """
+    from pydantic import ValidationError
+
+    try:
+        config = DumperConfig(
+            artifacts=artifacts,
+            run=run,
+            every_steps=every_steps,
+            every_minutes=every_minutes,
+            snapshot=snapshot,
+            **options,
+        )
+    except ValidationError as e:
+        raise ConfigError(f"dumper configuration: {e}") from e
+    return DumpHook(config, store=store, publish_mode=publish_mode)
