@@ -200,12 +200,17 @@ def test_single_node_train_runs_deltarec_train_under_torchrun_with_its_device(
     assert seen[0][:5] == ["train", "--nproc-per-node", "2", "--device", "cuda"]
 
 
-def test_verify_metrics_hold_the_verdict_and_every_number_of_the_summary():
-    m = FakeArtifact("/dev/null")
-    steps.log_verify_metrics(
-        m, "FAIL", {"totals": {"match": 90, "different": 10, "ok": False, "tables": ["x"]}}
-    )
-    assert m.metrics == {"passed": 0.0, "match": 90.0, "different": 10.0, "ok": 0.0}
+def test_freshness_percentiles_come_from_the_dumps_publish_lag():
+    summary = {"dumps": [{"lag_s": x} for x in (4.0, 1.0, 3.0, 2.0, None)] + [{"seq": 9}]}
+    got = steps.freshness_percentiles(summary)
+    assert got["freshness_p50_s"] == pytest.approx(2.5)
+    assert got["freshness_p99_s"] == pytest.approx(3.97)
+    assert steps.freshness_percentiles({"dumps": [{"lag_s": None}]}) == {}
+
+
+def test_numeric_summary_flattens_numbers_and_skips_lists():
+    got = steps.numeric_summary({"totals": {"MATCH": 9, "ok": False}, "tables": [1], "x": "s"})
+    assert got == {"totals.MATCH": 9.0, "totals.ok": 0.0}
 
 
 def test_a_failing_command_names_the_step_and_exit_code(monkeypatch):

@@ -5,6 +5,8 @@
 * ``submit --host URL [--namespace NS] [--experiment NAME] <parameters>`` compiles the pipeline
   and starts a run on a KFP endpoint.
 * ``run --local <parameters>`` runs it on this machine with kfp.local (no network).
+* ``verify-serving --artifacts ROOT --run RUN --store URL`` runs ``deltarec verify`` on the
+  generation (and dump) that serving is promoted to: the chart's scheduled check.
 
 Credentials reach the steps only from Kubernetes Secrets: ``--secret NAME`` mounts the Secret's
 standard keys (``PGPASSWORD``, ``AWS_ACCESS_KEY_ID``, ...) as environment variables of the same
@@ -53,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--json", metavar="PATH", help="write the run's result as JSON")
     _param_arguments(run)
+
+    vs = sub.add_parser("verify-serving", help="verify the promoted generation (scheduled check)")
+    vs.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root")
+    vs.add_argument("--run", required=True, help="run name")
+    vs.add_argument("--store", required=True, metavar="URL", help="store URL")
+    vs.add_argument("--sample", type=int, default=10000, help="keys per table; 0: every key")
+    vs.add_argument("--json", metavar="PATH", help="write verify's JSON document")
+    vs.add_argument("--report", metavar="PATH", help="write verify's HTML report")
 
 
 def _secret_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return _compile(args)
     if args.action == "submit":
         return _submit(args)
+    if args.action == "verify-serving":
+        return _verify_serving(args)
     return _run_local(args)
 
 
@@ -201,4 +213,20 @@ def _run_local(args: argparse.Namespace) -> int:
             )
     if result.verdict != "PASS":
         raise CheckFailedError(f"verify of generation {record.generation} failed; not promoted")
+    return 0
+
+
+def _verify_serving(args: argparse.Namespace) -> int:
+    from deltarec.orchestrate.steps import PASS, verify_serving
+
+    verdict = verify_serving(
+        artifacts=args.artifacts,
+        run=args.run,
+        store=args.store,
+        sample_size=args.sample,
+        json_path=args.json,
+        report_path=args.report,
+    )
+    if verdict != PASS:
+        raise CheckFailedError(f"the promoted generation of run {args.run!r} failed verify")
     return 0

@@ -285,8 +285,9 @@ def verify(
 ) -> str:
     """Verify the generation (through its newest dump) against the store.
 
-    ``sample_size <= 0`` compares every key (``--all``). The verify JSON's numeric summary is
-    logged as KFP metrics, the HTML report is written to ``report``.
+    ``sample_size <= 0`` compares every key (``--all``). verify's KFP metrics plus the publish
+    lag percentiles (``freshness_p50_s``, ``freshness_p99_s``) are logged to ``metrics``; the
+    HTML report is written to ``report``; ``json_path`` keeps verify's JSON document.
 
     Returns:
         ``"PASS"`` or ``"FAIL"`` (the command's exit code 0 or 1).
@@ -295,24 +296,95 @@ def verify(
         StepFailedError: verify rejected its input (exit code 2) or crashed.
     """
     record = read_record(generation)
-    with tempfile.TemporaryDirectory(prefix="deltarec-verify-") as tmp:
-        out_json = json_path or os.path.join(tmp, "verify.json")
-        argv = ["verify", *_store_args(artifacts, record.run, store)]
-        argv += ["--generation", str(record.generation), "--through-seq", str(record.last_seq)]
-        argv += ["--all"] if sample_size <= 0 else ["--sample", str(sample_size)]
-        argv += ["--json", out_json]
-        if report is not None:
-            os.makedirs(os.path.dirname(report.path) or ".", exist_ok=True)
-            argv += ["--report", report.path]
-        code = run_cli("verify", argv)
-        summary = _load_json(out_json)
-    verdict = PASS if code == 0 else FAIL
+    report_path = report.path if report is not None else None
+    verdict, _, values = run_verify(
+        artifacts=artifacts,
+        run=record.run,
+        store=store,
+        generation=record.generation,
+        through_seq=record.last_seq,
+        sample_size=sample_size,
+        json_path=json_path,
+        report_path=report_path,
+    )
     if metrics is not None:
-        log_verify_metrics(metrics, verdict, summary)
+        for name, value in sorted(values.items()):
+            metrics.log_metric(name, value)
     if report is not None:
         report.metadata.update({"run": record.run, "generation": record.generation})
         report.metadata["verdict"] = verdict
     log.info("verify: run %s generation %d: %s", record.run, record.generation, verdict)
+    return verdict
+
+
+def run_verify(
+    *,
+    artifacts: str,
+    run: str,
+    store: str,
+    generation: int,
+    through_seq: int | None,
+    sample_size: int,
+    json_path: str | None = None,
+    report_path: str | None = None,
+) -> tuple[str, dict[str, Any], dict[str, float]]:
+    """Run ``deltarec verify`` once; returns ``(verdict, verify JSON, metrics)``."""
+    with tempfile.TemporaryDirectory(prefix="deltarec-verify-") as tmp:
+        out_json = json_path or os.path.join(tmp, "verify.json")
+        out_metrics = os.path.join(tmp, "metrics.json")
+        argv = ["verify", *_store_args(artifacts, run, store), "--generation", str(generation)]
+        if through_seq is not None:
+            argv += ["--through-seq", str(through_seq)]
+        argv += ["--all"] if sample_size <= 0 else ["--sample", str(sample_size)]
+        argv += ["--json", out_json, "--metrics", out_metrics]
+        if report_path:
+            os.makedirs(os.path.dirname(report_path) or ".", exist_ok=True)
+            argv += ["--report", report_path]
+        code = run_cli("verify", argv)
+        summary = _load_json(out_json)
+        values = {k: float(v) for k, v in numeric_summary(_load_json(out_metrics)).items()}
+    verdict = PASS if code == 0 else FAIL
+    values["passed"] = 1.0 if verdict == PASS else 0.0
+    values.update(freshness_percentiles(summary))
+    return verdict, summary, values
+
+
+def verify_serving(
+    *,
+    artifacts: str,
+    run: str,
+    store: str,
+    sample_size: int,
+    json_path: str | None = None,
+    report_path: str | None = None,
+) -> str:
+    """Verify the generation that serving is promoted to (through its promoted dump).
+
+    The scheduled check of the Helm chart's CronJob: it finds the serving pointer in the
+    store's registry and runs ``deltarec verify`` on it.
+
+    Returns:
+        ``"PASS"`` or ``"FAIL"``.
+
+    Raises:
+        BadInputError: ``run`` was never promoted in this store.
+    """
+    from deltarec.stores import open_store
+
+    with open_store(store) as s:
+        pointer = s.get_serving(run)
+    if pointer is None:
+        raise BadInputError(f"run {run!r} has no promoted generation in the store")
+    verdict, _, _ = run_verify(
+        artifacts=artifacts,
+        run=run,
+        store=store,
+        generation=pointer.generation,
+        through_seq=pointer.seq,
+        sample_size=sample_size,
+        json_path=json_path,
+        report_path=report_path,
+    )
     return verdict
 
 
@@ -337,12 +409,28 @@ def numeric_summary(summary: dict[str, Any], prefix: str = "") -> dict[str, floa
     return out
 
 
-def log_verify_metrics(metrics: MetricsLike, verdict: str, summary: dict[str, Any]) -> None:
-    """Log the verdict (``passed`` 1/0) and the verify JSON's totals as KFP metrics."""
-    metrics.log_metric("passed", 1.0 if verdict == PASS else 0.0)
-    totals = summary.get("totals", summary)
-    for name, value in sorted(numeric_summary(totals if isinstance(totals, dict) else {}).items()):
-        metrics.log_metric(name, value)
+def freshness_percentiles(summary: dict[str, Any]) -> dict[str, float]:
+    """p50/p99 of the dumps' publish lag (seconds from commit to visible in the store).
+
+    Read from verify's JSON (``dumps[].lag_s``); empty when the store holds no freshness
+    record.
+    """
+    lags = sorted(
+        float(d["lag_s"])
+        for d in summary.get("dumps") or []
+        if isinstance(d, dict) and isinstance(d.get("lag_s"), int | float)
+    )
+    if not lags:
+        return {}
+    return {"freshness_p50_s": _quantile(lags, 0.50), "freshness_p99_s": _quantile(lags, 0.99)}
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of an ascending, non-empty sequence."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 # ---- promote / rollback ------------------------------------------------------------------------
@@ -354,7 +442,8 @@ def promote(*, artifacts: str, store: str, generation: ArtifactLike) -> int:
     """
     record = read_record(generation)
     argv = ["promote", *_store_args(artifacts, record.run, store)]
-    _require_ok("promote", [*argv, "--generation", str(record.generation)])
+    argv += ["--generation", str(record.generation), "--through-seq", str(record.last_seq)]
+    _require_ok("promote", argv)
     return record.generation
 
 
