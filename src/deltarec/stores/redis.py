@@ -1,0 +1,586 @@
+"""Redis store: one hash per table, field = key, value = 8-byte version + packed row (SPEC §5).
+
+Layout (``prefix`` defaults to ``emb:``; ``~`` cannot occur in a table id, so registry keys
+never collide with a view):
+
+* ``emb:<table id>``: the live view, a hash ``key (decimal) -> version (int64, little-endian)
+  + encoded row``. A reader does ``HGET emb:sparse.ebc.user_id 42`` and skips 8 bytes.
+* ``emb:~tomb:<table id>``: tombstones ``key -> version`` of deleted keys.
+* ``emb:~stage:<G>:<table id>``: generation ``G``'s staging view, values ``version + op byte +
+  row``.
+* ``emb:~floors``, ``emb:~views``, ``emb:~gens:<run>``, ``emb:~progress:<run>:<G>``,
+  ``emb:~snapshots:<run>``, ``emb:~serving:<run>``, ``emb:~fresh:<run>``: the registry.
+
+A batch is one ``MULTI``/``EXEC`` pipeline of server-side Lua scripts that apply the version
+guard per row, plus the progress mark, so rows and mark commit together. Snapshot replacement
+and ``merge_staging`` walk a hash with ``HSCAN`` and apply an atomic script per chunk: each step
+is version-guarded and idempotent, so an interrupted merge is finished by running it again,
+but a whole generation does not become visible in one instant (``atomic_merge = False``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import redis as redis_lib
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.types import DType, TableSpec
+from deltarec.errors import BadInputError, StoreError, StoreUnavailableError, ViewMismatchError
+from deltarec.ids import make_version, validate_run, validate_table_id
+from deltarec.stores.base import Store
+from deltarec.stores.config import RedisConfig, env_password
+from deltarec.stores.types import (
+    Capabilities,
+    FreshnessRecord,
+    ProgressMark,
+    ReadResult,
+    ServingPointer,
+    ViewInfo,
+)
+
+_LUA_COMMON = """
+local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
+local function ge(ah, al, bh, bl) return ah > bh or (ah == bh and al >= bl) end
+local function floor_of(floors, view)
+  local f = redis.call('HGET', floors, view)
+  if f then return ver(f) end
+  return 0, 0
+end
+-- apply one row to a live view; returns 1 if it changed the view
+local function apply(live, tomb, key, vbytes, op, row)
+  local vh, vl = ver(vbytes)
+  local cur = redis.call('HGET', live, key)
+  local newer = true
+  if cur then local ch, cl = ver(string.sub(cur, 1, 8)); newer = ge(vh, vl, ch, cl) end
+  if op == '1' then
+    local t = redis.call('HGET', tomb, key)
+    if not t then redis.call('HSET', tomb, key, vbytes)
+    else
+      local th, tl = ver(t)
+      if ge(vh, vl, th, tl) then redis.call('HSET', tomb, key, vbytes) end
+    end
+    if newer and cur then redis.call('HDEL', live, key); return 1 end
+    return 0
+  end
+  if not newer then return 0 end
+  local t = redis.call('HGET', tomb, key)
+  if t then local th, tl = ver(t); if ge(th, tl, vh, vl) then return 0 end end
+  redis.call('HSET', live, key, vbytes .. row)
+  return 1
+end
+"""
+
+_LUA_WRITE = (
+    _LUA_COMMON
+    + """
+-- KEYS: view (live or staging), tombstones, floors, floor field; ARGV: n, stride, blob, ops,
+-- staged ('1'/'0'), then n keys. blob holds n records of 8-byte version + row.
+local view, tomb, floors = KEYS[1], KEYS[2], KEYS[3]
+local n, stride = tonumber(ARGV[1]), tonumber(ARGV[2])
+local blob, ops, staged = ARGV[3], ARGV[4], ARGV[5] == '1'
+local fh, fl = floor_of(floors, KEYS[4])
+local changed = 0
+for i = 1, n do
+  local key = ARGV[5 + i]
+  local rec = string.sub(blob, (i - 1) * stride + 1, i * stride)
+  local vbytes = string.sub(rec, 1, 8)
+  local vh, vl = ver(vbytes)
+  local op = string.sub(ops, i, i)
+  if ge(vh, vl, fh, fl) then
+    if staged then
+      local cur = redis.call('HGET', view, key)
+      local newer = true
+      if cur then local ch, cl = ver(string.sub(cur, 1, 8)); newer = ge(vh, vl, ch, cl) end
+      if newer then
+        redis.call('HSET', view, key, vbytes .. op .. string.sub(rec, 9))
+        changed = changed + 1
+      end
+    else
+      changed = changed + apply(view, tomb, key, vbytes, op, string.sub(rec, 9))
+    end
+  end
+end
+return changed
+"""
+)
+
+_LUA_MERGE = (
+    _LUA_COMMON
+    + """
+-- KEYS: staging view, live view, tombstones, floors; ARGV: fields of the staging view
+local stage, live, tomb, floors = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local fh, fl = floor_of(floors, live)
+local changed = 0
+for i = 1, #ARGV do
+  local rec = redis.call('HGET', stage, ARGV[i])
+  if rec then
+    local vbytes = string.sub(rec, 1, 8)
+    local vh, vl = ver(vbytes)
+    if ge(vh, vl, fh, fl) then
+      local op, row = string.sub(rec, 9, 9), string.sub(rec, 10)
+      changed = changed + apply(live, tomb, ARGV[i], vbytes, op, row)
+    end
+    redis.call('HDEL', stage, ARGV[i])
+  end
+end
+return changed
+"""
+)
+
+_LUA_SWEEP = """
+-- KEYS: a hash whose values start with an 8-byte version; ARGV: version, fields
+local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
+local vh, vl = ver(ARGV[1])
+local removed = 0
+for i = 2, #ARGV do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if cur then
+    local ch, cl = ver(string.sub(cur, 1, 8))
+    if ch < vh or (ch == vh and cl < vl) then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+      removed = removed + 1
+    end
+  end
+end
+return removed
+"""
+
+_LUA_FLOOR = """
+local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local ch, cl = ver(cur); local vh, vl = ver(ARGV[2])
+  if ch > vh or (ch == vh and cl >= vl) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+_SCAN_CHUNK = 1000
+_READ_CHUNK = 10000
+
+
+def pack_version(version: int) -> bytes:
+    """The 8-byte little-endian form of a version (the head of every stored value)."""
+    return struct.pack("<q", version)
+
+
+class RedisStore(Store):
+    """The Redis backend (redis-py). The client is thread-safe (a connection pool).
+
+    Args:
+        config: the parsed ``redis://`` URL.
+    """
+
+    kind = "redis"
+    capabilities = Capabilities(
+        deletes=True,
+        atomic_marks=True,
+        atomic_merge=False,
+        staging=True,
+        scan=True,
+        snapshot_replace=True,
+    )
+
+    def __init__(self, config: RedisConfig) -> None:
+        self.config = config
+        self.prefix = config.prefix
+        self._client = redis_lib.Redis(
+            host=config.host,
+            port=config.port,
+            db=config.db,
+            username=config.username,
+            password=env_password("REDIS_PASSWORD"),
+            socket_timeout=config.socket_timeout_s,
+            socket_connect_timeout=config.socket_timeout_s,
+        )
+        self._write_script = self._client.register_script(_LUA_WRITE)
+        self._merge_script = self._client.register_script(_LUA_MERGE)
+        self._sweep_script = self._client.register_script(_LUA_SWEEP)
+        self._floor_script = self._client.register_script(_LUA_FLOOR)
+        self._lock = threading.RLock()
+        self._views_cache: dict[tuple[str, int], ViewInfo] = {}
+        with self._errors():
+            self._client.ping()
+
+    def describe(self) -> str:
+        """``redis://host:port/db``."""
+        return f"redis://{self.config.host}:{self.config.port}/{self.config.db}"
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (redis_lib.ConnectionError, redis_lib.TimeoutError) as e:
+            raise StoreUnavailableError(f"{self.describe()}: {type(e).__name__}: {e}") from e
+        except redis_lib.RedisError as e:
+            raise StoreError(f"{self.describe()}: {type(e).__name__}: {e}") from e
+
+    # ---- key names -----------------------------------------------------------------------
+    def _hash(self, table: str, stage: int = 0) -> str:
+        validate_table_id(table)
+        return f"{self.prefix}~stage:{stage}:{table}" if stage else f"{self.prefix}{table}"
+
+    def _reg(self, name: str, *parts: object) -> str:
+        return ":".join([f"{self.prefix}~{name}", *(str(p) for p in parts)])
+
+    # ---- views ---------------------------------------------------------------------------
+    def provision(
+        self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
+    ) -> dict[str, ViewInfo]:
+        """See :meth:`Store.provision` (records the views; hashes appear on first write)."""
+        stage = int(staging_generation or 0)
+        out: dict[str, ViewInfo] = {}
+        with self._errors():
+            for table, spec in tables.items():
+                view = ViewInfo(table, self._hash(table, stage), spec.dim, DType(spec.dtype), stage)
+                field = f"{table}|{stage}"
+                record = json.dumps({"dim": view.dim, "dtype": view.dtype.value})
+                if not self._client.hsetnx(self._reg("views"), field, record):
+                    raw = self._client.hget(self._reg("views"), field)
+                    old = json.loads(raw or "{}")
+                    existing = ViewInfo(
+                        table, view.name, int(old["dim"]), DType(old["dtype"]), stage
+                    )
+                    if (existing.dim, existing.dtype) != (view.dim, view.dtype):
+                        raise ViewMismatchError(
+                            view.name, existing.describe(), f"{view.describe()} (table {table!r})"
+                        )
+                out[table] = view
+        self._views_cache.clear()
+        return out
+
+    def _all_views(self) -> list[ViewInfo]:
+        with self._errors():
+            raw = self._client.hgetall(self._reg("views"))
+        views = []
+        for field, record in raw.items():
+            table, _, stage = _text(field).rpartition("|")
+            obj = json.loads(record)
+            views.append(
+                ViewInfo(
+                    table,
+                    self._hash(table, int(stage)),
+                    int(obj["dim"]),
+                    DType(obj["dtype"]),
+                    int(stage),
+                )
+            )
+        return views
+
+    def views(self) -> dict[str, ViewInfo]:
+        """See :meth:`Store.views`."""
+        return {v.table: v for v in self._all_views() if v.staging_generation == 0}
+
+    def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
+        key = (table, int(staging_generation or 0))
+        if key not in self._views_cache:
+            for v in self._all_views():
+                self._views_cache[(v.table, v.staging_generation)] = v
+        try:
+            return self._views_cache[key]
+        except KeyError:
+            raise BadInputError(
+                f"table {table!r} is not provisioned in {self.describe()}; "
+                "run `deltarec provision` first"
+            ) from None
+
+    # ---- rows ----------------------------------------------------------------------------
+    def write(
+        self,
+        table: str,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write`: one MULTI/EXEC of version-guarded scripts and the mark."""
+        from deltarec.stores.rows import check_batch
+
+        stage = int(staging_generation or 0)
+        view = self._view(table, stage)
+        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
+        check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+        n = int(keys.shape[0])
+        row_width = embedding.shape[1] * embedding.itemsize
+        records = np.empty(n, np.dtype([("v", "<i8"), ("e", np.void, row_width)]))
+        records["v"] = versions
+        records["e"] = (
+            np.ascontiguousarray(embedding).view(np.dtype((np.void, row_width))).reshape(n)
+        )
+        blob = records.tobytes()
+        stride = 8 + row_width
+        op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
+        key_text = [str(k) for k in keys.tolist()]
+        live = self._hash(table)
+        with self._errors():
+            pipe = self._client.pipeline(transaction=True)
+            step = self.config.rows_per_script
+            for s in range(0, n, step):
+                e = min(n, s + step)
+                self._write_script(
+                    keys=[view.name, self._reg("tomb", table), self._reg("floors"), live],
+                    args=[
+                        e - s,
+                        stride,
+                        blob[s * stride : e * stride],
+                        op_chars[s:e],
+                        "1" if stage else "0",
+                        *key_text[s:e],
+                    ],
+                    client=pipe,
+                )
+            if mark is not None:
+                self._mark(pipe, mark, stage)
+            pipe.execute()
+        return n
+
+    def _mark(self, pipe: Any, mark: ProgressMark, stage: int) -> None:
+        validate_run(mark.run)
+        record = {
+            "rows": mark.rows,
+            "complete": mark.complete,
+            "staging_generation": stage,
+            "written_at": time.time(),
+        }
+        pipe.hset(
+            self._reg("progress", mark.run, mark.generation),
+            f"{mark.seq}|{mark.table}|{mark.rank}",
+            json.dumps(record),
+        )
+
+    def read(
+        self, table: str, keys: np.ndarray, staging_generation: int | None = None
+    ) -> ReadResult:
+        """See :meth:`Store.read`."""
+        view = self._view(table, staging_generation)
+        keys = np.asarray(keys, dtype=np.int64)
+        n = int(keys.shape[0])
+        element = codec.element_type(view.dtype)
+        out = ReadResult(
+            np.zeros(n, bool),
+            np.zeros(n, np.int64),
+            np.zeros((n, codec.encoded_width(view.dtype, view.dim)), element),
+        )
+        skip = 9 if view.staging_generation else 8
+        with self._errors():
+            for s in range(0, n, _READ_CHUNK):
+                fields = [str(k) for k in keys[s : s + _READ_CHUNK].tolist()]
+                for i, value in enumerate(self._client.hmget(view.name, fields), start=s):
+                    if value is None or (skip == 9 and value[8:9] == b"1"):
+                        continue
+                    out.found[i] = True
+                    raw = bytes(value)  # type: ignore[arg-type]
+                    out.versions[i] = struct.unpack_from("<q", raw)[0]
+                    out.embedding[i] = np.frombuffer(raw, dtype=element, offset=skip)
+        return out
+
+    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
+        """See :meth:`Store.scan_keys` (hash order, not sorted)."""
+        name = self._view(table).name
+        for fields in self._hscan(name, batch_rows):
+            yield np.asarray([int(f) for f in fields], dtype=np.int64)
+
+    def _hscan(self, name: str, count: int) -> Iterator[list[bytes]]:
+        cursor = 0
+        while True:
+            with self._errors():
+                cursor, page = self._client.hscan(name, cursor, count=count)
+            if page:
+                yield [bytes(f) for f in page]  # type: ignore[arg-type]
+            if cursor == 0:
+                return
+
+    def _chunked(self, name: str, fn: Callable[[list[bytes]], Any]) -> None:
+        for fields in self._hscan(name, _SCAN_CHUNK):
+            for s in range(0, len(fields), _SCAN_CHUNK):
+                with self._errors():
+                    fn(fields[s : s + _SCAN_CHUNK])
+
+    # ---- snapshot / staging --------------------------------------------------------------
+    def finish_snapshot(
+        self,
+        run: str,
+        generation: int,
+        seq: int,
+        table: str,
+        world_size: int,
+        staging_generation: int | None = None,
+    ) -> bool:
+        """See :meth:`Store.finish_snapshot` (floor first, then a chunked sweep)."""
+        stage = int(staging_generation or 0)
+        field = f"{generation}|{seq}|{table}"
+        with self._errors():
+            raw = self._client.hget(self._reg("snapshots", run), field)
+        if raw is not None and (json.loads(raw)["swept_at"] is not None or stage):
+            return True
+        marks = [m for m in self.progress(run, generation) if m.seq == seq and m.table == table]
+        if sum(m.complete for m in marks) < world_size:
+            return False
+        version = make_version(generation, seq)
+        if not stage:
+            self._sweep(table, version)
+        record = {
+            "version": version,
+            "staging_generation": stage,
+            "swept_at": None if stage else time.time(),
+        }
+        with self._errors():
+            self._client.hset(self._reg("snapshots", run), field, json.dumps(record))
+        return True
+
+    def _sweep(self, table: str, version: int) -> None:
+        live = self._hash(table)
+        packed = pack_version(version)
+        with self._errors():
+            self._floor_script(keys=[self._reg("floors")], args=[live, packed])
+        for name in (live, self._reg("tomb", table)):
+
+            def sweep(fields: list[bytes], name: str = name) -> None:
+                self._sweep_script(keys=[name], args=[packed, *fields])
+
+            self._chunked(name, sweep)
+
+    def merge_staging(self, run: str, generation: int) -> int:
+        """See :meth:`Store.merge_staging`: chunked, guarded, idempotent; not one transaction."""
+        validate_run(run)
+        merged = 0
+        with self._errors():
+            snapshots = self._client.hgetall(self._reg("snapshots", run))
+        for stage in [v for v in self._all_views() if v.staging_generation == generation]:
+            live = self._hash(stage.table)
+            keys = [stage.name, live, self._reg("tomb", stage.table), self._reg("floors")]
+
+            def merge(fields: list[bytes], keys: list[str] = keys) -> None:
+                nonlocal merged
+                merged += int(self._merge_script(keys=keys, args=fields))
+
+            while True:
+                self._chunked(stage.name, merge)
+                with self._errors():
+                    if not self._client.hlen(stage.name):
+                        break
+            for field, raw in snapshots.items():
+                g, _, t = _text(field).split("|", 2)
+                record = json.loads(raw)
+                if int(g) == generation and t == stage.table and record["swept_at"] is None:
+                    self._sweep(stage.table, int(record["version"]))
+                    record["swept_at"] = time.time()
+                    with self._errors():
+                        self._client.hset(self._reg("snapshots", run), field, json.dumps(record))
+            with self._errors():
+                self._client.hdel(self._reg("views"), f"{stage.table}|{generation}")
+        self._set_gen_field(run, generation, "merged_at", time.time())
+        self._views_cache.clear()
+        return merged
+
+    # ---- registry ------------------------------------------------------------------------
+    def _set_gen_field(self, run: str, generation: int, field: str, value: float) -> None:
+        key = self._reg("gens", run)
+        with self._errors():
+            raw = self._client.hget(key, str(generation))
+            record = json.loads(raw) if raw else {"registered_at": value}
+            record[field] = value
+            self._client.hset(key, str(generation), json.dumps(record))
+
+    def register_generation(self, run: str, generation: int) -> None:
+        """See :meth:`Store.register_generation`."""
+        validate_run(run)
+        record = json.dumps({"registered_at": time.time()})
+        with self._errors():
+            self._client.hsetnx(self._reg("gens", run), str(int(generation)), record)
+
+    def generations(self, run: str) -> list[int]:
+        """See :meth:`Store.generations`."""
+        with self._errors():
+            return sorted(int(g) for g in self._client.hkeys(self._reg("gens", run)))
+
+    def progress(self, run: str, generation: int) -> list[ProgressMark]:
+        """See :meth:`Store.progress`."""
+        with self._errors():
+            raw = self._client.hgetall(self._reg("progress", run, generation))
+        marks = []
+        for field, value in raw.items():
+            seq, table, rank = _text(field).split("|")
+            r = json.loads(value)
+            marks.append(
+                ProgressMark(
+                    run,
+                    generation,
+                    int(seq),
+                    table,
+                    int(rank),
+                    int(r["rows"]),
+                    bool(r["complete"]),
+                    int(r["staging_generation"]),
+                    float(r["written_at"]),
+                )
+            )
+        return sorted(marks, key=lambda m: (m.seq, m.table, m.rank))
+
+    def record_freshness(self, record: FreshnessRecord) -> None:
+        """See :meth:`Store.record_freshness` (the first record is kept)."""
+        value = json.dumps({"committed_at": record.committed_at, "visible_at": record.visible_at})
+        with self._errors():
+            self._client.hsetnx(
+                self._reg("fresh", record.run),
+                f"{record.generation}|{record.seq}|{record.rank}",
+                value,
+            )
+
+    def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
+        """See :meth:`Store.freshness`."""
+        with self._errors():
+            raw = self._client.hgetall(self._reg("fresh", run))
+        out = []
+        for field, value in raw.items():
+            g, s, r = (int(p) for p in _text(field).split("|"))
+            if generation is None or g == generation:
+                obj = json.loads(value)
+                out.append(FreshnessRecord(run, g, s, r, obj["committed_at"], obj["visible_at"]))
+        return sorted(out, key=lambda f: (f.generation, f.seq, f.rank))
+
+    def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
+        """See :meth:`Store.set_serving`."""
+        validate_run(run)
+        make_version(generation, seq)
+        last = self.get_serving(run)
+        now = max(time.time(), (last.promoted_at + 1e-6) if last else 0.0)
+        pointer = ServingPointer(run, generation, seq, now, note)
+        record = {"generation": generation, "seq": seq, "promoted_at": now, "note": note}
+        with self._errors():
+            self._client.rpush(self._reg("serving", run), json.dumps(record))
+        return pointer
+
+    def get_serving(self, run: str) -> ServingPointer | None:
+        """See :meth:`Store.get_serving`."""
+        history = self.serving_history(run)
+        return history[-1] if history else None
+
+    def serving_history(self, run: str) -> list[ServingPointer]:
+        """See :meth:`Store.serving_history`."""
+        with self._errors():
+            raw = self._client.lrange(self._reg("serving", run), 0, -1)
+        out = []
+        for value in raw:
+            o = json.loads(value)
+            out.append(ServingPointer(run, o["generation"], o["seq"], o["promoted_at"], o["note"]))
+        return out
+
+    def close(self) -> None:
+        """Close the connection pool (idempotent)."""
+        self._client.close()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

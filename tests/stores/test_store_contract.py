@@ -1,0 +1,170 @@
+"""The store contract (SPEC §5), run against every backend on real servers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.types import DType, TableKind, TableSpec
+from deltarec.errors import BadInputError, InvalidRowError, ViewMismatchError
+from deltarec.ids import make_version
+from deltarec.stores import FreshnessRecord, ProgressMark, open_store
+
+T = "sparse.ebc.user_id"
+Z = "sparse.zch.ad_id"
+SPEC = {T: TableSpec(dim=8), Z: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH)}
+
+
+def rows(keys, dim=8, seed=0, dtype=DType.FLOAT32):  # type: ignore[no-untyped-def]
+    values = np.random.default_rng(seed).normal(size=(len(keys), dim)).astype(np.float32)
+    return np.asarray(keys, np.int64), codec.encode(values, dtype)
+
+
+def write(store, table, keys, emb, version, ops=None, **kw):  # type: ignore[no-untyped-def]
+    n = len(keys)
+    ops = np.zeros(n, np.int8) if ops is None else np.asarray(ops, np.int8)
+    return store.write(table, keys, emb, ops, np.full(n, version, np.int64), **kw)
+
+
+@pytest.fixture
+def store(backend):  # type: ignore[no-untyped-def]
+    s = open_store(backend.url)
+    s.provision(SPEC)
+    yield s
+    s.close()
+
+
+def test_rows_written_read_back_identical_for_every_dtype(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(100))
+    write(store, T, keys, emb, make_version(1, 1))
+    zkeys, zemb = rows([-1, 7, 10**12], dim=4, dtype=DType.INT8_ROWWISE)
+    write(store, Z, zkeys, zemb, make_version(1, 1))
+    got = store.read(T, np.array([5, 99, 1000, 0]))
+    assert got.found.tolist() == [True, True, False, True]
+    np.testing.assert_array_equal(got.embedding[[0, 1, 3]], emb[[5, 99, 0]])
+    assert got.versions.tolist() == [make_version(1, 1)] * 2 + [0, make_version(1, 1)]
+    zgot = store.read(Z, zkeys)
+    np.testing.assert_array_equal(zgot.embedding, zemb)
+    assert sorted(np.concatenate(list(store.scan_keys(T, batch_rows=30))).tolist()) == list(
+        range(100)
+    )
+
+
+def test_older_version_never_overwrites_newer(store):  # type: ignore[no-untyped-def]
+    keys, new = rows(range(10), seed=1)
+    _, old = rows(range(10), seed=2)
+    write(store, T, keys, new, make_version(2, 1))
+    write(store, T, keys, old, make_version(1, 9))
+    got = store.read(T, keys)
+    np.testing.assert_array_equal(got.embedding, new)
+    assert set(got.versions.tolist()) == {make_version(2, 1)}
+    write(store, T, keys[:3], old[:3], make_version(2, 2))
+    np.testing.assert_array_equal(store.read(T, keys[:3]).embedding, old[:3])
+
+
+def test_replaying_a_batch_changes_nothing(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(50))
+    mark = ProgressMark("r", 1, 1, T, 0, 50, True)
+    write(store, T, keys, emb, make_version(1, 1), mark=mark)
+    before = store.read(T, keys)
+    write(store, T, keys, emb, make_version(1, 1), mark=mark)
+    after = store.read(T, keys)
+    np.testing.assert_array_equal(before.embedding, after.embedding)
+    np.testing.assert_array_equal(before.versions, after.versions)
+    marks = store.progress("r", 1)
+    assert [(m.seq, m.table, m.rank, m.rows, m.complete) for m in marks] == [(1, T, 0, 50, True)]
+    assert sum(len(k) for k in store.scan_keys(T)) == 50
+
+
+def test_delete_leaves_tombstone_that_late_older_upsert_cannot_resurrect(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows([1, 2, 3], dim=4, dtype=DType.INT8_ROWWISE)
+    write(store, Z, keys, emb, make_version(1, 1))
+    write(store, Z, keys[:1], emb[:1], make_version(1, 2), ops=[1])
+    assert store.read(Z, keys).found.tolist() == [False, True, True]
+    write(store, Z, keys[:1], emb[:1], make_version(1, 1))  # late replay of the older upsert
+    assert not store.read(Z, keys[:1]).found[0]
+    write(store, Z, keys[1:2], emb[1:2], make_version(1, 0), ops=[1])  # older delete: no effect
+    assert store.read(Z, keys[1:2]).found[0]
+    write(store, Z, keys[:1], emb[2:3], make_version(1, 3))  # re-admitted later
+    got = store.read(Z, keys[:1])
+    assert got.found[0] and got.versions[0] == make_version(1, 3)
+    np.testing.assert_array_equal(got.embedding[0], emb[2])
+
+
+def test_snapshot_removes_keys_it_lacks_and_blocks_older_writes(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(10))
+    write(store, T, keys, emb, make_version(1, 3))
+    snap = make_version(2, 0)
+    for rank, part in enumerate((keys[:3], keys[3:5])):
+        mark = ProgressMark("r", 2, 0, T, rank, len(part), True)
+        write(store, T, part, emb[part], snap, mark=mark)
+        done = store.finish_snapshot("r", 2, 0, T, world_size=2)
+        assert done is (rank == 1)
+    assert sorted(np.concatenate(list(store.scan_keys(T))).tolist()) == list(range(5))
+    write(store, T, keys[7:8], emb[7:8], make_version(1, 4))  # a late writer of generation 1
+    assert not store.read(T, keys[7:8]).found[0]
+    write(store, T, keys[7:8], emb[7:8], make_version(2, 1))
+    assert store.read(T, keys[7:8]).found[0]
+    assert store.finish_snapshot("r", 2, 0, T, world_size=2)  # idempotent
+
+
+def test_nan_row_is_rejected_and_nothing_of_the_batch_is_written(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(20))
+    emb[13, 2] = np.inf
+    with pytest.raises(InvalidRowError, match=r"sparse\.ebc\.user_id.*key 13.*NaN/Inf"):
+        write(store, T, keys, emb, make_version(1, 1), mark=ProgressMark("r", 1, 1, T, 0, 20, True))
+    assert not store.read(T, keys).found.any()
+    assert store.progress("r", 1) == []
+    with pytest.raises(InvalidRowError, match="shape"):
+        write(store, T, keys, emb[:, :4], make_version(1, 1))
+    with pytest.raises(InvalidRowError, match="key -5"):
+        write(store, T, np.array([-5], np.int64), emb[:1], make_version(1, 1))
+
+
+def test_provision_is_idempotent_and_names_both_on_mismatch(store, backend):  # type: ignore[no-untyped-def]
+    again = open_store(backend.url)
+    try:
+        views = again.provision(SPEC)
+        assert views[T].dim == 8 and set(again.views()) == {T, Z}
+        with pytest.raises(ViewMismatchError, match=r"dim=8 dtype=float32.*dim=16 dtype=float32"):
+            again.provision({T: TableSpec(dim=16)})
+        with pytest.raises(ViewMismatchError, match="float16"):
+            again.provision({T: TableSpec(dim=8, dtype=DType.FLOAT16)})
+        with pytest.raises(BadInputError, match="not provisioned"):
+            again.read("other.table", np.array([1]))
+    finally:
+        again.close()
+
+
+def test_staged_rows_become_live_only_after_merge(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(6))
+    write(store, T, keys, emb, make_version(1, 1))
+    store.provision(SPEC, staging_generation=2)
+    _, new = rows(range(6), seed=5)
+    write(store, T, keys[:4], new[:4], make_version(2, 1), staging_generation=2)
+    write(store, T, keys[4:5], new[4:5], make_version(2, 1), ops=[1], staging_generation=2)
+    np.testing.assert_array_equal(store.read(T, keys).embedding, emb)
+    assert store.read(T, keys[:4], staging_generation=2).found.all()
+    store.merge_staging("r", 2)
+    got = store.read(T, keys)
+    assert got.found.tolist() == [True] * 4 + [False, True]
+    np.testing.assert_array_equal(got.embedding[:4], new[:4])
+    np.testing.assert_array_equal(got.embedding[5], emb[5])
+    assert set(store.views()) == {T, Z}
+
+
+def test_registry_keeps_generations_serving_history_and_freshness(store):  # type: ignore[no-untyped-def]
+    store.register_generation("r", 2)
+    store.register_generation("r", 1)
+    store.register_generation("r", 2)
+    assert store.generations("r") == [1, 2]
+    assert store.get_serving("r") is None
+    store.set_serving("r", 1, 4)
+    p = store.set_serving("r", 2, 0, note="rollback")
+    assert store.get_serving("r") == p
+    assert [(s.generation, s.seq) for s in store.serving_history("r")] == [(1, 4), (2, 0)]
+    store.record_freshness(FreshnessRecord("r", 1, 3, 0, 100.0, 101.5))
+    store.record_freshness(FreshnessRecord("r", 1, 3, 0, 100.0, 999.0))  # first one is kept
+    [f] = store.freshness("r", 1)
+    assert f.lag_s == pytest.approx(1.5)
