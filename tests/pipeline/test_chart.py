@@ -1,0 +1,118 @@
+"""The Helm chart renders with Helm's own SDK, its schema guards the values, and the rendered
+manifests and plain YAML files are clean under yamllint."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) is not installed")
+
+CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "deltarec"
+VALUES = {
+    "run": "ctr-main",
+    "store": {"url": "postgresql://trainer@db.ml.svc:5432/emb"},
+    "artifacts": {"root": "s3://bucket/deltarec"},
+}
+BIN = pathlib.Path(sys.executable).parent
+
+
+def render(values):
+    with helm.Chart.load(str(CHART)) as chart:
+        files = chart.render(values, name="dr", namespace="ml")
+    return {pathlib.Path(k).name: v for k, v in files.items() if k.endswith(".yaml")}
+
+
+def objects(files):
+    docs = [d for text in files.values() for d in yaml.safe_load_all(text) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def yamllint(paths):
+    cmd = [
+        str(BIN / "yamllint"),
+        "-c",
+        str(CHART / ".yamllint"),
+        "-f",
+        "parsable",
+        *map(str, paths),
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_chart_renders_config_rbac_for_pytorchjobs_and_the_scheduled_verify():
+    objs = objects(render(VALUES))
+    assert set(objs) == {
+        ("ConfigMap", "dr-deltarec-config"),
+        ("ServiceAccount", "deltarec-pipeline"),
+        ("Role", "dr-deltarec-train-launcher"),
+        ("RoleBinding", "dr-deltarec-train-launcher"),
+        ("CronJob", "dr-deltarec-verify"),
+    }
+    config = objs[("ConfigMap", "dr-deltarec-config")]["data"]
+    assert config["DELTAREC_STORE_URL"] == "postgresql://trainer@db.ml.svc:5432/emb"
+    rules = objs[("Role", "dr-deltarec-train-launcher")]["rules"]
+    assert {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"],
+            "verbs": ["create", "get", "list", "watch", "delete"]} in rules  # fmt: skip
+    binding = objs[("RoleBinding", "dr-deltarec-train-launcher")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "deltarec-pipeline", "namespace": "ml"}
+    ]
+    job = objs[("CronJob", "dr-deltarec-verify")]["spec"]["jobTemplate"]["spec"]["template"]
+    (c,) = job["spec"]["containers"]
+    assert c["image"] == "ghcr.io/deltarec/deltarec-tools:0.1.0"
+    assert c["command"] == ["deltarec"] and c["args"][:2] == ["pipeline", "verify-serving"]
+    assert "$(DELTAREC_STORE_URL)" in c["args"] and c["args"][-1] == "10000"
+    assert c["envFrom"] == [
+        {"configMapRef": {"name": "dr-deltarec-config"}},
+        {"secretRef": {"name": "deltarec-credentials", "optional": True}},
+    ]
+    assert job["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_chart_options_drop_the_cronjob_and_bind_extra_service_accounts():
+    values = {
+        **VALUES,
+        "verifyCronJob": {"enabled": False, "schedule": "0 * * * *", "sample": 0},
+        "rbac": {"create": True, "extraServiceAccounts": ["default-editor"]},
+        "credentials": {"existingSecret": ""},
+    }
+    objs = objects(render(values))
+    assert not any(kind == "CronJob" for kind, _ in objs)
+    subjects = objs[("RoleBinding", "dr-deltarec-train-launcher")]["subjects"]
+    assert [s["name"] for s in subjects] == ["deltarec-pipeline", "default-editor"]
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"store": {"url": "postgresql://trainer:hunter2@db:5432/emb"}}, "/store/url"),
+        ({"run": "bad name"}, "/run"),
+        ({"colour": "blue"}, "colour"),
+        ({"run": ""}, "/run"),
+    ],
+)
+def test_schema_rejects_passwords_in_urls_bad_names_and_unknown_keys(change, problem):
+    with pytest.raises(helm.HelmError, match=problem):
+        render({**VALUES, **change})
+
+
+def test_rendered_manifests_and_plain_yaml_are_clean_under_yamllint(tmp_path):
+    for name, text in render(VALUES).items():
+        (tmp_path / name).write_text(text)
+    result = yamllint([tmp_path, CHART / "Chart.yaml", CHART / "values.yaml"])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_yamllint_does_catch_a_broken_manifest(tmp_path):
+    (tmp_path / "bad.yaml").write_text("---\nkey: [unclosed\n")
+    result = yamllint([tmp_path / "bad.yaml"])
+    assert result.returncode != 0 and "syntax" in result.stdout
+
+
+def test_helm_lint_passes_with_the_required_values():
+    report = helm.lint(str(CHART), VALUES, strict=True)
+    errors = [m for m in report["messages"] if m["severity"] >= 2]
+    assert errors == [] and report["errors"] == []
