@@ -108,17 +108,26 @@ class Lineage:
         self.root.commit_manifest(m)
         return m
 
-    def publish(self, store: Store, gen: int, seqs: list[int] | None = None) -> None:
-        """Publish committed dumps of ``gen`` like the publisher (direct mode)."""
+    def publish(
+        self, store: Store, gen: int, seqs: list[int] | None = None, staged: bool = False
+    ) -> None:
+        """Publish committed dumps of ``gen`` like the publisher (direct or staged mode)."""
         info = self.root.read_generation(self.run, gen)
+        stage = gen if staged else None
         store.provision(info.tables)
+        if staged:
+            store.provision(info.tables, staging_generation=gen)
         store.register_generation(self.run, gen)
         for seq in seqs if seqs is not None else self.root.list_dumps(self.run, gen):
             m = self.root.read_manifest(self.run, gen, seq)
             d = self.root.dump_dir(self.run, gen, seq)
             for shard in m.shards:
                 r = read_shard(self.root, d, shard, info.tables[shard.table].dtype)
-                mark = ProgressMark(self.run, gen, seq, shard.table, 0, len(r), True)
+                mark = ProgressMark(
+                    self.run, gen, seq, shard.table, 0, len(r), True, staging_generation=gen or 0
+                )
+                if not staged:
+                    mark = ProgressMark(self.run, gen, seq, shard.table, 0, len(r), True)
                 store.write(
                     shard.table,
                     r.keys,
@@ -126,9 +135,12 @@ class Lineage:
                     r.ops,
                     np.full(len(r), m.version, np.int64),
                     mark=mark,
+                    staging_generation=stage,
                 )
                 if m.kind is DumpKind.SNAPSHOT:
-                    store.finish_snapshot(self.run, gen, seq, shard.table, 1)
+                    store.finish_snapshot(
+                        self.run, gen, seq, shard.table, 1, staging_generation=stage
+                    )
 
 
 @pytest.fixture

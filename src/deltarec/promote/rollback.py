@@ -21,13 +21,11 @@ publishes that dump like any other and records the rollback in the store's regis
 from __future__ import annotations
 
 import logging
-import posixpath
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedState, ExpectedTable, expected_state
@@ -44,12 +42,13 @@ from deltarec.artifacts.types import (
     TableSpec,
     parse_time,
 )
-from deltarec.errors import ArtifactError, BadInputError
+from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.promote.promote import resolve_seq
 from deltarec.stores.base import Store
 from deltarec.stores.types import FreshnessRecord, ProgressMark, ServingPointer
 from deltarec.verify.engine import ROLLBACK_FIELD
+from deltarec.verify.newer import newer_records
 
 log = logging.getLogger(__name__)
 
@@ -151,38 +150,9 @@ def keys_changed_after(
     Returns:
         ``(table -> sorted unique keys, table -> spec from the newest generation naming it)``.
     """
-    found: dict[str, list[np.ndarray]] = {}
-    specs: dict[str, TableSpec] = {}
-    for gen in root.list_generations(run):
-        if gen < point >> 32:
-            continue
-        info = root.read_generation(run, gen)
-        for seq in root.list_dumps(run, gen):
-            m = root.read_manifest(run, gen, seq)
-            if m.version <= point:
-                continue
-            dump_dir = root.dump_dir(run, gen, seq)
-            for shard in m.shards:
-                found.setdefault(shard.table, []).append(_shard_keys(root, dump_dir, shard.path))
-                if shard.table in info.tables:
-                    specs[shard.table] = info.tables[shard.table]
-    keys = {t: np.unique(np.concatenate(parts)) for t, parts in found.items()}
-    missing = sorted(t for t in keys if t not in specs)
-    if missing:
-        raise ArtifactError(root.url(root.run_dir(run)), f"tables {missing} have no spec")
-    return {t: k for t, k in keys.items() if len(k)}, specs
-
-
-def _shard_keys(root: ArtifactRoot, dump_dir: str, relpath: str) -> np.ndarray:
-    path = posixpath.join(dump_dir, relpath)
-    try:
-        with root.fs.open(path, "rb") as f:
-            column = pq.read_table(f, columns=[codec.KEY]).column(codec.KEY)
-    except FileNotFoundError:
-        raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
-    except OSError as e:
-        raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
-    return np.asarray(column.to_numpy(), dtype=np.int64)
+    newer = newer_records(root, run, point)
+    keys = {t: r.keys for t, r in newer.items() if len(r.keys)}
+    return keys, {t: newer[t].spec for t in keys}
 
 
 def restore_rows(state: ExpectedState, table: str, spec: TableSpec, keys: np.ndarray) -> ShardRows:

@@ -39,6 +39,7 @@ from deltarec.verify.compare import (
     classify,
     point_of,
 )
+from deltarec.verify.newer import NewerRecords, newer_records
 from deltarec.verify.types import (
     CLASS_ORDER,
     DumpFreshness,
@@ -162,12 +163,14 @@ def verify(
     result.shards_checked, result.shard_failures = check_shards(root, state.shard_refs())
     rollbacks = rollback_generations(root, run, generation, seq)
     result.rollback_generations = sorted(rollbacks)
-    reader = _Reader(store, generation)
+    reader = _Reader(store, run, generation, state.manifests)
+    later = _LaterDeletes(root, run, result.version)
     for table in sorted(state.tables):
         result.tables[table] = _verify_table(
             state.tables[table],
             reader,
             _sample_keys(state.tables[table], sample, seed),
+            later=later,
             scan_store=sample is None,
             point_version=result.version,
             rollbacks=rollbacks,
@@ -272,6 +275,7 @@ def _verify_table(
     store: _Reader,
     keys: np.ndarray,
     *,
+    later: _LaterDeletes,
     scan_store: bool,
     point_version: int,
     rollbacks: frozenset[int],
@@ -284,7 +288,7 @@ def _verify_table(
     res = TableResult(table.table, spec.dtype.value, spec.dim)
     res.expected_keys = len(table.keys)
     res.expected_present = int(table.present.sum())
-    acc = _Collector(res, max_mismatches)
+    acc = _Collector(res, max_mismatches, later)
     total = len(keys)
     for start in range(0, total, max(load_chunk, batch_size)):
         chunk = keys[start : start + max(load_chunk, batch_size)]
@@ -295,7 +299,9 @@ def _verify_table(
             exp = ExpectedBatch(
                 chunk[sl], table.versions[pos[sl]], table.present[pos[sl]], rows[sl]
             )
-            acc.add(exp, store.read(table.table, exp.keys), point_version, rollbacks)
+            got = store.read(table.table, exp.keys)
+            store.drop_staged_deletes(table.table, exp, got)
+            acc.add(exp, got, point_version, rollbacks)
             if progress is not None:
                 progress(table.table, start + min(b + batch_size, len(chunk)), total)
     if scan_store:
@@ -341,10 +347,20 @@ class _Reader:
     probed once per table; a store without staging is read live only.
     """
 
-    def __init__(self, store: StoreReader, generation: int) -> None:
+    def __init__(
+        self, store: StoreReader, run: str, generation: int, manifests: list[Manifest]
+    ) -> None:
         self.store = store
+        self.run = run
         self.generation = generation
+        self._shards = {
+            (m.seq, t): len(m.shards_of(t))
+            for m in manifests
+            if m.generation == generation
+            for t in m.tables
+        }
         self._has_staging: dict[str, bool] = {}
+        self._complete: set[tuple[int, str]] | None = None
 
     def staged(self, table: str) -> bool:
         """Whether ``table`` has a staging view of the generation (probed once)."""
@@ -368,6 +384,30 @@ class _Reader:
             np.where(take[:, None], staged.rows, live.rows),
         )
 
+    def drop_staged_deletes(self, table: str, exp: ExpectedBatch, got: StoreBatch) -> None:
+        """Hide live rows that the staging view deletes when merged (in place).
+
+        A staged delete (``op = 1``) is not readable through :meth:`Store.read`; the expected
+        record says the generation deleted the key, and the store's progress marks say the
+        dump's staging writes are complete, so after the merge the live row is gone.
+        """
+        if not self.staged(table):
+            return
+        ev = exp.versions
+        pending = ~exp.present & got.found & (got.versions < ev) & (ev >> 32 == self.generation)
+        for i in np.nonzero(pending)[0]:
+            if (int(ev[i]) & 0xFFFFFFFF, table) in self._staged_complete():
+                got.found[i] = False
+
+    def _staged_complete(self) -> set[tuple[int, str]]:
+        if self._complete is None:
+            done: dict[tuple[int, str], int] = {}
+            for m in self.store.progress(self.run, self.generation):  # type: ignore[attr-defined]
+                if m.complete and m.staging_generation == self.generation:
+                    done[(m.seq, m.table)] = done.get((m.seq, m.table), 0) + 1
+            self._complete = {k for k, n in done.items() if n >= self._shards.get(k, 1)}
+        return self._complete
+
     def _read(self, table: str, keys: np.ndarray, staging: int | None) -> StoreBatch:
         if staging is None:
             r = self.store.read(table, keys)
@@ -378,13 +418,31 @@ class _Reader:
         )
 
 
+class _LaterDeletes:
+    """Which keys a dump newer than the point deleted (read lazily, only if a key is missing).
+
+    The store keeps no readable trace of a delete, so a key that a later dump evicted reads as
+    absent; against an older point it is SUPERSEDED (deleted by a newer version), not MISSING.
+    """
+
+    def __init__(self, root: ArtifactRoot, run: str, point: int) -> None:
+        self.root, self.run, self.point = root, run, point
+        self._records: dict[str, NewerRecords] | None = None
+
+    def mask(self, table: str, keys: np.ndarray) -> np.ndarray:
+        if self._records is None:
+            self._records = newer_records(self.root, self.run, self.point)
+        records = self._records.get(table)
+        return records.deleted(keys) if records is not None else np.zeros(len(keys), bool)
+
+
 class _Collector:
     """Accumulates counts, the worst mismatches and live versions of one table."""
 
-    def __init__(self, res: TableResult, limit: int) -> None:
+    def __init__(self, res: TableResult, limit: int, later: _LaterDeletes) -> None:
         self.res = res
         self.limit = limit
-        self.dtype = res.dtype
+        self.later = later
 
     def add(
         self,
@@ -395,6 +453,11 @@ class _Collector:
     ) -> None:
         spec_dtype, dim = self.res.dtype, self.res.dim
         out = classify(exp, got, spec_dtype, dim, point_version, rollbacks)  # type: ignore[arg-type]
+        missing = np.nonzero(out.classes == CODE[RowClass.MISSING])[0]
+        if len(missing):
+            for i in missing[self.later.mask(self.res.table, exp.keys[missing])]:
+                out.classes[i] = CODE[RowClass.SUPERSEDED]
+                out.reasons[i] = "deleted by a newer version"
         res = self.res
         res.checked += len(exp.keys)
         counts = np.bincount(out.classes, minlength=len(CLASS_ORDER))
