@@ -1,0 +1,299 @@
+"""``deltarec train``: train the example model on N ranks, with checkpoints, eval and export.
+
+Run it under torchrun (``torchrun --nproc_per_node 2 .venv/bin/deltarec train ...``) or let it
+start torchrun itself (``deltarec train --nproc-per-node 2 ...``). With ``--artifacts`` the
+delta dumper is attached through ``deltarec.dump.make_train_hook``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from deltarec.errors import ConfigError
+
+NAME = "train"
+HELP = "train the example model with delta dumps (under torchrun for several ranks)"
+
+log = logging.getLogger("deltarec.train")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``train`` flags."""
+    g = parser.add_argument_group("training")
+    g.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cpu (gloo) or cuda (nccl, one GPU per rank) (default: cpu)",
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        metavar="N",
+        help="train until global step N; a resumed run continues up to N (default: 300)",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=128,
+        metavar="B",
+        help="samples per rank per step, the same on every rank (default: 128)",
+    )
+    g.add_argument(
+        "--seed", type=int, default=0, help="seed of the data and dense init (default: 0)"
+    )
+    g.add_argument(
+        "--batches-per-rank",
+        type=int,
+        default=None,
+        metavar="N",
+        help="finite synthetic data: N batches per rank (default: endless)",
+    )
+    g.add_argument(
+        "--model-config",
+        default=None,
+        metavar="FILE",
+        help="JSON file with the model configuration (deltarec.model.ModelConfig)",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="evaluate every K steps (no gradient, no MCH admission)",
+    )
+    g.add_argument(
+        "--eval-batches",
+        type=int,
+        default=4,
+        metavar="N",
+        help="batches per evaluation per rank (default: 4)",
+    )
+    g.add_argument(
+        "--log-every",
+        type=int,
+        default=50,
+        metavar="N",
+        help="log loss and steps/s on rank 0 every N steps (default: 50)",
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start torchrun with N local ranks (not needed under torchrun)",
+    )
+    c = parser.add_argument_group("checkpoints and export")
+    c.add_argument(
+        "--workdir",
+        default=None,
+        metavar="DIR",
+        help="checkpoints go to DIR/checkpoints/step-<N>/; resume from the newest",
+    )
+    c.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="C",
+        help="save a checkpoint every C steps (needs --workdir)",
+    )
+    c.add_argument(
+        "--no-final-checkpoint",
+        action="store_true",
+        help="do not save a checkpoint after the last step",
+    )
+    c.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="start fresh even if DIR/checkpoints holds a complete checkpoint",
+    )
+    c.add_argument(
+        "--resume-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="resume from the checkpoint of step N instead of the newest",
+    )
+    c.add_argument(
+        "--export-tables",
+        default=None,
+        metavar="DIR",
+        help="at the end write every table as DIR/<table id>.parquet (key, embedding)",
+    )
+    d = parser.add_argument_group("delta dumps and publishing")
+    d.add_argument(
+        "--artifacts",
+        default=None,
+        metavar="ROOT",
+        help="artifact root (local path or fsspec URI); enables delta dumps",
+    )
+    d.add_argument("--run", default=None, metavar="NAME", help="run name (needs --artifacts)")
+    d.add_argument(
+        "--dump-every-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="dump the changed rows every N steps",
+    )
+    d.add_argument(
+        "--dump-every-minutes",
+        type=float,
+        default=None,
+        metavar="M",
+        help="dump the changed rows every M minutes",
+    )
+    d.add_argument(
+        "--no-snapshot",
+        action="store_true",
+        help="do not write the snapshot dump (seq 0) at the start of a generation",
+    )
+    d.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="publish every committed dump to this store while training",
+    )
+    d.add_argument(
+        "--publish-mode",
+        choices=["direct", "staged"],
+        default="direct",
+        help="publish into the live view (direct) or a per-generation staging view",
+    )
+
+
+_FORWARD = [
+    ("device", "--device"), ("steps", "--steps"), ("batch_size", "--batch-size"),
+    ("seed", "--seed"), ("batches_per_rank", "--batches-per-rank"),
+    ("model_config", "--model-config"), ("eval_every", "--eval-every"),
+    ("eval_batches", "--eval-batches"), ("log_every", "--log-every"), ("workdir", "--workdir"),
+    ("checkpoint_every", "--checkpoint-every"), ("resume_step", "--resume-step"),
+    ("export_tables", "--export-tables"), ("artifacts", "--artifacts"), ("run", "--run"),
+    ("dump_every_steps", "--dump-every-steps"), ("dump_every_minutes", "--dump-every-minutes"),
+    ("store", "--store"), ("publish_mode", "--publish-mode"),
+]  # fmt: skip
+_FORWARD_SWITCHES = [
+    ("no_final_checkpoint", "--no-final-checkpoint"),
+    ("no_resume", "--no-resume"),
+    ("no_snapshot", "--no-snapshot"),
+]
+
+
+def forwarded_argv(args: argparse.Namespace) -> list[str]:
+    """The ``train`` flags of ``args`` without ``--nproc-per-node`` (what each rank gets)."""
+    argv: list[str] = []
+    for attr, flag in _FORWARD:
+        value = getattr(args, attr)
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += [flag for attr, flag in _FORWARD_SWITCHES if getattr(args, attr)]
+    return argv
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The :class:`deltarec.train.TrainConfig` of the parsed flags.
+
+    Raises:
+        ConfigError: on an invalid flag combination or model configuration file.
+    """
+    from pydantic import ValidationError
+
+    from deltarec.model.config import ModelConfig
+    from deltarec.model.data import DataConfig
+    from deltarec.train.config import TrainConfig
+
+    try:
+        model = ModelConfig()
+        if args.model_config:
+            path = Path(args.model_config)
+            try:
+                model = ModelConfig.model_validate(json.loads(path.read_text()))
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError(f"--model-config {path}: {e}") from e
+        return TrainConfig(
+            model=model,
+            data=DataConfig(batches_per_rank=args.batches_per_rank),
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            device=args.device,
+            workdir=args.workdir,
+            checkpoint_every=args.checkpoint_every,
+            checkpoint_at_end=not args.no_final_checkpoint,
+            resume=not args.no_resume,
+            resume_step=args.resume_step,
+            eval_every=args.eval_every,
+            eval_batches=args.eval_batches,
+            export_tables=args.export_tables,
+            log_every=args.log_every,
+        )
+    except ValidationError as e:
+        raise ConfigError(f"invalid training configuration: {e}") from e
+
+
+def _check_dump_flags(args: argparse.Namespace) -> None:
+    dump_flags = {
+        "--run": args.run,
+        "--dump-every-steps": args.dump_every_steps,
+        "--dump-every-minutes": args.dump_every_minutes,
+        "--store": args.store,
+        "--no-snapshot": args.no_snapshot or None,
+    }
+    if args.artifacts is None:
+        given = [flag for flag, value in dump_flags.items() if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need(s) --artifacts ROOT")
+    elif not args.run:
+        raise ConfigError("--artifacts needs --run NAME")
+
+
+def _hooks(args: argparse.Namespace) -> list[Any]:
+    if args.artifacts is None:
+        return []
+    from deltarec.dump import make_train_hook  # type: ignore[attr-defined,unused-ignore]
+
+    return [
+        make_train_hook(
+            artifacts=args.artifacts,
+            run=args.run,
+            every_steps=args.dump_every_steps,
+            every_minutes=args.dump_every_minutes,
+            snapshot=not args.no_snapshot,
+            store=args.store,
+            publish_mode=args.publish_mode,
+        )
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``deltarec train``; returns the exit code."""
+    _check_dump_flags(args)
+    config = build_config(args)
+    from deltarec.train.launch import init_distributed, launch_torchrun, under_torchrun
+
+    if args.nproc_per_node is not None and not under_torchrun():
+        if args.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+        return launch_torchrun(args.nproc_per_node, forwarded_argv(args))
+
+    import torch.distributed as dist
+
+    from deltarec.train.loop import run_training
+
+    created = init_distributed(config.device)
+    try:
+        result = run_training(config, hooks=_hooks(args))
+        if dist.get_rank() == 0:
+            print(
+                f"trained steps {result.start_step}..{result.step} in {result.seconds:.1f} s "
+                f"({result.steps_per_s:.1f} steps/s), last loss {result.last_loss}"
+                + (f", exported {len(result.exported)} tables" if result.exported else "")
+            )
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0

@@ -1,0 +1,89 @@
+"""The example model's tables as deltarec sees them: table id, kind, dim, rows, sharding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deltarec.ids import table_id
+from deltarec.model.click_model import HISTORY, ZCH_TABLE
+from deltarec.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """One table of the example model.
+
+    Attributes:
+        table_id: SPEC §3 table id, e.g. ``sparse.ebc.user_id``.
+        name: the torchrec table name.
+        module: the owning module's FQN (``sparse.ebc``, ``sparse.ec``, ``sparse.zch``).
+        kind: ``plain`` or ``zch``.
+        dim: embedding dimension.
+        num_embeddings: rows of the table (for ZCH: slots over all ranks).
+        sharding: the sharding type name (``table_wise``, ``row_wise``, ...).
+        weight_key: the weight's key in ``dmp.state_dict()``.
+        zch_size: ZCH slots over all ranks (None for plain tables).
+    """
+
+    table_id: str
+    name: str
+    module: str
+    kind: str
+    dim: int
+    num_embeddings: int
+    sharding: str
+    weight_key: str
+    zch_size: int | None = None
+
+    @property
+    def mch_key_prefix(self) -> str:
+        """Prefix of this ZCH table's MCH buffers in ``dmp.state_dict()`` (ZCH only)."""
+        return (
+            f"{self.module}._managed_collision_collection._managed_collision_modules.{self.name}."
+        )
+
+
+def model_tables(config: ModelConfig, world_size: int) -> list[TableInfo]:
+    """Every table of the example model for ``world_size`` ranks, in a fixed order."""
+    out = [
+        TableInfo(
+            table_id=table_id("sparse.ebc", name),
+            name=name,
+            module="sparse.ebc",
+            kind="plain",
+            dim=t.dim,
+            num_embeddings=t.num_embeddings,
+            sharding=t.sharding,
+            weight_key=f"sparse.ebc.embedding_bags.{name}.weight",
+        )
+        for name, t in config.tables.items()
+    ]
+    h = config.history
+    out.append(
+        TableInfo(
+            table_id=table_id("sparse.ec", HISTORY),
+            name=HISTORY,
+            module="sparse.ec",
+            kind="plain",
+            dim=h.dim,
+            num_embeddings=h.num_embeddings,
+            sharding=h.sharding,
+            weight_key=f"sparse.ec.embeddings.{HISTORY}.weight",
+        )
+    )
+    z = config.zch
+    slots = z.zch_size_per_rank * world_size
+    out.append(
+        TableInfo(
+            table_id=table_id("sparse.zch", ZCH_TABLE),
+            name=ZCH_TABLE,
+            module="sparse.zch",
+            kind="zch",
+            dim=z.dim,
+            num_embeddings=slots,
+            sharding="row_wise",
+            weight_key=f"sparse.zch._embedding_module.embedding_bags.{ZCH_TABLE}.weight",
+            zch_size=slots,
+        )
+    )
+    return out

@@ -1,0 +1,55 @@
+"""Training the example model: the loop, checkpoints, the full table export, the hooks.
+
+Exports: :class:`TrainConfig`, :func:`run_training`, :class:`TrainResult`,
+:class:`DataExhaustedError`, :class:`CheckpointError`, :class:`TrainError`,
+:class:`TrainHook`, :func:`export_tables`, :func:`table_rows`, :class:`CheckpointManager`,
+:func:`init_distributed`.
+
+``deltarec.train.hooks`` imports only torch; the rest imports torchrec, so it is loaded lazily
+(``import deltarec.train`` stays cheap for code that only needs the hook protocol or errors).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from deltarec.train.errors import CheckpointError, DataExhaustedError, TrainError
+from deltarec.train.hooks import TrainHook
+
+if TYPE_CHECKING:
+    from deltarec.train.checkpoint import CheckpointManager
+    from deltarec.train.config import TrainConfig
+    from deltarec.train.export import export_tables, table_rows
+    from deltarec.train.launch import init_distributed
+    from deltarec.train.loop import TrainResult, run_training
+
+_LAZY = {
+    "TrainConfig": "deltarec.train.config",
+    "run_training": "deltarec.train.loop",
+    "TrainResult": "deltarec.train.loop",
+    "export_tables": "deltarec.train.export",
+    "table_rows": "deltarec.train.export",
+    "CheckpointManager": "deltarec.train.checkpoint",
+    "init_distributed": "deltarec.train.launch",
+}
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "DataExhaustedError",
+    "TrainConfig",
+    "TrainError",
+    "TrainHook",
+    "TrainResult",
+    "export_tables",
+    "init_distributed",
+    "run_training",
+    "table_rows",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'deltarec.train' has no attribute {name!r}")
