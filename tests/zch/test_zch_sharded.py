@@ -13,7 +13,16 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from zch_helpers import ZchModel, apply, assert_same_state, kjts, model_state, stream
+from zch_helpers import (
+    SHARDED_ZCH,
+    apply,
+    assert_same_state,
+    build_sharded,
+    model_state,
+    sharded_parts,
+    stream,
+    train_step,
+)
 
 from deltarec.testing.multiprocess import run_on_ranks
 from deltarec.tracking.zch import (
@@ -26,77 +35,11 @@ from deltarec.tracking.zch_cpu import prepare_zch_for_training
 
 pytestmark = pytest.mark.multiprocess
 
-ZCH = 16  # 8 rows per rank, 7 usable
 BATCH = 48
 
 
-def _build(rank: int, world_size: int) -> tuple[Any, torch.optim.Optimizer]:
-    from torchrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
-    from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
-    from torchrec.distributed.types import ShardingPlan
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
-
-    torch.manual_seed(0)
-    model = ZchModel(zch_size=ZCH, policy="lru", seq_policy="lfu")
-    apply_optimizer_in_backward(RowWiseAdagrad, list(model.parameters()), {"lr": 0.5})
-    bag, seq = (
-        ManagedCollisionEmbeddingBagCollectionSharder(),
-        ManagedCollisionEmbeddingCollectionSharder(),
-    )
-    plan = ShardingPlan(
-        {
-            "mc_ebc": construct_module_sharding_plan(
-                model.mc_ebc,
-                {"bag": row_wise(compute_kernel="fused")},
-                sharder=bag,
-                local_size=world_size,
-                world_size=world_size,
-                device_type="cpu",
-            ),
-            "mc_ec": construct_module_sharding_plan(
-                model.mc_ec,
-                {"seq": row_wise(compute_kernel="fused")},
-                sharder=seq,
-                local_size=world_size,
-                world_size=world_size,
-                device_type="cpu",
-            ),
-        }
-    )
-    dmp = DistributedModelParallel(
-        model, device=torch.device("cpu"), plan=plan, sharders=[bag, seq]
-    )
-    return dmp, dmp.fused_optimizer
-
-
-def _parts(dmp: Any) -> dict[str, tuple[Any, torch.Tensor, int]]:
-    out = {}
-    for table, owner, group in (
-        ("bag", "mc_ebc", "embedding_bags"),
-        ("seq", "mc_ec", "embeddings"),
-    ):
-        smc = getattr(dmp.module, owner)
-        mcc = smc._managed_collision_collection
-        weight = getattr(smc._embedding_module, group).get_parameter(f"{table}.weight")
-        out[f"{owner}.{table}"] = (
-            mcc._managed_collision_modules[table],
-            weight,
-            mcc._table_to_offset[table],
-        )
-    return out
-
-
-def _step(dmp: Any, opt: torch.optim.Optimizer, ids: list[int]) -> None:
-    opt.zero_grad()
-    dmp(*kjts(ids)).backward()
-    opt.step()
-
-
 def _per_rank(rank: int, world_size: int) -> dict[str, Any]:
-    dmp, opt = _build(rank, world_size)
+    dmp, opt = build_sharded(world_size)
     fixes = prepare_zch_for_training(dmp, max_ids_per_step=BATCH * world_size)
     sources = {s.table_id: s for s in discover_zch_sources(dmp)}
     assert all(isinstance(s, ZchTableSource) for s in sources.values())
@@ -105,12 +48,12 @@ def _per_rank(rank: int, world_size: int) -> dict[str, Any]:
     step = 0
     for _interval in range(4):
         for _ in range(3):
-            _step(dmp, opt, stream(step, seed=rank + 1, batch=BATCH, halves=2))
+            train_step(dmp, opt, stream(step, seed=rank + 1, batch=BATCH, halves=2))
             step += 1
         for table, source in sources.items():
             counts = apply(replay[table], source.collect())
             evictions[table].append(counts["evicted"])
-            mch, weight, offset = _parts(dmp)[table]
+            mch, weight, offset = sharded_parts(dmp)[table]
             want = model_state(mch, weight, offset, with_fallback=rank == 0)
             assert_same_state(replay[table], want)
     out: dict[str, Any] = {
@@ -148,20 +91,20 @@ def _check_snapshot(dmp: Any, sources: dict, rank: int) -> bool:
         snap: dict[int, np.ndarray] = {}
         for chunk in source.snapshot(chunk_rows=3):
             apply(snap, chunk)
-        mch, weight, offset = _parts(dmp)[table]
+        mch, weight, offset = sharded_parts(dmp)[table]
         assert_same_state(snap, model_state(mch, weight, offset, with_fallback=rank == 0))
     return True
 
 
 def _check_out_of_range(dmp: Any, opt: torch.optim.Optimizer, rank: int) -> str:
-    mch, _, offset = _parts(dmp)["mc_ebc.bag"]
+    mch, _, offset = sharded_parts(dmp)["mc_ebc.bag"]
     held = mch._mch_sorted_raw_ids[:-1]
     victim = int(held[0])  # the smallest raw id held by this rank's shard
     mch._mch_remapped_ids_mapping[0] = offset + 100
     victims: list[Any] = [None, None]
     dist.all_gather_object(victims, victim)
     try:
-        _step(dmp, opt, victims * 4)
+        train_step(dmp, opt, victims * 4)
     except ZchRowRangeError as e:
         assert e.table == "mc_ebc.bag" and e.rows == [offset + 100]
         return str(e)
@@ -180,8 +123,8 @@ def test_two_rank_row_wise_collects_replay_to_each_rank_state_with_raw_ids() -> 
         "dim": 4,
         "dtype": "float32",
         "kind": "zch",
-        "num_embeddings": ZCH,
-        "zch_size": ZCH,
+        "num_embeddings": SHARDED_ZCH,
+        "zch_size": SHARDED_ZCH,
         "sharding": "row_wise",
     }
     assert r0["specs"] == r1["specs"]

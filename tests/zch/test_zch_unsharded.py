@@ -191,3 +191,27 @@ def test_close_restores_the_module_methods_and_a_second_source_may_then_track() 
     again = _sources(model)
     for source in again.values():
         source.close()
+
+
+def test_lookups_between_before_eval_and_after_eval_are_not_dumped() -> None:
+    model = ZchModel(zch_size=8, policy="lfu")
+    presize_zch_history(model, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ebc.bag"]
+    _train(model, opt, [1, 2])
+    assert source.collect().keys.tolist() == [-1, 1, 2]
+    source.before_eval()
+    with torch.no_grad():
+        model(*kjts([1, 2, 99]))  # still in train mode: the MCH profiles, nothing is trained
+        model.eval()
+        model(*kjts([2, 98]))
+        model.train()
+    source.after_eval()
+    assert source.collect().keys.tolist() == [99]  # admitted by the train-mode pass: real
+    _train(model, opt, [2])
+    assert source.collect().keys.tolist() == [2]
+    source.discard()
+    _train(model, opt, [1])
+    source.discard()
+    assert source.collect().keys.tolist() == [-1]  # after discard the fallback is re-sent
+    source.close()

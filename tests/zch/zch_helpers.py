@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -27,6 +29,7 @@ from torchrec.modules.mc_modules import (
 from deltarec.tracking.types import TouchedRows
 
 DIM = 4
+SHARDED_ZCH = 16  # 8 rows per rank of 2, 7 usable
 EMPTY = torch.iinfo(torch.int64).max
 POLICIES = {
     "lfu": LFU_EvictionPolicy,
@@ -158,3 +161,69 @@ def stream(
     pool = rng.integers(0, 60, size=batch)
     ids += [int(p) + (int(p) % halves) * half for p in pool]
     return ids[:batch] if len(ids) > batch else ids
+
+
+def build_sharded(world_size: int) -> tuple[Any, torch.optim.Optimizer]:
+    """The ZchModel (bag: LRU, seq: LFU) row-wise sharded by DMP, fused RowWiseAdagrad."""
+    from torchrec.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+    from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    torch.manual_seed(0)
+    model = ZchModel(zch_size=SHARDED_ZCH, policy="lru", seq_policy="lfu")
+    apply_optimizer_in_backward(RowWiseAdagrad, list(model.parameters()), {"lr": 0.5})
+    bag, seq = (
+        ManagedCollisionEmbeddingBagCollectionSharder(),
+        ManagedCollisionEmbeddingCollectionSharder(),
+    )
+    plan = ShardingPlan(
+        {
+            "mc_ebc": construct_module_sharding_plan(
+                model.mc_ebc,
+                {"bag": row_wise(compute_kernel="fused")},
+                sharder=bag,
+                local_size=world_size,
+                world_size=world_size,
+                device_type="cpu",
+            ),
+            "mc_ec": construct_module_sharding_plan(
+                model.mc_ec,
+                {"seq": row_wise(compute_kernel="fused")},
+                sharder=seq,
+                local_size=world_size,
+                world_size=world_size,
+                device_type="cpu",
+            ),
+        }
+    )
+    dmp = DistributedModelParallel(
+        model, device=torch.device("cpu"), plan=plan, sharders=[bag, seq]
+    )
+    return dmp, dmp.fused_optimizer
+
+
+def sharded_parts(dmp: Any) -> dict[str, tuple[Any, torch.Tensor, int]]:
+    out = {}
+    for table, owner, group in (
+        ("bag", "mc_ebc", "embedding_bags"),
+        ("seq", "mc_ec", "embeddings"),
+    ):
+        smc = getattr(dmp.module, owner)
+        mcc = smc._managed_collision_collection
+        weight = getattr(smc._embedding_module, group).get_parameter(f"{table}.weight")
+        out[f"{owner}.{table}"] = (
+            mcc._managed_collision_modules[table],
+            weight,
+            mcc._table_to_offset[table],
+        )
+    return out
+
+
+def train_step(dmp: Any, opt: torch.optim.Optimizer, ids: list[int]) -> None:
+    opt.zero_grad()
+    dmp(*kjts(ids)).backward()
+    opt.step()

@@ -186,6 +186,24 @@ class ZchTableSource(TableSource):
         """Remove the instance-level wrappers from the MCH module (idempotent)."""
         self._recorder.close()
 
+    # ---- optional hooks the dumper calls ------------------------------------------------
+
+    def before_eval(self) -> None:
+        """Lookups from now on are evaluation: not recorded (mapping changes still are)."""
+        self._recorder.paused = True
+
+    def after_eval(self) -> None:
+        """Evaluation ended: record training lookups again."""
+        self._recorder.paused = False
+
+    def discard(self) -> None:
+        """Forget what was recorded so far (a generation starts from a snapshot or republish).
+
+        The fallback row is still written at the next collect.
+        """
+        self._recorder.take()
+        self._fallback_pending = True
+
     # ---- helpers ------------------------------------------------------------------------
 
     @property

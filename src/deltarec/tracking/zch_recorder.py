@@ -64,6 +64,7 @@ class MchRecorder:
         self._compact_at = _COMPACT_MIN
         self._miss = torch.zeros((), dtype=torch.bool, device=device)
         self.evictions = 0
+        self.paused = False
         self._orig_remap: Callable[..., Any] = mch.remap
         self._orig_update: Callable[..., Any] = mch._update_and_evict
         mch.__dict__[_MARK] = self
@@ -124,7 +125,7 @@ class MchRecorder:
         for name, jt in out.items():
             rows = jt.values()
             self.check_rows(rows, "a lookup")
-            if training and name in features:
+            if training and not self.paused and name in features:
                 self._record_lookup(features[name].values(), rows, miss)
         return out
 
