@@ -5,7 +5,7 @@ Exports:
         serving's current one; merge staging first in staged mode.
     rollback, RollbackResult: restore every key changed after a promoted point, at a new
         version, through a new generation in the artifact root.
-    keys_changed_after, restore_rows, publish_dump, promoted_seq, resolve_seq, is_staged: the
+    keys_changed_after, restore_rows, promoted_seq, resolve_seq, is_staged: the
         steps, for tools and tests.
 """
 
@@ -20,7 +20,6 @@ from deltarec.promote.rollback import (
     RollbackResult,
     keys_changed_after,
     promoted_seq,
-    publish_dump,
     restore_rows,
     rollback,
 )
@@ -33,7 +32,6 @@ __all__ = [
     "keys_changed_after",
     "promote",
     "promoted_seq",
-    "publish_dump",
     "resolve_seq",
     "restore_rows",
     "rollback",

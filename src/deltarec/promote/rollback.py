@@ -21,8 +21,6 @@ publishes that dump like any other and records the rollback in the store's regis
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +28,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedState, ExpectedTable, expected_state
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows, ShardWriter, read_shard
+from deltarec.artifacts.shards import ShardRows, ShardWriter
 from deltarec.artifacts.types import (
     FALLBACK_KEY,
     DumpKind,
@@ -40,13 +38,13 @@ from deltarec.artifacts.types import (
     Parent,
     TableKind,
     TableSpec,
-    parse_time,
 )
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.promote.promote import resolve_seq
+from deltarec.publish import DumpPublisher
 from deltarec.stores.base import Store
-from deltarec.stores.types import FreshnessRecord, ProgressMark, ServingPointer
+from deltarec.stores.types import ServingPointer
 from deltarec.verify.engine import ROLLBACK_FIELD
 from deltarec.verify.newer import newer_records
 
@@ -54,7 +52,6 @@ log = logging.getLogger(__name__)
 
 ROLLBACK_SEQ = 1
 """The seq of a rollback generation's single dump (a delta; no snapshot)."""
-PUBLISH_BATCH = 8192
 
 
 @dataclass
@@ -129,7 +126,7 @@ def rollback(
         for t, r in rows.items():
             result.restored[t] = int((r.ops == Op.UPSERT).sum())
             result.removed[t] = int((r.ops == Op.EVICTED).sum())
-        publish_dump(store, root, manifest, rows)
+        DumpPublisher(store, root, run).publish_dump(manifest, 0, rows)
     note = f"rollback to generation {to_generation} dump {seq}"
     if result.generation is not None:
         note += (
@@ -245,72 +242,3 @@ def _write_rollback_generation(
     )
     root.commit_manifest(manifest)
     return manifest
-
-
-def publish_dump(
-    store: Store,
-    root: ArtifactRoot,
-    manifest: Manifest,
-    rows: dict[str, ShardRows] | None = None,
-    batch_rows: int = PUBLISH_BATCH,
-) -> int:
-    """Publish one committed single-rank dump in batches, with progress marks and freshness.
-
-    Rows come from ``rows`` when given (in memory), else from the shards (sha256 checked).
-    Every batch carries a progress mark; the last of a table marks it complete.
-
-    Returns:
-        Rows written.
-    """
-    info = root.read_generation(manifest.run, manifest.generation)
-    store.provision({t: info.tables[t] for t in manifest.tables})
-    store.register_generation(manifest.run, manifest.generation)
-    dump_dir = root.dump_dir(manifest.run, manifest.generation, manifest.seq)
-    written = 0
-    for shard in manifest.shards:
-        spec = info.tables[shard.table]
-        r = rows[shard.table] if rows is not None else read_shard(root, dump_dir, shard, spec.dtype)
-        for start, batch, last in _batches(r, batch_rows):
-            mark = ProgressMark(
-                manifest.run,
-                manifest.generation,
-                manifest.seq,
-                shard.table,
-                shard.rank,
-                start + len(batch),
-                last,
-            )
-            versions = np.full(len(batch), manifest.version, np.int64)
-            written += store.write(
-                shard.table, batch.keys, batch.embedding, batch.ops, versions, mark=mark
-            )
-    store.record_freshness(
-        FreshnessRecord(
-            manifest.run,
-            manifest.generation,
-            manifest.seq,
-            0,
-            parse_time(manifest.created_at),
-            time.time(),
-        )
-    )
-    return written
-
-
-def _batches(rows: ShardRows, size: int) -> Iterator[tuple[int, ShardRows, bool]]:
-    n = len(rows)
-    if n == 0:
-        yield 0, rows, True
-        return
-    for start in range(0, n, size):
-        end = min(start + size, n)
-        yield (
-            start,
-            ShardRows(
-                rows.keys[start:end],
-                rows.embedding[start:end],
-                rows.ops[start:end],
-                rows.steps[start:end],
-            ),
-            end == n,
-        )
