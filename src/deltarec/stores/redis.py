@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import redis as redis_lib
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
@@ -201,6 +203,7 @@ class RedisStore(Store):
             password=env_password("REDIS_PASSWORD"),
             socket_timeout=config.socket_timeout_s,
             socket_connect_timeout=config.socket_timeout_s,
+            retry=Retry(NoBackoff(), 0),  # the publisher's retry policy decides, visibly
         )
         self._write_script = self._client.register_script(_LUA_WRITE)
         self._merge_script = self._client.register_script(_LUA_MERGE)

@@ -1,0 +1,24 @@
+"""Publishing committed dumps to an online store (SPEC §6).
+
+Exports:
+    BackgroundPublisher: per rank, on a background thread, fed by the dumper (training).
+    DumpPublisher: publish one rank's part of a dump, or every pending dump of a generation
+        (``deltarec publish``); resumes from progress marks.
+    PartResult: what one part's publication did.
+    RetryPolicy: exponential backoff with jitter for transient store errors.
+    PublishMetrics: Prometheus metrics (rows, bytes, retries, lag).
+"""
+
+from deltarec.publish.background import BackgroundPublisher
+from deltarec.publish.metrics import PublishMetrics
+from deltarec.publish.publisher import MODES, DumpPublisher, PartResult
+from deltarec.publish.retry import RetryPolicy
+
+__all__ = [
+    "MODES",
+    "BackgroundPublisher",
+    "DumpPublisher",
+    "PartResult",
+    "PublishMetrics",
+    "RetryPolicy",
+]

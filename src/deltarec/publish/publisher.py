@@ -1,0 +1,412 @@
+"""Publishing committed dumps into a store, one rank's part at a time (SPEC §6).
+
+For one dump and one rank, :meth:`DumpPublisher.publish_dump`
+
+1. reads the store's progress marks and skips the tables whose part is already complete;
+2. checks every row of the rank's part first (NaN/Inf, width, keys, ops), so a bad row fails
+   with :class:`~deltarec.errors.InvalidRowError` naming table, dump and key and nothing of the
+   dump is applied;
+3. writes the rows in batches sized by bytes, each with a progress mark in the same
+   transaction (``rows`` applied so far; ``complete`` on the last), retrying transient errors
+   with backoff; after a crash the next run resumes after the last committed mark;
+4. completes a snapshot (removes the keys it lacks) once every rank's part is in;
+5. records freshness: the manifest's commit time and the time the rows became visible.
+
+Rows come from memory (the dumper hands them over) or from the artifacts (the durable copy),
+read in bounded batches so memory does not grow with the dump.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deltarec.artifacts import ArtifactRoot, codec, iter_shard
+from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec, parse_time
+from deltarec.errors import BadInputError, ConfigError
+from deltarec.ids import validate_run
+from deltarec.publish.metrics import PublishMetrics
+from deltarec.publish.retry import RetryPolicy
+from deltarec.stores.base import Store
+from deltarec.stores.rows import check_batch
+from deltarec.stores.types import FreshnessRecord, ProgressMark
+
+log = logging.getLogger(__name__)
+
+MODES = ("direct", "staged")
+DEFAULT_BATCH_BYTES = 8 << 20
+_PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch sizing
+
+
+@dataclass
+class PartResult:
+    """What publishing one rank's part of one dump did."""
+
+    generation: int
+    seq: int
+    rank: int
+    rows: int = 0  # rows written now
+    bytes: int = 0  # encoded row bytes written now
+    skipped_rows: int = 0  # rows already in the store per the progress marks
+    tables: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    lag_s: float | None = None  # commit -> visible (direct mode)
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+BatchHook = Callable[[ProgressMark, int], None]
+"""Called after each committed batch with its mark and its row count."""
+
+
+class DumpPublisher:
+    """Publishes committed dumps of one run into one store.
+
+    Args:
+        store: an open store (views provisioned, or provisioned here by :meth:`prepare`).
+        root: the artifact root (read for rows not in memory, and for GENERATION.json).
+        run: the run name.
+        mode: ``direct`` (into the live views) or ``staged`` (the generation's staging views).
+        batch_bytes: target encoded bytes per store transaction.
+        retry: the retry policy for transient store errors.
+        metrics: Prometheus metrics to update (default: a private registry).
+        after_batch: optional hook after each committed batch (progress output, tests).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        root: ArtifactRoot,
+        run: str,
+        mode: str = "direct",
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        retry: RetryPolicy | None = None,
+        metrics: PublishMetrics | None = None,
+        after_batch: BatchHook | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"publish mode {mode!r}: expected one of {MODES}")
+        if mode == "staged" and not store.capabilities.staging:
+            raise ConfigError(f"the {store.kind} store has no staging views; use mode=direct")
+        if batch_bytes <= 0:
+            raise ConfigError(f"batch_bytes must be positive, got {batch_bytes}")
+        self.store = store
+        self.root = root
+        self.run = validate_run(run)
+        self.mode = mode
+        self.batch_bytes = batch_bytes
+        self.retry = retry or RetryPolicy()
+        self.metrics = metrics or PublishMetrics()
+        self.after_batch = after_batch
+        self._generations: dict[int, GenerationInfo] = {}
+        self._prepared: set[int] = set()
+
+    # ---- setup ---------------------------------------------------------------------------
+    def generation_info(self, generation: int) -> GenerationInfo:
+        """GENERATION.json of ``generation`` (cached)."""
+        if generation not in self._generations:
+            self._generations[generation] = self.root.read_generation(self.run, generation)
+        return self._generations[generation]
+
+    def prepare(self, generation: int) -> None:
+        """Provision the generation's views (and staging views) and register it; idempotent."""
+        if generation in self._prepared:
+            return
+        tables = self.generation_info(generation).tables
+        self._call(lambda: self.store.provision(tables), f"provision generation {generation}")
+        if self.mode == "staged":
+            self._call(
+                lambda: self.store.provision(tables, staging_generation=generation),
+                f"provision staging views of generation {generation}",
+            )
+        self._call(
+            lambda: self.store.register_generation(self.run, generation),
+            f"register generation {generation}",
+        )
+        self._prepared.add(generation)
+
+    def _call(self, fn: Callable[[], object], what: str) -> object:
+        return self.retry.call(fn, what, on_retry=lambda e, w: self.metrics.retries.inc())
+
+    # ---- one dump ------------------------------------------------------------------------
+    def publish_dump(
+        self, manifest: Manifest, rank: int, rows: Mapping[str, ShardRows] | None = None
+    ) -> PartResult:
+        """Publish rank ``rank``'s part of a committed dump (see the module docstring).
+
+        Args:
+            manifest: the dump's committed manifest.
+            rank: the rank whose shards to publish.
+            rows: the rank's rows by table id, if in memory; missing tables are read from the
+                artifacts.
+
+        Raises:
+            InvalidRowError: a row cannot be published (nothing of the part was written).
+            StoreUnavailableError: the store stayed unreachable past the retry deadline.
+        """
+        if manifest.run != self.run:
+            raise BadInputError(f"manifest of run {manifest.run!r} given to run {self.run!r}")
+        start = time.monotonic()
+        g, s = manifest.generation, manifest.seq
+        self.prepare(g)
+        info = self.generation_info(g)
+        result = PartResult(g, s, rank)
+        done = self._marks(g, s, rank)
+        todo = self._todo(manifest, info, rank, done, result)
+        where = f"run {self.run!r} generation {g} dump {s} rank {rank}"
+        for table, spec in todo:
+            for batch in self._rows(manifest, rank, table, spec, rows, skip=0, verify=True):
+                check_batch(
+                    table,
+                    spec.dtype,
+                    spec.dim,
+                    batch.keys,
+                    batch.embedding,
+                    batch.ops,
+                    np.full(len(batch), manifest.version, np.int64),
+                    where,
+                    spec.kind,
+                )
+        for table, spec in todo:
+            skip = done[table].rows if table in done else 0
+            self._publish_table(manifest, rank, table, spec, rows, skip, result)
+        if manifest.kind is DumpKind.SNAPSHOT:
+            self._finish_snapshot(manifest)
+        self._record_freshness(manifest, rank, result)
+        result.seconds = time.monotonic() - start
+        self.metrics.dumps.labels(self.mode).inc()
+        self.metrics.version.set(manifest.version)
+        return result
+
+    def _marks(self, generation: int, seq: int, rank: int) -> dict[str, ProgressMark]:
+        marks = self._call(
+            lambda: self.store.progress(self.run, generation), f"read progress of {generation}"
+        )
+        assert isinstance(marks, list)
+        return {m.table: m for m in marks if m.seq == seq and m.rank == rank}
+
+    def _todo(
+        self,
+        manifest: Manifest,
+        info: GenerationInfo,
+        rank: int,
+        done: dict[str, ProgressMark],
+        result: PartResult,
+    ) -> list[tuple[str, TableSpec]]:
+        todo = []
+        for table in sorted(manifest.tables):
+            spec = info.tables.get(table)
+            if spec is None:
+                raise BadInputError(
+                    f"dump {manifest.seq} of generation {manifest.generation} lists table "
+                    f"{table!r}, which GENERATION.json does not declare"
+                )
+            mark = done.get(table)
+            if mark is not None and mark.complete:
+                result.skipped_rows += mark.rows
+                continue
+            if mark is not None:
+                result.skipped_rows += mark.rows
+            todo.append((table, spec))
+            result.tables.append(table)
+        return todo
+
+    def _batch_rows(self, spec: TableSpec) -> int:
+        per_row = codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD
+        return max(1, self.batch_bytes // per_row)
+
+    def _rows(
+        self,
+        manifest: Manifest,
+        rank: int,
+        table: str,
+        spec: TableSpec,
+        memory: Mapping[str, ShardRows] | None,
+        skip: int,
+        verify: bool = False,
+    ) -> Iterator[ShardRows]:
+        """The rank's rows of ``table`` in batches, without the first ``skip`` rows.
+
+        ``verify`` checks each shard's sha256 before reading it (the first pass does).
+        """
+        size = self._batch_rows(spec)
+        if memory is not None and table in memory:
+            data = memory[table]
+            for start in range(skip, len(data), size):
+                stop = start + size
+                yield ShardRows(
+                    data.keys[start:stop],
+                    data.embedding[start:stop],
+                    data.ops[start:stop],
+                    data.steps[start:stop],
+                )
+            return
+        dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
+        for shard in manifest.shards_of(table):
+            if shard.rank != rank:
+                continue
+            seen = 0
+            for batch in iter_shard(
+                self.root, dump_dir, shard, spec.dtype, batch_rows=size, verify=verify
+            ):
+                n = len(batch)
+                if seen + n <= skip:
+                    seen += n
+                    continue
+                cut = max(0, skip - seen)
+                seen += n
+                if cut:
+                    batch = ShardRows(
+                        batch.keys[cut:], batch.embedding[cut:], batch.ops[cut:], batch.steps[cut:]
+                    )
+                yield batch
+
+    def _publish_table(
+        self,
+        manifest: Manifest,
+        rank: int,
+        table: str,
+        spec: TableSpec,
+        memory: Mapping[str, ShardRows] | None,
+        skip: int,
+        result: PartResult,
+    ) -> None:
+        stage = manifest.generation if self.mode == "staged" else None
+        if memory is not None and table in memory:
+            skip = 0  # rows in memory are replayed whole: their order need not match the shard
+        done = skip
+        pending: ShardRows | None = None
+        for batch in self._rows(manifest, rank, table, spec, memory, skip):
+            if pending is not None:
+                done = self._write(manifest, rank, table, pending, done, False, stage, result)
+            pending = batch
+        if pending is None:  # empty part (or all applied): a complete mark, no rows
+            pending = ShardRows(
+                np.empty(0, np.int64),
+                np.empty(
+                    (0, codec.encoded_width(spec.dtype, spec.dim)), codec.element_type(spec.dtype)
+                ),
+                np.empty(0, np.int8),
+                np.empty(0, np.int64),
+            )
+        self._write(manifest, rank, table, pending, done, True, stage, result)
+
+    def _write(
+        self,
+        manifest: Manifest,
+        rank: int,
+        table: str,
+        batch: ShardRows,
+        done: int,
+        last: bool,
+        stage: int | None,
+        result: PartResult,
+    ) -> int:
+        n = len(batch)
+        mark = ProgressMark(
+            self.run,
+            manifest.generation,
+            manifest.seq,
+            table,
+            rank,
+            done + n,
+            last,
+            stage or 0,
+        )
+        versions = np.full(n, manifest.version, np.int64)
+        self._call(
+            lambda: self.store.write(
+                table,
+                batch.keys,
+                batch.embedding,
+                batch.ops,
+                versions,
+                mark=mark,
+                staging_generation=stage,
+            ),
+            f"write {n} rows of {table!r} (generation {manifest.generation} dump "
+            f"{manifest.seq} rank {rank})",
+        )
+        nbytes = int(batch.embedding.nbytes)
+        result.rows += n
+        result.bytes += nbytes
+        self.metrics.rows.labels(table, self.mode).inc(n)
+        self.metrics.bytes.labels(table, self.mode).inc(nbytes)
+        if self.after_batch is not None:
+            self.after_batch(mark, n)
+        return done + n
+
+    def _finish_snapshot(self, manifest: Manifest) -> None:
+        stage = manifest.generation if self.mode == "staged" else None
+        for table in sorted(manifest.tables):
+            complete = self._call(
+                lambda t=table: self.store.finish_snapshot(  # type: ignore[misc]
+                    self.run, manifest.generation, manifest.seq, t, manifest.world_size, stage
+                ),
+                f"complete snapshot of {table!r}",
+            )
+            log.debug("snapshot %s of %s complete: %s", manifest.seq, table, complete)
+
+    def _record_freshness(self, manifest: Manifest, rank: int, result: PartResult) -> None:
+        if self.mode != "direct" or not manifest.created_at:
+            return
+        committed = parse_time(manifest.created_at)
+        visible = time.time()
+        record = FreshnessRecord(
+            self.run, manifest.generation, manifest.seq, rank, committed, visible
+        )
+        self._call(lambda: self.store.record_freshness(record), "record freshness")
+        result.lag_s = record.lag_s
+        self.metrics.lag.set(record.lag_s)
+        self.metrics.lag_hist.observe(max(0.0, record.lag_s))
+
+    # ---- after the fact ------------------------------------------------------------------
+    def pending(self, generation: int, ranks: list[int] | None = None) -> list[tuple[int, int]]:
+        """``(seq, rank)`` parts of committed dumps the store does not hold completely yet."""
+        marks = self._call(
+            lambda: self.store.progress(self.run, generation), f"read progress of {generation}"
+        )
+        assert isinstance(marks, list)
+        complete = {(m.seq, m.table, m.rank) for m in marks if m.complete}
+        out = []
+        for seq in self.root.list_dumps(self.run, generation):
+            manifest = self.root.read_manifest(self.run, generation, seq)
+            for rank in ranks if ranks is not None else range(manifest.world_size):
+                if any((seq, t, rank) not in complete for t in manifest.tables):
+                    out.append((seq, rank))
+        return out
+
+    def publish_generation(
+        self,
+        generation: int,
+        ranks: list[int] | None = None,
+        on_part: Callable[[PartResult], None] | None = None,
+    ) -> list[PartResult]:
+        """Publish every committed dump of ``generation`` the store does not hold yet.
+
+        Dumps go in ``seq`` order, each rank's part from the artifacts; parts already complete
+        per the progress marks are skipped, partial ones resume after their mark. Snapshots
+        whose parts are all in are completed even if nothing was left to write.
+        """
+        self.prepare(generation)
+        results = []
+        todo = set(self.pending(generation, ranks))
+        for seq in self.root.list_dumps(self.run, generation):
+            manifest = self.root.read_manifest(self.run, generation, seq)
+            for rank in ranks if ranks is not None else range(manifest.world_size):
+                if (seq, rank) not in todo:
+                    continue
+                part = self.publish_dump(manifest, rank)
+                results.append(part)
+                if on_part is not None:
+                    on_part(part)
+            if manifest.kind is DumpKind.SNAPSHOT:
+                self._finish_snapshot(manifest)
+        return results
