@@ -97,6 +97,7 @@ def test_manifest_has_one_master_and_nodes_minus_one_workers_running_torchrun():
             "--nproc-per-node",
             "8",
             "--no-python",
+            "--",
             "deltarec",
             "train",
         ]
@@ -195,3 +196,13 @@ def test_api_errors_other_than_conflict_fail_the_step():
 
     with pytest.raises(TrainJobFailedError, match="could not be created: HTTP 403"):
         pj.run_train_job(spec(), Forbidden(), poll_s=1, sleep=lambda s: None)
+
+
+def test_pod_command_parses_under_torchruns_own_parser_with_every_training_flag_intact():
+    run = pytest.importorskip("torch.distributed.run", reason="torch is not installed")
+    c = pj.build_manifest(spec())["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    container = c["containers"][0]
+    args = run.get_args_parser().parse_args(container["command"][1:] + container["args"])
+    assert (args.nnodes, args.nproc_per_node, args.no_python) == ("3", "8", True)
+    assert args.training_script == "deltarec"
+    assert args.training_script_args == ["train", *container["args"]]  # --run survives

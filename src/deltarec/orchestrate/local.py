@@ -6,11 +6,12 @@ The steps run as subprocesses of the current Python environment (``use_venv=Fals
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from deltarec.orchestrate.params import PipelineParams
 from deltarec.orchestrate.steps import read_record
@@ -43,8 +44,16 @@ class LocalRunResult:
         return self.generation.generation if self.verdict == "PASS" else None
 
 
-def run_local(params: PipelineParams, *, pipeline_root: str) -> LocalRunResult:
+def run_local(
+    params: PipelineParams, *, pipeline_root: str, output: TextIO | None = None
+) -> LocalRunResult:
     """Run provision -> train -> verify -> promote locally and return what it produced.
+
+    Args:
+        params: the pipeline's arguments.
+        pipeline_root: where kfp.local keeps every step's outputs.
+        output: where kfp.local's log and the steps' own output go (line by line); None
+            keeps them on stdout.
 
     Raises:
         StepFailedError: a step failed (kfp.local names it in its log above the error).
@@ -60,7 +69,10 @@ def run_local(params: PipelineParams, *, pipeline_root: str) -> LocalRunResult:
         raise_on_error=True,
     )
     pipeline = build_pipeline(secrets=())
-    with warnings.catch_warnings():
+    redirect = (
+        contextlib.redirect_stdout(output) if output is not None else contextlib.nullcontext()
+    )
+    with warnings.catch_warnings(), redirect:
         # The runner warns that base images and accelerators are ignored locally: expected.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="kfp")
         warnings.filterwarnings("ignore", category=UserWarning, module="kfp")

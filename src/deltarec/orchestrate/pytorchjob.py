@@ -5,7 +5,7 @@ nodes it builds a ``PyTorchJob`` manifest (:func:`build_manifest`), creates it t
 Kubernetes API's ``CustomObjectsApi`` (:func:`create_or_follow`) and follows its status
 (:func:`wait_for_job`) until the job succeeds, fails or runs out of time.
 
-Every pod runs ``torchrun --no-python deltarec train ...``; the operator sets ``PET_NODE_RANK``,
+Every pod runs ``torchrun --no-python -- deltarec train ...``; the operator sets ``PET_NODE_RANK``,
 ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``, which torchrun reads from the environment.
 Credentials reach the pods as ``envFrom`` Secret references, never as values.
 
@@ -105,8 +105,10 @@ def job_name(run: str, job_id: str) -> str:
 
 def _container(spec: TrainJobSpec) -> dict[str, Any]:
     device = "cuda" if spec.gpus_per_node > 0 else "cpu"
+    # "--" ends torchrun's own options: without it torchrun's parser takes the training
+    # flag --run for an abbreviation of its --run-path.
     command = ["torchrun", "--nnodes", str(spec.nodes), "--nproc-per-node"]
-    command += [str(spec.procs_per_node), "--no-python", "deltarec", "train"]
+    command += [str(spec.procs_per_node), "--no-python", "--", "deltarec", "train"]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,

@@ -1,0 +1,45 @@
+"""``deltarec demo [--workdir DIR] [--steps N] [--store URL]`` (SPEC §9)."""
+
+from __future__ import annotations
+
+import argparse
+
+from deltarec.errors import CheckFailedError
+
+NAME = "demo"
+HELP = "run the whole pipeline locally on the example model (SQLite, 2 CPU ranks)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the demo's flags."""
+    from deltarec.demo import DEFAULT_STEPS, DEFAULT_WORKDIR
+
+    parser.add_argument(
+        "--workdir",
+        default=DEFAULT_WORKDIR,
+        metavar="DIR",
+        help=f"artifacts, store, kfp outputs and log (default: ./{DEFAULT_WORKDIR}; an earlier "
+        "demo's outputs there are replaced)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=DEFAULT_STEPS, metavar="N", help="training steps"
+    )
+    parser.add_argument(
+        "--store", default=None, metavar="URL", help="store URL (default: sqlite in --workdir)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo, print the summary and the report path; exit 1 if verify failed."""
+    from rich.console import Console
+
+    from deltarec.demo import run_demo, summary_table
+
+    console = Console()
+    result = run_demo(args.workdir, args.steps, args.store, console)
+    console.print(summary_table(result))
+    console.print(f"HTML report: {result.report_path}", highlight=False)
+    console.print(f"full log:    {result.log_path}", highlight=False)
+    if result.verdict != "PASS":
+        raise CheckFailedError(f"verify of generation {result.generation} failed")
+    return 0
