@@ -1,0 +1,94 @@
+"""``deltarec provision``: create the store views of a generation's tables (SPEC §7a).
+
+Reads the tables from GENERATION.json (default: the newest generation), creates one view per
+table and the registry, and registers the generation. Idempotent; a view that exists with
+another dim or dtype is an error naming both (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+NAME = "provision"
+HELP = "create the store views for the tables of a generation"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``provision`` flags."""
+    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
+    parser.add_argument("--run", required=True, metavar="RUN", help="run name")
+    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    parser.add_argument(
+        "--generation",
+        type=int,
+        default=None,
+        metavar="G",
+        help="generation whose GENERATION.json lists the tables (default: the newest)",
+    )
+    parser.add_argument(
+        "--staged",
+        action="store_true",
+        help="also create the generation's staging views (publish mode 'staged')",
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the result as JSON to PATH (or stdout without PATH)",
+    )
+
+
+def provision(
+    artifacts: str, run: str, store_url: str, generation: int | None = None, staged: bool = False
+) -> dict[str, Any]:
+    """Provision the views of ``generation``'s tables; returns a JSON-ready description."""
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.stores import open_store, redact_url
+
+    root = ArtifactRoot(artifacts)
+    gen = generation if generation is not None else root.latest_generation(run)
+    info = root.read_generation(run, gen)
+    with open_store(store_url) as store:
+        views = store.provision(info.tables)
+        staging = store.provision(info.tables, staging_generation=gen) if staged else {}
+        store.register_generation(run, gen)
+    return {
+        "run": run,
+        "generation": gen,
+        "store": redact_url(store_url),
+        "views": {
+            t: {
+                "view": v.name,
+                "dim": v.dim,
+                "dtype": v.dtype.value,
+                "staging_view": staging[t].name if t in staging else None,
+            }
+            for t, v in sorted(views.items())
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Provision and report."""
+    result = provision(args.artifacts, args.run, args.store, args.generation, args.staged)
+    if args.json is not None:
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+    if args.json != "-":
+        for table, v in result["views"].items():
+            print(f"{table} -> {v['view']} (dim={v['dim']} dtype={v['dtype']})", file=sys.stderr)
+        print(
+            f"provisioned {len(result['views'])} views of run {args.run!r} generation "
+            f"{result['generation']} in {result['store']}",
+            file=sys.stderr,
+        )
+    return 0

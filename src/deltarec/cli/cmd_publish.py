@@ -1,0 +1,179 @@
+"""``deltarec publish``: publish every committed dump the store does not hold yet (SPEC §7a).
+
+For one generation (default: the newest) it publishes, in dump order and for every rank (or
+``--ranks``), each part whose progress marks in the store are not complete, from the
+artifacts; a part cut short by a crash resumes after its last mark. Run it again after an
+outage: it only writes what is missing. Progress goes to stderr; ``--json`` is for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+NAME = "publish"
+HELP = "publish the committed dumps of a generation that the store does not hold yet"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``publish`` flags."""
+    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
+    parser.add_argument("--run", required=True, metavar="RUN", help="run name")
+    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    parser.add_argument(
+        "--generation",
+        type=int,
+        default=None,
+        metavar="G",
+        help="generation to publish (default: the newest)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["direct", "staged"],
+        default="direct",
+        help="direct: into the live views; staged: into the generation's staging views, made "
+        "live by promote (default: direct)",
+    )
+    parser.add_argument(
+        "--ranks",
+        default=None,
+        metavar="R,R",
+        help="publish only these ranks' shards (default: every rank)",
+    )
+    parser.add_argument(
+        "--batch-mb",
+        type=float,
+        default=8.0,
+        metavar="MB",
+        help="encoded megabytes per store transaction (default: 8)",
+    )
+    parser.add_argument(
+        "--retry-deadline",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up after the store has been unreachable this long (default: 600)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port while publishing",
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the result as JSON to PATH (or stdout without PATH)",
+    )
+
+
+def _ranks(text: str | None) -> list[int] | None:
+    from deltarec.errors import BadInputError
+
+    if text is None:
+        return None
+    try:
+        ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        raise BadInputError(f"--ranks {text!r}: expected comma-separated integers") from None
+    if not ranks or ranks[0] < 0:
+        raise BadInputError(f"--ranks {text!r}: expected ranks >= 0")
+    return ranks
+
+
+def run(args: argparse.Namespace) -> int:
+    """Publish the pending dumps and report."""
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.errors import BadInputError
+    from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
+    from deltarec.stores import open_store, redact_url
+
+    if args.batch_mb <= 0:
+        raise BadInputError(f"--batch-mb must be positive, got {args.batch_mb}")
+    ranks = _ranks(args.ranks)
+    root = ArtifactRoot(args.artifacts)
+    generation = (
+        args.generation if args.generation is not None else root.latest_generation(args.run)
+    )
+    metrics = PublishMetrics()
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)
+    quiet = args.json == "-"
+    progress = _Progress(quiet)
+    retry = RetryPolicy(deadline_s=args.retry_deadline)
+    start = time.monotonic()
+    with retry.call(lambda: open_store(args.store), "open store") as store:
+        publisher = DumpPublisher(
+            store,
+            root,
+            args.run,
+            mode=args.mode,
+            batch_bytes=int(args.batch_mb * (1 << 20)),
+            retry=retry,
+            metrics=metrics,
+            after_batch=progress.batch,
+        )
+        parts = publisher.publish_generation(generation, ranks, on_part=progress.part)
+    result: dict[str, Any] = {
+        "run": args.run,
+        "generation": generation,
+        "store": redact_url(args.store),
+        "mode": args.mode,
+        "parts": [p.to_json() for p in parts],
+        "rows": sum(p.rows for p in parts),
+        "bytes": sum(p.bytes for p in parts),
+        "retries": metrics.value("deltarec_publish_retries_total"),
+        "seconds": round(time.monotonic() - start, 3),
+    }
+    if args.json is not None:
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+    if not quiet:
+        what = f"{len(parts)} dump parts" if parts else "nothing pending"
+        print(
+            f"published {what}: {result['rows']:,} rows, {result['bytes'] / 1e6:.1f} MB in "
+            f"{result['seconds']:.1f}s (run {args.run!r} generation {generation})",
+            file=sys.stderr,
+        )
+    return 0
+
+
+class _Progress:
+    """Progress lines on stderr: one per dump part, and every few seconds within a part."""
+
+    def __init__(self, quiet: bool, every_s: float = 2.0) -> None:
+        self.quiet = quiet
+        self.every_s = every_s
+        self.last = time.monotonic()
+        self.rows = 0
+
+    def batch(self, mark: Any, n: int) -> None:
+        self.rows += n
+        now = time.monotonic()
+        if not self.quiet and now - self.last >= self.every_s:
+            self.last = now
+            print(
+                f"  dump {mark.seq} rank {mark.rank} {mark.table}: {mark.rows:,} rows "
+                f"({self.rows:,} in total)",
+                file=sys.stderr,
+            )
+
+    def part(self, part: Any) -> None:
+        if not self.quiet:
+            lag = f", lag {part.lag_s:.1f}s" if part.lag_s is not None else ""
+            print(
+                f"dump {part.seq} rank {part.rank}: {part.rows:,} rows "
+                f"({part.bytes / 1e6:.1f} MB) in {part.seconds:.2f}s{lag}",
+                file=sys.stderr,
+            )
