@@ -9,7 +9,7 @@ Exports: :class:`ModelConfig`, :class:`TableConfig`, :class:`ZchConfig` (configu
 """
 
 from deltarec.model.click_model import HISTORY, ZCH_TABLE, ClickModel, SparseArch
-from deltarec.model.config import ModelConfig, TableConfig, ZchConfig
+from deltarec.model.config import ModelConfig, TableConfig, ZchConfig, tiny_model_config
 from deltarec.model.data import EVAL_STREAM, TRAIN_STREAM, Batch, ClickStream, DataConfig
 from deltarec.model.sharding import ShardedModel, build_sharded_model, local_mch_modules
 from deltarec.model.tables import TableInfo, model_tables
@@ -32,4 +32,5 @@ __all__ = [
     "build_sharded_model",
     "local_mch_modules",
     "model_tables",
+    "tiny_model_config",
 ]

@@ -118,3 +118,32 @@ class ModelConfig(_Strict):
             if t.sharding == "column_wise" and t.dim % 2:
                 raise ValueError(f"table {name!r}: column_wise needs an even dim, got {t.dim}")
         return self
+
+
+def tiny_model_config(**overrides: object) -> ModelConfig:
+    """A small model for tests: a few hundred rows per table, 32 ZCH slots per rank.
+
+    The ZCH table admits and evicts every 5 steps and its popular raw ids move every 20
+    steps, so a test of a few dozen steps sees admissions and evictions. ``overrides`` replace
+    top-level :class:`ModelConfig` fields.
+    """
+
+    def t(rows: int, dim: int, sharding: ShardingName, ids: int = 1) -> TableConfig:
+        return TableConfig(num_embeddings=rows, dim=dim, sharding=sharding, ids_per_sample=ids)
+
+    fields: dict[str, object] = {
+        "tables": {
+            "user_id": t(300, 16, "table_wise"),
+            "item_id": t(400, 16, "row_wise"),
+            "category": t(50, 16, "data_parallel"),
+            "query": t(200, 32, "column_wise", 2),
+            "geo": t(100, 16, "table_row_wise"),
+        },
+        "history": t(400, 16, "row_wise", 4),
+        "zch": ZchConfig(
+            zch_size_per_rank=32, dim=16, raw_id_space=100_000, eviction_interval=5, drift_every=20
+        ),
+        "hidden": 16,
+        **overrides,
+    }
+    return ModelConfig.model_validate(fields)
