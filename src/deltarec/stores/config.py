@@ -129,8 +129,14 @@ class FeatureStoreConfig(_Config):
     """Online datasource (FeatureDB) name; None uses the project's default."""
     endpoint: str | None = None
     """PAI-FeatureStore OpenAPI endpoint override."""
-    write_mode: Literal["merge"] = "merge"
-    """Only MERGE: rows carry monotonic timestamps (their versions)."""
+    sdk_version: str = "deltarec"
+    """The SDK's ``version`` namespace the rows are written under and read from."""
+    registry: str | None = None
+    """Store URL holding the registry (default: a SQLite file in the working directory)."""
+    ttl_s: int = Field(15 * 86400, gt=0)
+    """TTL of rows in a view deltarec creates (seconds)."""
+    shard_count: int = Field(5, ge=1, le=20)
+    """Shards of a view deltarec creates."""
 
     @field_validator("project", "view", "entity")
     @classmethod
