@@ -106,6 +106,17 @@ class Store(abc.ABC):
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """Every key of a live view, ascending where the backend can, in int64 batches."""
 
+    def scan_rows(
+        self, table: str, batch_rows: int = 65536
+    ) -> Iterator[tuple[np.ndarray, ReadResult]]:
+        """Every row of a live view, in batches of ``(keys, rows)`` (what ``verify --all`` reads).
+
+        The default reads the keys of :meth:`scan_keys` back with :meth:`read` (a key deleted
+        in between comes back with ``found`` False); backends override it with one scan.
+        """
+        for keys in self.scan_keys(table, batch_rows):
+            yield keys, self.read(table, keys)
+
     @abc.abstractmethod
     def finish_snapshot(
         self,

@@ -262,6 +262,43 @@ class SqliteStore(RelationalStore):
         for page in self._iter_pages(view.name, batch_rows, quote(view.name)):
             yield np.asarray(page, dtype=np.int64)
 
+    def scan_rows(
+        self, table: str, batch_rows: int = 65536
+    ) -> Iterator[tuple[np.ndarray, ReadResult]]:
+        """See :meth:`Store.scan_rows`: one ordered scan, ascending by key, keyset-paged."""
+        view = self._view(table)
+        width = codec.encoded_width(view.dtype, view.dim)
+        element = codec.element_type(view.dtype)
+        q = quote(view.name)
+        last: int | None = None
+        while True:
+            with self._tx(write=False) as cur:
+                if last is None:
+                    cur.execute(
+                        f"SELECT key, embedding, version FROM {q} ORDER BY key LIMIT ?",
+                        (batch_rows,),
+                    )
+                else:
+                    cur.execute(
+                        f"SELECT key, embedding, version FROM {q} WHERE key > ? ORDER BY key "
+                        "LIMIT ?",
+                        (last, batch_rows),
+                    )
+                rows = cur.fetchall()
+            if not rows:
+                return
+            n = len(rows)
+            keys_t, blobs, versions_t = zip(*rows, strict=True)
+            keys = np.fromiter(keys_t, np.int64, n)
+            embedding = np.frombuffer(b"".join(blobs), dtype=element).reshape(n, width)
+            yield (
+                keys,
+                ReadResult(np.ones(n, bool), np.fromiter(versions_t, np.int64, n), embedding),
+            )
+            last = int(keys[-1])
+            if n < batch_rows:
+                return
+
     # ---- snapshot / staging --------------------------------------------------------------
     def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
         cur.execute(
