@@ -233,6 +233,17 @@ def run_demo(
     )
 
 
+def log_tail(path: str, lines: int = 25) -> str:
+    """The last ``lines`` non-empty lines of the demo's log, colour codes removed."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    kept = [re.sub(r"\x1b\[[0-9;]*m", "", x) for x in text.splitlines() if x.strip()]
+    return "\n".join(kept[-lines:])
+
+
 def summary_table(result: DemoResult) -> Any:
     """The demo's closing summary as a rich Table."""
     from rich.table import Table

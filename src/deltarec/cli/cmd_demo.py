@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from deltarec.errors import CheckFailedError
 
@@ -33,10 +34,17 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo, print the summary and the report path; exit 1 if verify failed."""
     from rich.console import Console
 
-    from deltarec.demo import run_demo, summary_table
+    from deltarec.demo import log_tail, run_demo, summary_table
+    from deltarec.orchestrate.types import StepFailedError
 
     console = Console()
-    result = run_demo(args.workdir, args.steps, args.store, console)
+    try:
+        result = run_demo(args.workdir, args.steps, args.store, console)
+    except StepFailedError:
+        log_path = os.path.join(os.path.abspath(args.workdir), "pipeline.log")
+        console.print(f"[red]the pipeline failed[/red]; the end of {log_path}:")
+        console.print(log_tail(log_path), highlight=False, markup=False)
+        raise
     console.print(summary_table(result))
     console.print(f"HTML report: {result.report_path}", highlight=False)
     console.print(f"full log:    {result.log_path}", highlight=False)

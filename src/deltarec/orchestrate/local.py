@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -18,6 +20,23 @@ from deltarec.orchestrate.steps import read_record
 from deltarec.orchestrate.types import GenerationRecord, StepFailedError
 
 log = logging.getLogger(__name__)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextlib.contextmanager
+def _route_output(output: TextIO | None) -> Iterator[None]:
+    """Send stdout and every log record to ``output`` while kfp.local runs (if given)."""
+    if output is None:
+        yield
+        return
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = [logging.StreamHandler(output)]
+    try:
+        with contextlib.redirect_stdout(output):
+            yield
+    finally:
+        root.handlers, root.level = handlers, level
 
 
 @dataclass(frozen=True)
@@ -69,17 +88,14 @@ def run_local(
         raise_on_error=True,
     )
     pipeline = build_pipeline(secrets=())
-    redirect = (
-        contextlib.redirect_stdout(output) if output is not None else contextlib.nullcontext()
-    )
-    with warnings.catch_warnings(), redirect:
+    with warnings.catch_warnings(), _route_output(output):
         # The runner warns that base images and accelerators are ignored locally: expected.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="kfp")
         warnings.filterwarnings("ignore", category=UserWarning, module="kfp")
         try:
             task = pipeline(**params.arguments())
         except RuntimeError as e:
-            raise StepFailedError("pipeline", 1, str(e)) from e
+            raise StepFailedError("pipeline", 1, _ANSI.sub("", str(e))) from e
     outputs: dict[str, Any] = task.outputs
     metrics = outputs["metrics"]
     return LocalRunResult(
