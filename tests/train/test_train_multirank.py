@@ -1,4 +1,4 @@
-"""Two gloo ranks train the example model, checkpoint, resume and export (one spawn, many checks)."""
+"""Two gloo ranks train the example model, checkpoint, resume and export (one spawn)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,9 @@ def _check_export_against_shards(sm: Any, export_dir: Path) -> dict[str, Any]:
             for (r0, c0), tensor in shards:
                 n, m = tensor.shape
                 assert np.array_equal(rows[r0 : r0 + n, c0 : c0 + m], tensor.numpy()), t.table_id
-            facts["tables"][t.table_id] = [tuple(int(x) for x in tensor.shape) for _, tensor in shards]
+            facts["tables"][t.table_id] = [
+                tuple(int(x) for x in tensor.shape) for _, tensor in shards
+            ]
             continue
         (shard,) = value.local_shards()
         offset = shard.metadata.shard_offsets[0]
@@ -200,7 +202,10 @@ def test_two_ranks_train_checkpoint_resume_and_export_whole_tables(tmp_path):
     }
     assert r0["tables"]["sparse.ebc.query"] == [(200, 16)] == r1["tables"]["sparse.ebc.query"]
     assert r0["tables"]["sparse.ebc.item_id"] == [(200, 16)] == r1["tables"]["sparse.ebc.item_id"]
-    assert r0["tables"]["sparse.ebc.user_id"] == [(300, 16)] and r1["tables"]["sparse.ebc.user_id"] == []
+    assert (
+        r0["tables"]["sparse.ebc.user_id"] == [(300, 16)]
+        and r1["tables"]["sparse.ebc.user_id"] == []
+    )
     # ZCH: keys are the raw ids both MCH shards hold (full: 31 per shard), plus -1 (fallback)
     held = sorted(r0["zch_held"] + r1["zch_held"])
     assert len(r0["zch_held"]) == len(r1["zch_held"]) == 31

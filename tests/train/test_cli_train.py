@@ -1,0 +1,112 @@
+"""``deltarec train``: the frozen flag set, bad input, and a real torchrun launch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deltarec.cli import build_parser, main
+from deltarec.cli.cmd_train import forwarded_argv
+
+FROZEN_FLAGS = {
+    "--artifacts",
+    "--batch-size",
+    "--batches-per-rank",
+    "--checkpoint-every",
+    "--device",
+    "--dump-every-minutes",
+    "--dump-every-steps",
+    "--eval-batches",
+    "--eval-every",
+    "--export-tables",
+    "--log-every",
+    "--model-config",
+    "--no-final-checkpoint",
+    "--no-resume",
+    "--no-snapshot",
+    "--nproc-per-node",
+    "--publish-mode",
+    "--resume-step",
+    "--run",
+    "--seed",
+    "--steps",
+    "--store",
+    "--workdir",
+}
+
+
+def _train_parser():
+    parser = build_parser("train")
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices["train"]
+
+
+def test_train_flags_are_frozen_and_every_flag_is_documented():
+    train = _train_parser()
+    flags = {s for a in train._actions for s in a.option_strings if s not in ("-h", "--help")}
+    assert flags == FROZEN_FLAGS
+    for action in train._actions:
+        assert action.help, f"{action.option_strings} has no help text"
+    help_text = train.format_help()
+    for flag in FROZEN_FLAGS:
+        assert flag in help_text
+
+
+def test_forwarded_argv_round_trips_every_flag_but_nproc():
+    argv = [
+        "train", "--steps", "7", "--batch-size", "3", "--workdir", "w", "--checkpoint-every", "2",
+        "--eval-every", "5", "--export-tables", "x", "--artifacts", "a", "--run", "r",
+        "--dump-every-steps", "4", "--store", "sqlite:///s.db", "--publish-mode", "staged",
+        "--no-snapshot", "--no-resume", "--nproc-per-node", "2",
+    ]  # fmt: skip
+    args = build_parser("train").parse_args(argv)
+    again = build_parser("train").parse_args(["train", *forwarded_argv(args)])
+    assert again.nproc_per_node is None
+    assert {k: v for k, v in vars(again).items() if k != "nproc_per_node"} == {
+        k: v for k, v in vars(args).items() if k != "nproc_per_node"
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--checkpoint-every", "5"], "checkpoint_every needs workdir"),
+        (["--run", "demo"], "--run need(s) --artifacts"),
+        (["--artifacts", "/tmp/a"], "--artifacts needs --run"),
+        (["--steps", "-1"], "steps"),
+        (["--model-config", "/nonexistent/m.json"], "--model-config"),
+    ],
+)
+def test_bad_train_flags_exit_2_naming_the_problem(argv, message, capsys):
+    assert main(["train", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_model_config_key_is_rejected(tmp_path, capsys):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"tables": {}, "hiden": 3}))
+    assert main(["train", "--model-config", str(path)]) == 2
+    assert "hiden" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+def test_train_nproc_per_node_starts_torchrun_and_exports(tmp_path: Path):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"zch": {"zch_size_per_rank": 16, "raw_id_space": 10000}}))
+    cmd = [
+        sys.executable, "-m", "deltarec.cli", "train", "--nproc-per-node", "2", "--steps", "20",
+        "--batch-size", "16", "--workdir", str(tmp_path / "w"), "--export-tables",
+        str(tmp_path / "export"), "--model-config", str(model), "--log-every", "10",
+    ]  # fmt: skip
+    cmd[1:3] = ["-c", "import sys; from deltarec.cli import main; sys.exit(main())"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    assert "trained steps 0..20" in done.stdout
+    assert "step 20/20" in done.stderr
+    assert (tmp_path / "w" / "checkpoints" / "step-00000020" / "COMPLETE").is_file()
+    exported = sorted(p.name for p in (tmp_path / "export").iterdir())
+    assert len(exported) == 7 and "sparse.zch.ad_id.parquet" in exported
