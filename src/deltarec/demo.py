@@ -25,7 +25,9 @@ DEMO_RANKS = 2
 DEFAULT_WORKDIR = "demo-work"
 DEFAULT_STEPS = 300
 MARKER = ".deltarec-demo"
+REPORT_NAME = "verify-report.html"
 _OWNED = ("artifacts", "kfp", "store.db", "store.db-wal", "store.db-shm", "pipeline.log")
+_OWNED += (REPORT_NAME,)
 _TRAIN_STEP = re.compile(r"step (\d+)/(\d+)\s+loss ([0-9.]+)\s+([0-9.]+) steps/s")
 
 
@@ -215,6 +217,8 @@ def run_demo(
         )
     record = result.generation
     metrics = result.metrics
+    report_path = os.path.join(workdir, REPORT_NAME)  # kfp names it without an extension
+    shutil.copyfile(result.report_path, report_path)
     return DemoResult(
         workdir=workdir,
         store=store,
@@ -227,7 +231,7 @@ def run_demo(
         freshness_p99_s=metrics.get("freshness_p99_s"),
         verdict=result.verdict,
         promoted=result.promoted,
-        report_path=result.report_path,
+        report_path=report_path,
         log_path=log_path,
         seconds=time.perf_counter() - t0,
     )
