@@ -26,8 +26,15 @@ DEFAULT_WORKDIR = "demo-work"
 DEFAULT_STEPS = 300
 MARKER = ".deltarec-demo"
 REPORT_NAME = "verify-report.html"
-_OWNED = ("artifacts", "kfp", "store.db", "store.db-wal", "store.db-shm", "pipeline.log")
-_OWNED += (REPORT_NAME,)
+_OWNED = (
+    "artifacts",
+    "kfp",
+    "store.db",
+    "store.db-wal",
+    "store.db-shm",
+    "pipeline.log",
+    REPORT_NAME,
+)
 _TRAIN_STEP = re.compile(r"step (\d+)/(\d+)\s+loss ([0-9.]+)\s+([0-9.]+) steps/s")
 
 
