@@ -149,3 +149,24 @@ def test_unknown_generation_or_dump_is_bad_input(lineage, store):
         verify(lineage.root, lineage.run, store, generation=9)
     with pytest.raises(BadInputError, match="no committed dump 5"):
         verify(lineage.root, lineage.run, store, generation=g, through_seq=5)
+
+
+def test_one_pass_scan_and_lookups_by_key_agree(lineage, store):
+    g = _base(lineage, store)
+    v1 = make_version(g, 1)
+    bad = lineage.expected_row(lineage.T_EMB, np.array([4]), 9.0)
+    store.write(lineage.T_EMB, np.array([4]), bad, np.zeros(1, np.int8), np.array([v1]))
+    store.delete(lineage.T_EMB, np.array([60]), make_version(g, 0))
+    stray = lineage.expected_row(lineage.T_EMB, np.array([777]), 0.0)
+    store.write(lineage.T_EMB, np.array([777]), stray, np.zeros(1, np.int8), [v1])
+    by_scan = verify(lineage.root, lineage.run, store, sample=None)
+    by_key = verify(lineage.root, lineage.run, store, sample=None, full_scan_bytes=0)
+    for result in (by_scan, by_key):
+        emb = result.tables[lineage.T_EMB]
+        assert emb.checked == 101 and emb.store_keys_scanned == 100
+        assert sorted((m.key, m.row_class.value) for m in emb.mismatches) == [
+            (4, "DIFFERENT"),
+            (60, "MISSING"),
+            (777, "UNEXPECTED"),
+        ]
+    assert by_scan.tables[lineage.T_ZCH].counts == by_key.tables[lineage.T_ZCH].counts

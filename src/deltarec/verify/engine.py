@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SAMPLE = 10_000
 DEFAULT_BATCH = 8192
 DEFAULT_MAX_MISMATCHES = 20
+DEFAULT_FULL_SCAN_BYTES = 1 << 30
 ROLLBACK_FIELD = "rollback"
 """GENERATION.json field of a rollback generation: ``{"to_generation": G, "through_seq": S}``."""
 
@@ -100,6 +101,7 @@ def verify(
     batch_size: int = DEFAULT_BATCH,
     load_chunk: int = 1 << 20,
     max_mismatches: int = DEFAULT_MAX_MISMATCHES,
+    full_scan_bytes: int = DEFAULT_FULL_SCAN_BYTES,
     progress: ProgressFn | None = None,
 ) -> VerifyResult:
     """Verify a store against a generation of ``run`` through dump ``through_seq``.
@@ -117,6 +119,10 @@ def verify(
         batch_size: keys per store read.
         load_chunk: keys whose expected rows are loaded from the shards at once.
         max_mismatches: the worst non-MATCH keys kept per table.
+        full_scan_bytes: with every key checked, a table whose expected rows fit in this many
+            bytes is verified in one pass over the store (:meth:`Store.scan_rows`: each store
+            row read once, no lookups by key) against its expected rows loaded at once;
+            larger tables, and tables read through a staging view, are read by key in chunks.
         progress: optional callback, see :data:`ProgressFn`.
 
     Returns:
@@ -166,10 +172,23 @@ def verify(
     reader = _Reader(store, run, generation, state.manifests)
     later = _LaterDeletes(root, run, result.version)
     for table in sorted(state.tables):
+        et = state.tables[table]
+        if sample is None and _fits(et, full_scan_bytes) and not reader.staged(table):
+            result.tables[table] = _verify_table_by_scan(
+                et,
+                store,
+                later=later,
+                point_version=result.version,
+                rollbacks=rollbacks,
+                batch_size=max(batch_size, 65536),
+                max_mismatches=max_mismatches,
+                progress=progress,
+            )
+            continue
         result.tables[table] = _verify_table(
-            state.tables[table],
+            et,
             reader,
-            _sample_keys(state.tables[table], sample, seed),
+            _sample_keys(et, sample, seed),
             later=later,
             scan_store=sample is None,
             point_version=result.version,
@@ -309,6 +328,88 @@ def _verify_table(
             table, store, acc, point_version, rollbacks, batch_size
         )
     return res
+
+
+def _fits(table: ExpectedTable, budget: int) -> bool:
+    row = codec.row_bytes(table.spec.dtype, table.spec.dim)
+    return len(table.keys) * row <= budget
+
+
+def _verify_table_by_scan(
+    table: ExpectedTable,
+    store: StoreReader,
+    *,
+    later: _LaterDeletes,
+    point_version: int,
+    rollbacks: frozenset[int],
+    batch_size: int,
+    max_mismatches: int,
+    progress: ProgressFn | None,
+) -> TableResult:
+    """Every expected key and every store row of one table, in one pass over the store.
+
+    Store rows come from ``store.scan_rows`` in any order and are matched to the expected
+    records by key; expected keys the scan never produced are then classified as absent.
+    """
+    spec = table.spec
+    res = TableResult(table.table, spec.dtype.value, spec.dim)
+    res.expected_keys = len(table.keys)
+    res.expected_present = int(table.present.sum())
+    acc = _Collector(res, max_mismatches, later)
+    rows = table.load(table.keys)
+    seen = np.zeros(len(table.keys), bool)
+    width = codec.encoded_width(spec.dtype, spec.dim)
+    element = codec.element_type(spec.dtype)
+    scanned = 0
+    for keys, got in store.scan_rows(table.table, batch_size):  # type: ignore[attr-defined]
+        keys = np.asarray(keys, np.int64)
+        scanned += len(keys)
+        batch = StoreBatch(
+            np.asarray(got.found, bool), np.asarray(got.versions, np.int64), got.embedding
+        )
+        idx = table.index_of(keys)
+        known = idx >= 0
+        every = bool(known.all())
+        pos = idx if every else idx[known]
+        seen[pos] = True
+        exp = ExpectedBatch(
+            keys if every else keys[known],
+            table.versions[pos],
+            table.present[pos],
+            _rows_at(rows, pos),
+        )
+        acc.add(exp, batch if every else _take(batch, known), point_version, rollbacks)
+        if not every:
+            k = keys[~known]
+            none = ExpectedBatch(
+                k,
+                np.full(len(k), NO_RECORD, np.int64),
+                np.zeros(len(k), bool),
+                np.zeros((len(k), width), element),
+            )
+            acc.add(none, _take(batch, ~known), point_version, rollbacks)
+        if progress is not None:
+            progress(table.table, int(seen.sum()), len(table.keys))
+    unseen = np.nonzero(~seen)[0]
+    for b in range(0, len(unseen), batch_size):
+        pos = unseen[b : b + batch_size]
+        n = len(pos)
+        exp = ExpectedBatch(table.keys[pos], table.versions[pos], table.present[pos], rows[pos])
+        absent = StoreBatch(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, width), element))
+        acc.add(exp, absent, point_version, rollbacks)
+    res.store_keys_scanned = scanned
+    return res
+
+
+def _rows_at(rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """``rows[pos]``, as a view when ``pos`` is one ascending run (an ordered scan's batch)."""
+    if len(pos) and pos[-1] - pos[0] + 1 == len(pos) and (np.diff(pos) == 1).all():
+        return rows[pos[0] : pos[-1] + 1]
+    return rows[pos]
+
+
+def _take(batch: StoreBatch, mask: np.ndarray) -> StoreBatch:
+    return StoreBatch(batch.found[mask], batch.versions[mask], batch.rows[mask])
 
 
 def _scan_unknown(

@@ -1,0 +1,121 @@
+"""Benchmark: ``verify --all`` of 1M rows of dim 64 (float32) from SQLite.
+
+Builds one generation whose snapshot holds N rows (2 ranks' shards), publishes it into a
+SQLite store with the normal publisher, then times :func:`deltarec.verify.verify` with every
+key (expected state, sha256 of every shard, reading every key back, comparison, scanning the
+store for keys the lineage never wrote). The baseline, measured in the same run on the same
+file, is a bare ``SELECT key, embedding, version`` of every row with Python's sqlite3 (no
+comparison at all). Target: >= 500k keys/s.
+
+usage: .venv/bin/python bench/bench_verify.py [rows] [dim]
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from deltarec.artifacts import (
+    ArtifactRoot,
+    DType,
+    DumpKind,
+    GenerationInfo,
+    Manifest,
+    ShardRows,
+    ShardWriter,
+    TableSpec,
+    codec,
+)
+from deltarec.publish import DumpPublisher
+from deltarec.stores import open_store
+from deltarec.verify import verify
+
+TABLE = "sparse.ebc.item_id"
+RUN = "bench"
+TARGET = 500_000
+
+
+def build(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
+    spec = TableSpec(dim=dim, dtype=DType.FLOAT32, num_embeddings=rows, sharding="row_wise")
+    info = root.allocate_generation(GenerationInfo(RUN, 1, 2, {TABLE: spec}))
+    rng = np.random.default_rng(0)
+    shards = []
+    half = rows // 2
+    for rank, (lo, hi) in enumerate([(0, half), (half, rows)]):
+        with ShardWriter(root, RUN, info.generation, 0, TABLE, rank, spec.dtype, dim) as w:
+            for start in range(lo, hi, 65536):
+                keys = np.arange(start, min(start + 65536, hi), dtype=np.int64)
+                values = rng.standard_normal((len(keys), dim), dtype=np.float32)
+                w.write(
+                    ShardRows(
+                        keys,
+                        codec.encode(values, spec.dtype),
+                        np.zeros(len(keys), np.int8),
+                        np.zeros(len(keys), np.int64),
+                    )
+                )
+            shards.append(w.close())
+    m = Manifest(RUN, info.generation, 0, DumpKind.SNAPSHOT, 0, 0, 2, tuple(shards), {TABLE: rows})
+    root.commit_manifest(m)
+    return m
+
+
+def bare_select(path: str, view: str) -> tuple[float, int]:
+    conn = sqlite3.connect(path)
+    try:
+        t = time.perf_counter()
+        n = 0
+        cur = conn.execute(f'SELECT key, embedding, version FROM "{view}"')
+        while batch := cur.fetchmany(65536):
+            n += len(batch)
+        return time.perf_counter() - t, n
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    dim = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    with tempfile.TemporaryDirectory(prefix="deltarec-bench-verify-") as tmp:
+        root = ArtifactRoot(os.path.join(tmp, "art"))
+        db = os.path.join(tmp, "store.db")
+        t = time.perf_counter()
+        manifest = build(root, rows, dim)
+        t_build = time.perf_counter() - t
+        with open_store(f"sqlite:///{db}") as store:
+            t = time.perf_counter()
+            publisher = DumpPublisher(store, root, RUN)
+            for rank in (0, 1):
+                publisher.publish_dump(manifest, rank)
+            t_publish = time.perf_counter() - t
+            view = store.views()[TABLE].name
+            t_base, n_base = bare_select(db, view)
+            t = time.perf_counter()
+            result = verify(root, RUN, store, sample=None)
+            t_verify = time.perf_counter() - t
+        assert result.passed, result.failure_summary()
+        assert result.checked == rows and n_base == rows
+    rate, base_rate = rows / t_verify, rows / t_base
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    print(f"machine: {platform.node()}, {os.cpu_count()} cores, {platform.processor() or '?'}")
+    print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}")
+    print(f"rows: {rows:,} dim {dim} float32 (build {t_build:.1f}s, publish {t_publish:.1f}s)")
+    print()
+    print("| measurement | seconds | keys/s |")
+    print("|---|---:|---:|")
+    print(f"| verify --all (deltarec) | {t_verify:.2f} | {rate:,.0f} |")
+    print(f"| baseline: bare SELECT key, embedding, version | {t_base:.2f} | {base_rate:,.0f} |")
+    print()
+    print(f"ratio verify / bare SELECT: {rate / base_rate:.2f}")
+    print(f"target >= {TARGET:,} keys/s: {'met' if rate >= TARGET else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
