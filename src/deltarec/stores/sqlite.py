@@ -34,16 +34,19 @@ _READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limi
 
 
 def upsert_sql(name: str, guard_tombstones: bool) -> str:
-    """The versioned upsert of one row (``key, embedding, version, updated_at``) into a view."""
+    """The versioned upsert of one row (``key, embedding, version, updated_at``) into a view.
+
+    With ``guard_tombstones`` a row is skipped if the key has a tombstone at a newer version
+    (only views that ever saw a delete pay for that lookup).
+    """
     q = quote(name)
-    source = "SELECT ?1, ?2, ?3, ?4"
     if guard_tombstones:
-        source += (
-            " WHERE NOT EXISTS (SELECT 1 FROM deltarec_tombstones t"
+        source = (
+            "SELECT ?1, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM deltarec_tombstones t"
             f" WHERE t.name = '{name}' AND t.key = ?1 AND t.version > ?3)"
         )
     else:
-        source += " WHERE true"
+        source = "VALUES (?1, ?2, ?3, ?4)"
     return (
         f"INSERT INTO {q} (key, embedding, version, updated_at) {source} "
         "ON CONFLICT (key) DO UPDATE SET embedding = excluded.embedding, "
@@ -84,6 +87,7 @@ class SqliteStore(RelationalStore):
             )
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {config.synchronous}")
+            self._conn.execute(f"PRAGMA cache_size = {-1024 * config.cache_mb}")
         except sqlite3.Error as e:
             raise StoreError(f"sqlite store {path!r}: cannot open: {e}") from e
         self._create_registry()

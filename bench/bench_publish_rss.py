@@ -1,0 +1,127 @@
+"""Peak memory of ``deltarec publish`` on a large generation (default 10M rows).
+
+Writes a generation with :class:`~deltarec.artifacts.ShardWriter` (2 ranks, one table, row
+groups of 64k rows, one delta dump), then runs ``deltarec publish`` into a fresh SQLite store
+as a child process and reads its peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``).
+Baseline, in the same run: the peak RSS of a child that only imports what ``deltarec
+publish`` imports (interpreter + numpy + pyarrow + deltarec), so the difference is what
+publishing the rows costs.
+
+Run: ``.venv/bin/python bench/bench_publish_rss.py [--rows N] [--dim D]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from deltarec.artifacts import ArtifactRoot, ShardRows, ShardWriter
+from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec
+
+TABLE = "sparse.ebc.item_id"
+GROUP = 65536
+
+
+def write_generation(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
+    info = root.allocate_generation(
+        GenerationInfo(run="big", generation=1, world_size=2, tables={TABLE: TableSpec(dim=dim)})
+    )
+    rng = np.random.default_rng(0)
+    keys = rng.permutation(rows).astype(np.int64)
+    shards = []
+    for rank in range(2):
+        mine = keys[rank::2]
+        w = ShardWriter(
+            root, "big", info.generation, 1, TABLE, rank, info.tables[TABLE].dtype, dim, fsync=False
+        )
+        for s in range(0, len(mine), GROUP):
+            k = mine[s : s + GROUP]
+            w.write(
+                ShardRows(
+                    k,
+                    rng.standard_normal((len(k), dim), dtype=np.float32),
+                    np.zeros(len(k), np.int8),
+                    np.ones(len(k), np.int64),
+                )
+            )
+        shards.append(w.close())
+    manifest = Manifest(
+        run="big",
+        generation=info.generation,
+        seq=1,
+        kind=DumpKind.DELTA,
+        first_step=1,
+        last_step=1,
+        world_size=2,
+        shards=tuple(shards),
+        tables={TABLE: rows},
+    )
+    root.commit_manifest(manifest)
+    return manifest
+
+
+def child_peak_rss_mb(argv: list[str]) -> tuple[float, float]:
+    """Run a child; return (its peak RSS in MB, wall seconds). One child per call."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert peak >= before
+    return peak / 1024.0, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--workdir", default=None, help="where to write (default: a temp dir)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as d:
+        root = ArtifactRoot(f"{d}/art")
+        t = time.perf_counter()
+        manifest = write_generation(root, args.rows, args.dim)
+        gen_s = time.perf_counter() - t
+        data_mb = sum(s.bytes for s in manifest.shards) / 1e6
+        imports = "import numpy, pyarrow, pyarrow.parquet, deltarec.publish, deltarec.stores.sqlite"
+        base_mb, _ = child_peak_rss_mb([sys.executable, "-c", imports])
+        entry = "import sys; from deltarec.cli import main; sys.exit(main(sys.argv[1:]))"
+        cli = [
+            sys.executable,
+            "-c",
+            entry,
+            "publish",
+            "--artifacts",
+            root.uri,
+            "--run",
+            "big",
+            "--store",
+            f"sqlite:///{d}/store.db",
+            "--json",
+            f"{d}/out.json",
+        ]
+        peak_mb, wall = child_peak_rss_mb(cli)
+    print(
+        f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: "
+        f"{platform.node()} ({os.cpu_count()} cores); generation: {args.rows:,} rows, dim "
+        f"{args.dim} float32, 2 ranks, {data_mb:,.0f} MB of parquet (written in {gen_s:.0f}s)\n\n"
+        "| measure | peak RSS (MB) |\n|---|---|\n"
+        f"| `deltarec publish` into SQLite ({wall:.0f}s, {args.rows / wall:,.0f} rows/s) "
+        f"| {peak_mb:.0f} |\n"
+        f"| baseline: interpreter + the same imports | {base_mb:.0f} |\n"
+        f"| ratio publish / baseline | {peak_mb / base_mb:.2f} |\n"
+        f"| publish peak / parquet size | {peak_mb / data_mb:.3f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
