@@ -49,9 +49,9 @@ def test_demo_runs_the_pipeline_and_ends_with_a_summary_and_the_report(tmp_path,
     assert main(["demo", "--workdir", str(workdir), "--steps", "40"]) == 0
     printed = capsys.readouterr().out
     assert "PASS" in printed and "promoted generation" in printed
-    report = next(line for line in printed.splitlines() if line.startswith("HTML report:"))
-    html = pathlib.Path(report.split(":", 1)[1].strip()).read_text(encoding="utf-8")
-    assert html.lstrip().startswith("<")
+    report = workdir / "verify-report.html"
+    assert f"HTML report: {report}" in printed
+    assert report.read_text(encoding="utf-8").lstrip().startswith("<")
     assert (workdir / "store.db").exists() and (workdir / MARKER).exists()
     log = (workdir / "pipeline.log").read_text()
     assert "Executing task" in log and "train" in log

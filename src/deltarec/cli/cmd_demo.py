@@ -46,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(log_tail(log_path), highlight=False, markup=False)
         raise
     console.print(summary_table(result))
-    console.print(f"HTML report: {result.report_path}", highlight=False)
-    console.print(f"full log:    {result.log_path}", highlight=False)
+    # soft_wrap: paths stay on one line, whole, for copy and paste
+    console.print(f"HTML report: {result.report_path}", highlight=False, soft_wrap=True)
+    console.print(f"full log:    {result.log_path}", highlight=False, soft_wrap=True)
     if result.verdict != "PASS":
         raise CheckFailedError(f"verify of generation {result.generation} failed")
     return 0
