@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -269,8 +270,23 @@ def _hooks(args: argparse.Namespace) -> list[Any]:
     ]
 
 
+def _quiet_libraries(verbose: bool) -> None:
+    """Keep torch/torchrec/fbgemm chatter (deprecations, per-eviction info) off the console."""
+    if verbose:
+        return
+    # fbgemm logs every TBE's arguments at INFO on the root logger: keep only deltarec's INFO.
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("deltarec").setLevel(logging.INFO)
+    for name in ("torch", "torchrec", "fbgemm_gpu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", module=rf"{name}(\..*)?$")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``deltarec train``; returns the exit code."""
+    _quiet_libraries(bool(getattr(args, "verbose", False)))
     _check_dump_flags(args)
     config = build_config(args)
     from deltarec.train.launch import init_distributed, launch_torchrun, under_torchrun

@@ -23,7 +23,10 @@ class TrainHook(Protocol):
         """
 
     def after_step(self, step: int) -> None:
-        """A training step (forward, backward, optimizer) finished; ``step`` counts from 1."""
+        """A training step (forward, backward, optimizer) finished; ``step`` counts from 1.
+
+        Called before that step's evaluation and checkpoint (if any fall on ``step``).
+        """
 
     def before_eval(self) -> None:
         """Evaluation begins: lookups until :meth:`after_eval` are not training updates."""
@@ -32,13 +35,22 @@ class TrainHook(Protocol):
         """Evaluation ended."""
 
     def on_end(self, step: int) -> None:
-        """Training finished normally at ``step`` (the final dump happens here)."""
+        """Training finished normally at ``step`` (the final dump happens here).
+
+        Called after the final checkpoint and before the table export. Also called when every
+        rank ran out of data at the same step (``step`` is then below the configured steps).
+        """
 
     def close(self) -> None:
         """Release everything; called on every exit path, also after an exception."""
 
     def state_dict(self) -> dict[str, Any]:
-        """State saved in the training checkpoint."""
+        """State saved in the training checkpoint.
+
+        Called on every rank at each checkpoint, after :meth:`after_step` of that step. Each
+        rank's state is saved and restored separately (it may differ between ranks); it is
+        serialized with ``torch.save``.
+        """
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore state from a training checkpoint (before :meth:`on_start`)."""
