@@ -53,6 +53,15 @@ def _read_columns(root: ArtifactRoot, ref: ShardRef, columns: list[str]) -> dict
     return {c: table.column(c) for c in columns}
 
 
+def _one_run(idx: np.ndarray) -> bool:
+    """True if ``idx`` is ``a, a+1, ..., b`` (non-empty)."""
+    return (
+        len(idx) > 0
+        and int(idx[-1]) - int(idx[0]) + 1 == len(idx)
+        and bool((np.diff(idx) == 1).all())
+    )
+
+
 @dataclass
 class ExpectedTable:
     """The expected state of one table: the latest record of every key ever seen.
@@ -120,7 +129,13 @@ class ExpectedTable:
             ref = self._refs[int(r)]
             col = _read_columns(self._root, ref, [codec.EMBEDDING])  # type: ignore[arg-type]
             emb = codec.embedding_matrix(col[codec.EMBEDDING], self.spec.dtype)
-            out[sel] = emb[row_idx[sel]]
+            rows = row_idx[sel]
+            if _one_run(sel) and _one_run(rows):
+                # A whole snapshot shard (or any run of consecutive rows): one block copy
+                # instead of a gather and a scatter.
+                out[sel[0] : sel[-1] + 1] = emb[rows[0] : rows[-1] + 1]
+            else:
+                out[sel] = emb[rows]
         return out
 
 
