@@ -16,9 +16,11 @@ by one chunk of rows plus one shard's embedding column, whatever the table size.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -56,6 +58,8 @@ DEFAULT_SAMPLE = 10_000
 DEFAULT_BATCH = 8192
 DEFAULT_MAX_MISMATCHES = 20
 DEFAULT_FULL_SCAN_BYTES = 1 << 30
+PREFETCH_BYTES = 128 << 20
+"""Store rows the one-pass scan may read ahead of the comparison."""
 ROLLBACK_FIELD = "rollback"
 """GENERATION.json field of a rollback generation: ``{"to_generation": G, "through_seq": S}``."""
 
@@ -356,12 +360,35 @@ def _verify_table_by_scan(
     res.expected_keys = len(table.keys)
     res.expected_present = int(table.present.sum())
     acc = _Collector(res, max_mismatches, later)
-    rows = table.load(table.keys)
+    # The store scan runs ahead on a thread while the expected rows load from the shards (both
+    # spend most of their time outside the GIL: SQLite steps, parquet decoding).
+    depth = max(2, PREFETCH_BYTES // max(1, batch_size * codec.row_bytes(spec.dtype, spec.dim)))
+    scan = _Prefetch(store.scan_rows(table.table, batch_size), depth)  # type: ignore[attr-defined]
+    try:
+        rows = table.load(table.keys)
+        res.store_keys_scanned = _consume_scan(
+            table, scan, rows, acc, point_version, rollbacks, batch_size, progress
+        )
+    finally:
+        scan.close()
+    return res
+
+
+def _consume_scan(
+    table: ExpectedTable,
+    scan: Iterable[tuple[np.ndarray, Any]],
+    rows: np.ndarray,
+    acc: _Collector,
+    point_version: int,
+    rollbacks: frozenset[int],
+    batch_size: int,
+    progress: ProgressFn | None,
+) -> int:
+    width = rows.shape[1]
+    element = rows.dtype
     seen = np.zeros(len(table.keys), bool)
-    width = codec.encoded_width(spec.dtype, spec.dim)
-    element = codec.element_type(spec.dtype)
     scanned = 0
-    for keys, got in store.scan_rows(table.table, batch_size):  # type: ignore[attr-defined]
+    for keys, got in scan:
         keys = np.asarray(keys, np.int64)
         scanned += len(keys)
         batch = StoreBatch(
@@ -397,8 +424,51 @@ def _verify_table_by_scan(
         exp = ExpectedBatch(table.keys[pos], table.versions[pos], table.present[pos], rows[pos])
         absent = StoreBatch(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, width), element))
         acc.add(exp, absent, point_version, rollbacks)
-    res.store_keys_scanned = scanned
-    return res
+    return scanned
+
+
+class _Prefetch:
+    """Iterate ``source`` on a daemon thread, at most ``depth`` items ahead; errors re-raised."""
+
+    _END = object()
+
+    def __init__(self, source: Iterator[Any], depth: int) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._source = source
+        self._thread = threading.Thread(target=self._run, name="verify-scan", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # handed to the consumer
+            self._put(e)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def _rows_at(rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
