@@ -64,8 +64,6 @@ __all__ = [
     "zch_embedding_fqns",
 ]
 
-_OP_UPSERT = 0
-_OP_EVICTED = 1
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -141,13 +139,17 @@ class ZchTableSource(TableSource):
             ZchRowRangeError: if the mapping holds a row outside this rank's shard.
             ZchKeyCollisionError: if raw id ``-1`` is held.
         """
-        candidates, evicted, miss = self._recorder.take()
-        keys = torch.unique(torch.cat([candidates, evicted]))
-        held, rows = self._lookup(keys)
-        gone = ~held & torch.isin(keys, evicted)
-        keep = held | gone
-        keys, held, rows = keys[keep], held[keep], rows[keep]
-        with_fallback = self.writes_fallback and (miss or self._fallback_pending)
+        rec = self._recorder.take()
+        changed = torch.unique(torch.cat([rec.admitted, rec.evicted]))
+        # Ids whose mapping did not change since their lookup keep the row they were remapped
+        # to: no search in the (large) mapping. Only the changed ids are looked up in it.
+        same = ~_contains(changed, rec.looked_up) & (rec.looked_up_rows != self._recorder.miss_slot)
+        held_now, rows_now = self._lookup(changed)
+        kept = rec.looked_up[same]
+        keys = torch.cat([kept, changed])
+        held = torch.cat([torch.ones_like(kept, dtype=torch.bool), held_now])
+        rows = torch.cat([rec.looked_up_rows[same], rows_now])
+        with_fallback = self.writes_fallback and (rec.miss or self._fallback_pending)
         self._fallback_pending = False
         return self._rows_for(keys, held, rows, with_fallback)
 
@@ -234,11 +236,11 @@ class ZchTableSource(TableSource):
         self, keys: torch.Tensor, held: torch.Tensor, rows: torch.Tensor, with_fallback: bool
     ) -> TouchedRows:
         """Read the rows now: held ids → their row (op 0), others → fallback row (op 1)."""
-        if bool((keys[held] == FALLBACK_KEY).any()):
+        if bool(((keys == FALLBACK_KEY) & held).any()):
             raise ZchKeyCollisionError(self.table_id)
         miss = self._recorder.miss_slot
-        rows = torch.where(held, rows, torch.full_like(rows, miss))
-        ops = torch.where(held, _OP_UPSERT, _OP_EVICTED).to(torch.int8)
+        rows = torch.where(held, rows, miss)
+        ops = (~held).to(torch.int8)  # Op.UPSERT (0) where held, Op.EVICTED (1) elsewhere
         if with_fallback:
             keys = torch.cat([keys.new_full((1,), FALLBACK_KEY), keys])
             rows = torch.cat([rows.new_full((1,), miss), rows])
@@ -260,6 +262,14 @@ class ZchTableSource(TableSource):
             bucket = torch.where(keys < block * buckets, bucket, keys % buckets)
         per_rank = max(1, buckets // t.world_size)
         return (torch.div(bucket, per_rank, rounding_mode="floor") == t.rank) & (keys >= 0)
+
+
+def _contains(sorted_set: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Mask of ``values`` found in the sorted, unique ``sorted_set`` (binary search)."""
+    if sorted_set.numel() == 0:
+        return torch.zeros_like(values, dtype=torch.bool)
+    pos = torch.searchsorted(sorted_set, values).clamp_(max=sorted_set.numel() - 1)
+    return sorted_set[pos] == values
 
 
 def _writes_rows(table: ZchTable) -> bool:

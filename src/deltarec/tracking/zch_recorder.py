@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,35 @@ EMPTY_ID = torch.iinfo(torch.int64).max
 _MARK = "_deltarec_zch_recorder"
 _POLICY_FN = "update_metadata_and_generate_eviction_scores"
 _COMPACT_MIN = 1 << 20
+
+
+@dataclass
+class Recorded:
+    """What one MCH module did between two ``take`` calls (int64 tensors on its device).
+
+    Attributes:
+        looked_up: raw ids looked up in training, sorted, unique.
+        looked_up_rows: the global row each of them was remapped to (the miss slot for a
+            miss). Valid now for every id not in ``admitted`` or ``evicted``: a held id keeps
+            its slot until it is evicted.
+        admitted: raw ids that entered the mapping, sorted, unique.
+        evicted: raw ids that left the mapping, sorted, unique.
+        miss: whether a training lookup went to the miss (fallback) slot.
+    """
+
+    looked_up: torch.Tensor
+    looked_up_rows: torch.Tensor
+    admitted: torch.Tensor
+    evicted: torch.Tensor
+    miss: bool
+
+
+def _unique_pairs(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique ids with one of their rows (an id whose rows differ is in admitted/evicted)."""
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    out = torch.empty_like(unique)
+    out.scatter_(0, inverse, rows)
+    return unique, out
 
 
 class MchRecorder:
@@ -52,12 +82,14 @@ class MchRecorder:
             raise ZchTrackingError(
                 table, "already tracked by another open source; close() it before tracking again"
             )
+        _check_internals(table, mch)
         self.table = table
         self.mch: Any = mch
         self.row_low = row_low
         self.row_high = row_high
         device = mch._mch_sorted_raw_ids.device
         self._lookups: list[torch.Tensor] = []
+        self._lookup_rows: list[torch.Tensor] = []
         self._admitted: list[torch.Tensor] = []
         self._evicted: list[torch.Tensor] = []
         self._pending = 0
@@ -78,22 +110,25 @@ class MchRecorder:
         """The global row of the shared miss (fallback) slot of this shard."""
         return int(self.mch._output_global_offset) + int(self.mch._zch_size) - 1
 
-    def take(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Return and reset what was recorded: ``(candidate ids, evicted ids, miss seen)``.
-
-        Candidates are the raw ids looked up in training plus the ids admitted; both tensors are
-        unique int64 on the module's device.
-        """
+    def take(self) -> Recorded:
+        """Return and reset what was recorded since the previous ``take``."""
         device = self._miss.device
         empty = torch.empty(0, dtype=torch.int64, device=device)
-        candidates = torch.unique(torch.cat([empty, *self._lookups, *self._admitted]))
-        evicted = torch.unique(torch.cat([empty, *self._evicted]))
-        miss = bool(self._miss.item())
-        self._lookups, self._admitted, self._evicted = [], [], []
+        looked_up, rows = _unique_pairs(
+            torch.cat([empty, *self._lookups]), torch.cat([empty, *self._lookup_rows])
+        )
+        recorded = Recorded(
+            looked_up=looked_up,
+            looked_up_rows=rows,
+            admitted=torch.unique(torch.cat([empty, *self._admitted])),
+            evicted=torch.unique(torch.cat([empty, *self._evicted])),
+            miss=bool(self._miss.item()),
+        )
+        self._lookups, self._lookup_rows, self._admitted, self._evicted = [], [], [], []
         self._pending = 0
         self._compact_at = _COMPACT_MIN
         self._miss.zero_()
-        return candidates, evicted, miss
+        return recorded
 
     def check_rows(self, rows: torch.Tensor, where: str) -> None:
         """Raise :class:`ZchRowRangeError` if any global row is outside this rank's shard."""
@@ -131,12 +166,13 @@ class MchRecorder:
 
     def _record_lookup(self, raw: torch.Tensor, rows: torch.Tensor, miss: int) -> None:
         self._lookups.append(raw.detach().to(torch.int64).clone())
+        self._lookup_rows.append(rows.detach().to(torch.int64).clone())
         self._miss |= (rows == miss).any()
         self._pending += int(raw.numel())
         if self._pending >= self._compact_at:
-            merged = torch.unique(torch.cat(self._lookups))
-            self._lookups = [merged]
-            self._pending = int(merged.numel())
+            ids, at = _unique_pairs(torch.cat(self._lookups), torch.cat(self._lookup_rows))
+            self._lookups, self._lookup_rows = [ids], [at]
+            self._pending = int(ids.numel())
             self._compact_at = max(_COMPACT_MIN, 2 * self._pending)
 
     def _update_and_evict(
@@ -177,3 +213,27 @@ class MchRecorder:
         self._admitted.append(seen["entered"].to(torch.int64))
         self.evictions += 1
         return result
+
+
+_REQUIRED = (
+    "remap",
+    "_update_and_evict",
+    "_mch_sorted_raw_ids",
+    "_mch_remapped_ids_mapping",
+    "_output_global_offset",
+    "_zch_size",
+    "_eviction_policy",
+)
+
+
+def _check_internals(table: str, mch: Any) -> None:
+    """Fail early, naming what is missing, if torchrec's MCH module is not the expected one."""
+    missing = [name for name in _REQUIRED if not hasattr(mch, name)]
+    if not missing and not callable(getattr(mch._eviction_policy, _POLICY_FN, None)):
+        missing.append(f"_eviction_policy.{_POLICY_FN}")
+    if missing:
+        raise ZchTrackingError(
+            table,
+            f"{type(mch).__name__} lacks {missing}; this torchrec version's managed-collision "
+            "internals are not supported by the ZCH tracking",
+        )
