@@ -147,7 +147,7 @@ def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wro
         nodes=2,
         gpus_per_node=4,
         job_id="kfp-run-1",
-        secrets=["deltarec-credentials"],
+        secrets="deltarec-credentials,cloud",
         output=out,
     )
     (job,) = created
@@ -156,6 +156,8 @@ def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wro
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--device", "cuda"] and "postgresql://u@db:5432/x" in args
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert [e["secretRef"]["name"] for e in pod["envFrom"]] == ["deltarec-credentials", "cloud"]
     assert (record.generation, record.rows, record.last_step) == (1, 9, 100)
     assert out.metadata["generation"] == 1 and out.metadata["run"] == "ctr"
 

@@ -64,7 +64,7 @@ def train(
         checkpoint_dir=checkpoint_dir,
         extra_args=shlex.split(train_extra_args),
         job_id=job_id,
-        secrets=[credentials_secret] if credentials_secret else [],
+        secrets=credentials_secret,
         output=generation,
     )
 

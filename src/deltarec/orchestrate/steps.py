@@ -187,7 +187,7 @@ def train(
     checkpoint_dir: str = "",
     extra_args: Sequence[str] = (),
     job_id: str = "",
-    secrets: Sequence[str] = (),
+    secrets: Sequence[str] | str = (),
     output: ArtifactLike | None = None,
 ) -> GenerationRecord:
     """Train one generation with delta dumps (and publishing), then describe it.
@@ -211,7 +211,8 @@ def train(
         checkpoint_dir: the trainer's ``--workdir``; empty for its default.
         extra_args: more ``deltarec train`` arguments.
         job_id: the pipeline run's id (names the PyTorchJob, so a retry follows it).
-        secrets: Secret names whose keys become the PyTorchJob pods' environment.
+        secrets: Secret names whose keys become the PyTorchJob pods' environment (a list,
+            or one comma-separated string as the component passes it).
         output: the KFP artifact that receives the :class:`GenerationRecord` (JSON file and
             metadata); None outside KFP.
 
@@ -243,7 +244,9 @@ def train(
         if code != 0:
             raise StepFailedError("train", code, "torchrun of deltarec train failed")
     else:
-        _train_on_cluster(run, job_id, nodes, ranks_per_node, gpus_per_node, args, secrets)
+        names = secrets.split(",") if isinstance(secrets, str) else list(secrets)
+        names = [n.strip() for n in names if n.strip()]
+        _train_on_cluster(run, job_id, nodes, ranks_per_node, gpus_per_node, args, names)
     record = generation_record(root, run, _new_generation(root, run, before))
     if output is not None:
         write_record(output, record)
