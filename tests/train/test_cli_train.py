@@ -110,3 +110,16 @@ def test_train_nproc_per_node_starts_torchrun_and_exports(tmp_path: Path):
     assert (tmp_path / "w" / "checkpoints" / "step-00000020" / "COMPLETE").is_file()
     exported = sorted(p.name for p in (tmp_path / "export").iterdir())
     assert len(exported) == 7 and "sparse.zch.ad_id.parquet" in exported
+
+
+def test_torchrun_command_keeps_train_flags_away_from_torchrun_parser():
+    from torch.distributed.run import get_args_parser
+
+    from deltarec.train.launch import torchrun_command
+
+    train_args = ["--run", "demo", "--steps", "3", "--nproc-per-node", "9"]
+    cmd = torchrun_command(2, train_args)
+    parsed = get_args_parser().parse_args(cmd[3:])
+    assert parsed.nproc_per_node == "2" and parsed.module and parsed.standalone
+    assert parsed.training_script == "deltarec.train"
+    assert [a for a in parsed.training_script_args if a != "--"] == train_args

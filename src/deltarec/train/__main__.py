@@ -4,4 +4,7 @@ import sys
 
 from deltarec.cli import main
 
-sys.exit(main(["train", *sys.argv[1:]]))
+args = sys.argv[1:]
+if args[:1] == ["--"]:  # torchrun passes its "--" separator on in some Python versions
+    args = args[1:]
+sys.exit(main(["train", *args]))

@@ -68,6 +68,8 @@ def torchrun_command(nproc_per_node: int, train_args: Sequence[str]) -> list[str
         f"--nproc-per-node={nproc_per_node}",
         "-m",
         "deltarec.train",
+        # "--" keeps torchrun's parser off our flags (it would take --run for --run-path)
+        "--",
         *train_args,
     ]
 
