@@ -249,16 +249,25 @@ def _exhaust(rank: int, world_size: int) -> dict[str, Any]:
     )
     try:
         run_training(uneven, hooks=[hook])
+        raise AssertionError("uneven data did not raise")
     except DataExhaustedError as e:
-        return {
+        facts = {
             "even": (even.step, even.data_exhausted),
             "error": (e.step, e.exhausted_ranks, str(e)),
             "hook": (hook.steps, hook.closed),
         }
-    raise AssertionError("uneven data did not raise")
+    # Documented CPU limit: fused RowWiseAdagrad on the ZCH table fails at the first admission.
+    rowwise = tiny_model_config(zch_optimizer="rowwise_adagrad")
+    try:
+        run_training(TrainConfig(model=rowwise, batch_size=8, steps=20))
+        facts["rowwise_zch"] = "no error"
+    except NotImplementedError as e:
+        facts["rowwise_zch"] = str(e)
+    return facts
 
 
 def test_uneven_data_exhaustion_fails_on_every_rank_and_even_exhaustion_ends_the_run():
+    """Also shows the one CPU limit: RowWiseAdagrad on the ZCH table (works only on CUDA)."""
     outcomes = spawn_ranks(_exhaust, 2)
     assert all(o.ok for o in outcomes), [o.traceback for o in outcomes]
     for o in outcomes:
@@ -267,3 +276,5 @@ def test_uneven_data_exhaustion_fails_on_every_rank_and_even_exhaustion_ends_the
         assert (step, ranks) == (5, [1])
         assert "step 5" in message and "rank(s) 1 of 2" in message
         assert o.value["hook"] == ([1, 2, 3, 4], True)
+        assert "reset_weight_momentum" in o.value["rowwise_zch"]
+        assert "CPU" in o.value["rowwise_zch"]

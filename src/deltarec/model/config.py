@@ -100,9 +100,12 @@ class ModelConfig(_Strict):
     hidden: int = Field(default=64, ge=4)
     """Width of the MLP layers."""
     embedding_lr: float = Field(default=0.05, gt=0)
-    """Learning rate of the fused embedding optimizers (RowWiseAdagrad; Adagrad for ZCH)."""
+    """Learning rate of the fused embedding optimizers (RowWiseAdagrad; ``zch_optimizer``)."""
     dense_lr: float = Field(default=0.01, gt=0)
     """Learning rate of the dense optimizer (Adagrad), also for data-parallel tables."""
+    zch_optimizer: Literal["adagrad", "sgd", "rowwise_adagrad"] = "adagrad"
+    """Fused optimizer of the ZCH table. ``rowwise_adagrad`` works on CUDA only: on CPU the
+    first MCH admission fails in ``fbgemm::reset_weight_momentum`` (no CPU kernel)."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

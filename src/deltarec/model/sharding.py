@@ -4,9 +4,9 @@ Every sharding type appears once (see :mod:`deltarec.model.config`). Optimizers:
 
 * sharded plain tables: fused ``RowWiseAdagrad`` (applied in backward by fbgemm's TBE; works
   on CPU and CUDA);
-* the ZCH table: fused ``Adagrad``, because on admission/eviction the MC module calls
-  ``fbgemm::reset_weight_momentum``, which has no CPU kernel and is only reached for
-  row-wise Adagrad (TORCHROC_ON_CPU gotcha 8) - plain Adagrad never calls it;
+* the ZCH table: fused ``Adagrad`` by default (``ModelConfig.zch_optimizer``), because on
+  admission/eviction the MC module calls ``fbgemm::reset_weight_momentum``, which has no CPU
+  kernel and is only reached for row-wise Adagrad - plain Adagrad and SGD never call it;
 * data-parallel tables and the MLPs: ``torch.optim.Adagrad`` over the DDP-replicated dense
   parameters (a data-parallel table is a dense parameter in torchrec).
 
@@ -119,6 +119,13 @@ def sharding_plan(
     )
 
 
+_ZCH_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adagrad": torch.optim.Adagrad,
+    "sgd": torch.optim.SGD,
+    "rowwise_adagrad": RowWiseAdagrad,
+}
+
+
 def _apply_fused_optimizers(model: ClickModel, config: ModelConfig) -> None:
     sparse = model.sparse
     fused = [
@@ -129,7 +136,8 @@ def _apply_fused_optimizers(model: ClickModel, config: ModelConfig) -> None:
     fused += list(sparse.ec.parameters())
     lr = config.embedding_lr
     apply_optimizer_in_backward(RowWiseAdagrad, fused, {"lr": lr})
-    apply_optimizer_in_backward(torch.optim.Adagrad, list(sparse.zch.parameters()), {"lr": lr})
+    zch_cls = _ZCH_OPTIMIZERS[config.zch_optimizer]
+    apply_optimizer_in_backward(zch_cls, list(sparse.zch.parameters()), {"lr": lr})
 
 
 def build_sharded_model(
