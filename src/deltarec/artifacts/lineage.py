@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.types import DumpKind, Manifest, Op, Parent, ShardInfo, TableSpec
+from deltarec.artifacts.types import DType, DumpKind, Manifest, Op, Parent, ShardInfo, TableSpec
 from deltarec.errors import ArtifactError, BadInputError
 
 
@@ -40,8 +41,11 @@ class ShardRef:
 def _read_columns(root: ArtifactRoot, ref: ShardRef, columns: list[str]) -> dict[str, np.ndarray]:
     path = posixpath.join(ref.dump_dir, ref.shard.path)
     try:
-        with root.fs.open(path, "rb") as f:
-            table = pq.read_table(f, columns=columns)
+        if root.is_local:  # Arrow's own memory-mapped reader: no Python file in the loop
+            table = pq.read_table(path, columns=columns, memory_map=True)
+        else:
+            with root.fs.open(path, "rb") as f:
+                table = pq.read_table(f, columns=columns)
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     except OSError as e:
@@ -60,6 +64,18 @@ def _one_run(idx: np.ndarray) -> bool:
         and int(idx[-1]) - int(idx[0]) + 1 == len(idx)
         and bool((np.diff(idx) == 1).all())
     )
+
+
+def _copy_run(column: Any, first: int, dst: np.ndarray, dtype: DType) -> None:
+    """Copy rows ``first .. first + len(dst)`` of an embedding column into ``dst``."""
+    chunks = getattr(column, "chunks", [column])
+    offset, end = 0, first + len(dst)
+    for chunk in chunks:
+        lo, hi = max(first, offset), min(end, offset + len(chunk))
+        if lo < hi:
+            values = codec.embedding_matrix(chunk.slice(lo - offset, hi - lo), dtype)
+            dst[lo - first : hi - first] = values
+        offset += len(chunk)
 
 
 @dataclass
@@ -128,14 +144,14 @@ class ExpectedTable:
             sel = np.nonzero(ref_idx == r)[0]
             ref = self._refs[int(r)]
             col = _read_columns(self._root, ref, [codec.EMBEDDING])  # type: ignore[arg-type]
-            emb = codec.embedding_matrix(col[codec.EMBEDDING], self.spec.dtype)
             rows = row_idx[sel]
             if _one_run(sel) and _one_run(rows):
-                # A whole snapshot shard (or any run of consecutive rows): one block copy
-                # instead of a gather and a scatter.
-                out[sel[0] : sel[-1] + 1] = emb[rows[0] : rows[-1] + 1]
+                # A whole snapshot shard (or any run of consecutive rows): block copies chunk
+                # by chunk, instead of combining the chunks, a gather and a scatter.
+                dst = out[sel[0] : sel[-1] + 1]
+                _copy_run(col[codec.EMBEDDING], int(rows[0]), dst, self.spec.dtype)
             else:
-                out[sel] = emb[rows]
+                out[sel] = codec.embedding_matrix(col[codec.EMBEDDING], self.spec.dtype)[rows]
         return out
 
 
