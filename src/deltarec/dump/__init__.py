@@ -5,19 +5,39 @@ The training loop drives a :class:`Dumper` (directly, or through the :class:`Dum
 to host memory asynchronously, and encoded, written and committed by a background worker; a
 queue bounded in bytes makes training wait instead of growing memory.
 
-Exports:
+Exports (loaded lazily, so ``deltarec.dump.gather`` imports only torch and numpy and runs on a
+CUDA machine without the rest of the stack):
     Dumper, DumperConfig: the engine and its configuration.
     DumpHook, make_train_hook: the training-hook adapter and its factory.
     DataMismatchError: ranks reached the final dump at different steps.
-    ByteBoundedQueue: the bounded queue (also used by benchmarks).
+    ByteBoundedQueue: the bounded queue.
     dedup_ids, gather_to_host, rows_to_host, HostRows: the plain-torch gather core.
 """
 
-from deltarec.dump.config import DumperConfig
-from deltarec.dump.dumper import DataMismatchError, Dumper
-from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
-from deltarec.dump.hook import DumpHook, make_train_hook
-from deltarec.dump.queue import ByteBoundedQueue
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deltarec.dump.config import DumperConfig
+    from deltarec.dump.dumper import DataMismatchError, Dumper
+    from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
+    from deltarec.dump.hook import DumpHook, make_train_hook
+    from deltarec.dump.queue import ByteBoundedQueue
+
+_LAZY = {
+    "DumperConfig": "deltarec.dump.config",
+    "DataMismatchError": "deltarec.dump.dumper",
+    "Dumper": "deltarec.dump.dumper",
+    "HostRows": "deltarec.dump.gather",
+    "dedup_ids": "deltarec.dump.gather",
+    "gather_to_host": "deltarec.dump.gather",
+    "rows_to_host": "deltarec.dump.gather",
+    "DumpHook": "deltarec.dump.hook",
+    "make_train_hook": "deltarec.dump.hook",
+    "ByteBoundedQueue": "deltarec.dump.queue",
+}
 
 __all__ = [
     "ByteBoundedQueue",
@@ -31,3 +51,9 @@ __all__ = [
     "make_train_hook",
     "rows_to_host",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'deltarec.dump' has no attribute {name!r}")
