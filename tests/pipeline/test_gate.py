@@ -1,6 +1,8 @@
-"""verify gates promote in a real kfp.local run of the pipeline. The step subprocesses get fast
-fakes at the torchrun and CLI boundaries (fake_steps/sitecustomize.py), so the run takes seconds;
-the real end-to-end run is in test_local_run.py."""
+"""verify gates promote in a real kfp.local run of the pipeline.
+
+The step subprocesses get a fast fake at the CLI boundary (fake_steps/sitecustomize.py), so a
+run takes seconds; the real end-to-end run is in test_local_run.py.
+"""
 
 import json
 import pathlib

@@ -18,7 +18,7 @@ def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, cap
     out = tmp_path / "result.json"
     code = main([
         "pipeline", "run", "--local", "--run", "e2e", "--artifacts", str(tmp_path / "art"),
-        "--store", store, "--steps", "40", "--dump-every-steps", "10", "--sample", "0",
+        "--store", store, "--steps", "30", "--dump-every-steps", "10", "--sample", "0",
         "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
     ])  # fmt: skip
     printed = capsys.readouterr().out
@@ -26,7 +26,7 @@ def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, cap
     result = json.loads(out.read_text())
     gen = result["generation"]
     assert result["verdict"] == "PASS" and result["promoted"] == gen["generation"] == 1
-    assert gen["run"] == "e2e" and gen["last_step"] == 40 and gen["dumps"] >= 4
+    assert gen["run"] == "e2e" and gen["last_step"] == 30 and gen["dumps"] >= 4
     assert gen["rows"] > 0 and gen["uri"].endswith("e2e/gen-000001")
     metrics = result["metrics"]
     assert metrics["passed"] == 1.0 and metrics["keys_checked"] > 0
@@ -51,7 +51,7 @@ def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, cap
 
 def test_demo_runs_the_pipeline_and_ends_with_a_summary_and_the_report(tmp_path, capsys):
     workdir = tmp_path / "demo"
-    assert main(["demo", "--workdir", str(workdir), "--steps", "40"]) == 0
+    assert main(["demo", "--workdir", str(workdir), "--steps", "20"]) == 0
     printed = capsys.readouterr().out
     assert "PASS" in printed and "promoted generation" in printed
     report = workdir / "verify-report.html"

@@ -163,7 +163,7 @@ def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wro
 
 
 def test_train_that_writes_no_generation_fails_the_step(tmp_path, monkeypatch):
-    monkeypatch.setattr(steps, "run_torchrun", lambda argv: 0)
+    monkeypatch.setattr(steps, "run_cli", lambda step, argv: 0)
     with pytest.raises(StepFailedError, match="wrote no new generation of run 'r'"):
         steps.train(
             artifacts=str(tmp_path),
@@ -182,30 +182,24 @@ def test_single_node_train_runs_deltarec_train_under_torchrun_with_its_device(
 ):
     seen = []
 
-    def fake_torchrun(argv):
+    def fake_cli(step, argv):
         seen.append(list(argv))
         write_generation(tmp_path, "r", [(5, {"t": 1})])
         return 0
 
-    monkeypatch.setattr(steps, "run_torchrun", fake_torchrun)
+    monkeypatch.setattr(steps, "run_cli", fake_cli)
     steps.train(
         artifacts=str(tmp_path), run="r", store="", steps=5, dump_every_steps=1,
         dump_every_minutes=0, publish_mode="direct", ranks_per_node=2, gpus_per_node=1,
     )  # fmt: skip
     (argv,) = seen
-    import torch.distributed.run as torchrun
-
-    parsed = torchrun.get_args_parser().parse_args(argv[3:])
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
-    assert (parsed.nproc_per_node, parsed.standalone, parsed.module) == ("2", True, True)
-    assert parsed.training_script == "deltarec.train"
-    assert parsed.training_script_args[:2] == ["--device", "cuda"]
-    assert parsed.training_script_args[2:6] == ["--artifacts", str(tmp_path), "--run", "r"]
+    assert argv[:5] == ["train", "--nproc-per-node", "2", "--device", "cuda"]
+    assert argv[5:9] == ["--artifacts", str(tmp_path), "--run", "r"]
 
 
-def test_failing_torchrun_fails_the_train_step_with_its_exit_code(tmp_path, monkeypatch):
-    monkeypatch.setattr(steps, "run_torchrun", lambda argv: 3)
-    with pytest.raises(StepFailedError, match="step 'train' failed with exit code 3"):
+def test_failing_training_fails_the_train_step_with_its_exit_code(tmp_path, monkeypatch):
+    monkeypatch.setattr(steps, "run_cli", lambda step, argv: 1)
+    with pytest.raises(StepFailedError, match="step 'train' failed with exit code 1"):
         steps.train(
             artifacts=str(tmp_path), run="r", store="", steps=5, dump_every_steps=1,
             dump_every_minutes=0, publish_mode="direct", ranks_per_node=2,

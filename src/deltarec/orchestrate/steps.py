@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -119,27 +117,6 @@ def train_args(
     return [*args, *extra_args]
 
 
-def torchrun_command(ranks: int, train_argv: Sequence[str]) -> list[str]:
-    """``torchrun --standalone --nproc-per-node R -m -- deltarec.train ARGS`` for this node.
-
-    ``deltarec.train`` as a module is ``deltarec train`` on every rank. The ``--`` ends
-    torchrun's own options, so a training flag such as ``--run`` is never taken for an
-    abbreviation of torchrun's ``--run-path``.
-    """
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={ranks}", "-m", "--", "deltarec.train", *train_argv,
-    ]  # fmt: skip
-
-
-def run_torchrun(argv: Sequence[str]) -> int:
-    """Run torchrun in the foreground (its output is the step's output); returns its exit code."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log.info("step train: %s", " ".join(argv))
-    return subprocess.call(list(argv), env=env)
-
-
 def generation_record(root: ArtifactRoot, run: str, generation: int) -> GenerationRecord:
     """Describe one generation from its committed manifests.
 
@@ -192,7 +169,7 @@ def train(
 ) -> GenerationRecord:
     """Train one generation with delta dumps (and publishing), then describe it.
 
-    One node: ``deltarec train`` on R ranks under torchrun in this container. Several
+    One node: ``deltarec train --nproc-per-node R`` (torchrun) in this container. Several
     nodes: a Training Operator PyTorchJob (see :mod:`deltarec.orchestrate.pytorchjob`) named
     after ``run`` and ``job_id``, followed until it ends. The generation is the one that
     appeared under the artifact root during the step.
@@ -240,9 +217,8 @@ def train(
     before = set(root.list_generations(run))
     if nodes == 1:
         device = "cuda" if gpus_per_node > 0 else "cpu"
-        code = run_torchrun(torchrun_command(ranks_per_node, ["--device", device, *args]))
-        if code != 0:
-            raise StepFailedError("train", code, "torchrun of deltarec train failed")
+        argv = ["train", "--nproc-per-node", str(ranks_per_node), "--device", device, *args]
+        _require_ok("train", argv)
     else:
         names = secrets.split(",") if isinstance(secrets, str) else list(secrets)
         names = [n.strip() for n in names if n.strip()]

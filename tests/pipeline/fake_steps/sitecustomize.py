@@ -1,5 +1,5 @@
-"""Loaded by every step subprocess of the gate test (through PYTHONPATH): replaces the two
-boundaries of deltarec.orchestrate.steps with fast fakes, so kfp.local runs the real pipeline
+"""Loaded by every step subprocess of the gate test (through PYTHONPATH): replaces the CLI
+boundary of deltarec.orchestrate.steps with a fast fake, so kfp.local runs the real pipeline
 wiring without training. ``FAKE_VERIFY_CODE`` is the exit code the fake verify returns;
 promote calls are appended to ``FAKE_PROMOTE_LOG``."""
 
@@ -13,7 +13,7 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
-def fake_torchrun(argv):
+def fake_train(argv):
     root = ArtifactRoot(_flag(argv, "--artifacts"))
     run = _flag(argv, "--run")
     info = root.allocate_generation(
@@ -29,6 +29,9 @@ def fake_torchrun(argv):
 
 
 def fake_cli(step, argv):
+    if argv[0] == "train":
+        assert argv[1:5] == ["--nproc-per-node", "2", "--device", "cpu"], argv
+        return fake_train(argv)
     if argv[0] == "verify":
         with open(_flag(argv, "--report"), "w", encoding="utf-8") as f:
             f.write("<html>fake verify</html>")
@@ -40,5 +43,4 @@ def fake_cli(step, argv):
     raise AssertionError(f"unexpected command {argv}")
 
 
-steps.run_torchrun = fake_torchrun
 steps.run_cli = fake_cli
