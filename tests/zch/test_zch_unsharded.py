@@ -165,12 +165,14 @@ def test_out_of_range_remapped_row_raises_naming_table_and_rows() -> None:
     mch, _ = _parts(model)["mc_ebc.bag"]
     _train(model, opt, [5, 6])
     pos = int(torch.searchsorted(mch._mch_sorted_raw_ids, torch.tensor(6)))
-    mch._mch_remapped_ids_mapping[pos] = 1234
-    with pytest.raises(ZchRowRangeError) as err:
-        source.collect()
-    assert err.value.table == "mc_ebc.bag" and err.value.rows == [1234]
-    with pytest.raises(ZchRowRangeError, match=r"'mc_ebc\.bag'.*\[0, 8\).*\[1234\]"):
+    mch._mch_remapped_ids_mapping[pos] = 1234  # as if a mismatched checkpoint was loaded
+    with pytest.raises(ZchRowRangeError, match=r"'mc_ebc\.bag'.*\[0, 8\).*\[1234\]") as err:
         model(*kjts([6, 5]))
+    assert err.value.table == "mc_ebc.bag" and err.value.rows == [1234]
+    with pytest.raises(ZchRowRangeError, match=r"\[1234\]"):
+        list(source.snapshot(chunk_rows=10))
+    with pytest.raises(ZchRowRangeError, match=r"\[1234\]"):
+        source.read_keys(torch.tensor([5, 6]))
     source.close()
 
 

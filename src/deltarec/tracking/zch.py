@@ -140,15 +140,14 @@ class ZchTableSource(TableSource):
             ZchKeyCollisionError: if raw id ``-1`` is held.
         """
         rec = self._recorder.take()
-        changed = torch.unique(torch.cat([rec.admitted, rec.evicted]))
-        # Ids whose mapping did not change since their lookup keep the row they were remapped
-        # to: no search in the (large) mapping. Only the changed ids are looked up in it.
-        same = ~_contains(changed, rec.looked_up) & (rec.looked_up_rows != self._recorder.miss_slot)
-        held_now, rows_now = self._lookup(changed)
+        # Ids looked up whose mapping did not change since keep the row they were remapped to;
+        # the changed ids' rows come from their last admission (-1: evicted, not held).
+        same = ~torch.isin(rec.looked_up, rec.changed, assume_unique=True)
+        same &= rec.looked_up_rows != self._recorder.miss_slot
         kept = rec.looked_up[same]
-        keys = torch.cat([kept, changed])
-        held = torch.cat([torch.ones_like(kept, dtype=torch.bool), held_now])
-        rows = torch.cat([rec.looked_up_rows[same], rows_now])
+        keys = torch.cat([kept, rec.changed])
+        held = torch.cat([torch.ones_like(kept, dtype=torch.bool), rec.changed_rows >= 0])
+        rows = torch.cat([rec.looked_up_rows[same], rec.changed_rows])
         with_fallback = self.writes_fallback and (rec.miss or self._fallback_pending)
         self._fallback_pending = False
         return self._rows_for(keys, held, rows, with_fallback)
@@ -247,7 +246,7 @@ class ZchTableSource(TableSource):
             ops = torch.cat([ops.new_zeros(1), ops])
         self._recorder.check_rows(rows, "the mapping read at dump time")
         weight = self.table.weight().detach()
-        values = weight[rows - self.table.row_offset].to(self._row_dtype)
+        values = weight.index_select(0, rows - self.table.row_offset).to(self._row_dtype)
         return TouchedRows(keys=keys, rows=values, ops=ops)
 
     def _owned(self, keys: torch.Tensor) -> torch.Tensor:
@@ -262,14 +261,6 @@ class ZchTableSource(TableSource):
             bucket = torch.where(keys < block * buckets, bucket, keys % buckets)
         per_rank = max(1, buckets // t.world_size)
         return (torch.div(bucket, per_rank, rounding_mode="floor") == t.rank) & (keys >= 0)
-
-
-def _contains(sorted_set: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Mask of ``values`` found in the sorted, unique ``sorted_set`` (binary search)."""
-    if sorted_set.numel() == 0:
-        return torch.zeros_like(values, dtype=torch.bool)
-    pos = torch.searchsorted(sorted_set, values).clamp_(max=sorted_set.numel() - 1)
-    return sorted_set[pos] == values
 
 
 def _writes_rows(table: ZchTable) -> bool:

@@ -10,10 +10,12 @@ them back in :meth:`MchRecorder.close`:
   runs, the module's eviction policy object gets an instance-level wrapper of
   ``update_metadata_and_generate_eviction_scores`` (removed again before the call returns),
   which sees the positions being replaced: the raw ids that leave (evicted) and the raw ids
-  that enter (admitted) are recorded from those positions, so nothing scans the mapping.
+  that enter (admitted), with the slot each one enters, are recorded from those positions, so
+  nothing scans the mapping.
 
-Work per step is O(batch); work per eviction is O(ids in the eviction history). The mapping
-buffers themselves are only read with ``searchsorted`` at collect time (O(k log zch_size)).
+Work per step is O(batch); work per eviction is O(ids in the eviction history). At collect
+time the recorded events alone say which ids are held and where (a held id keeps its slot
+until it is evicted), so the mapping buffers are not read at all.
 """
 
 from __future__ import annotations
@@ -42,26 +44,36 @@ class Recorded:
     Attributes:
         looked_up: raw ids looked up in training, sorted, unique.
         looked_up_rows: the global row each of them was remapped to (the miss slot for a
-            miss). Valid now for every id not in ``admitted`` or ``evicted``: a held id keeps
-            its slot until it is evicted.
-        admitted: raw ids that entered the mapping, sorted, unique.
-        evicted: raw ids that left the mapping, sorted, unique.
+            miss). Still valid for every id not in ``changed``: a held id keeps its slot until
+            it is evicted.
+        changed: raw ids admitted or evicted, sorted, unique.
+        changed_rows: the global row of each changed id after its last change; ``-1`` where
+            the last change was an eviction (the id is not held).
         miss: whether a training lookup went to the miss (fallback) slot.
     """
 
     looked_up: torch.Tensor
     looked_up_rows: torch.Tensor
-    admitted: torch.Tensor
-    evicted: torch.Tensor
+    changed: torch.Tensor
+    changed_rows: torch.Tensor
     miss: bool
 
 
 def _unique_pairs(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique ids with one of their rows (an id whose rows differ is in admitted/evicted)."""
+    """Unique ids with one of their rows (ids whose row differs are in ``changed``)."""
     unique, inverse = torch.unique(ids, return_inverse=True)
     out = torch.empty_like(unique)
     out.scatter_(0, inverse, rows)
     return unique, out
+
+
+def _last_events(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique ids (sorted) with the row of their LAST event (events are in time order)."""
+    order = torch.sort(ids, stable=True).indices
+    ids, rows = ids[order], rows[order]
+    last = torch.ones_like(ids, dtype=torch.bool)
+    last[:-1] = ids[1:] != ids[:-1]
+    return ids[last], rows[last]
 
 
 class MchRecorder:
@@ -90,8 +102,8 @@ class MchRecorder:
         device = mch._mch_sorted_raw_ids.device
         self._lookups: list[torch.Tensor] = []
         self._lookup_rows: list[torch.Tensor] = []
-        self._admitted: list[torch.Tensor] = []
-        self._evicted: list[torch.Tensor] = []
+        self._event_ids: list[torch.Tensor] = []  # admissions and evictions, in time order
+        self._event_rows: list[torch.Tensor] = []  # the slot entered, or -1 for an eviction
         self._pending = 0
         self._compact_at = _COMPACT_MIN
         self._miss = torch.zeros((), dtype=torch.bool, device=device)
@@ -117,14 +129,11 @@ class MchRecorder:
         looked_up, rows = _unique_pairs(
             torch.cat([empty, *self._lookups]), torch.cat([empty, *self._lookup_rows])
         )
-        recorded = Recorded(
-            looked_up=looked_up,
-            looked_up_rows=rows,
-            admitted=torch.unique(torch.cat([empty, *self._admitted])),
-            evicted=torch.unique(torch.cat([empty, *self._evicted])),
-            miss=bool(self._miss.item()),
+        changed, changed_rows = _last_events(
+            torch.cat([empty, *self._event_ids]), torch.cat([empty, *self._event_rows])
         )
-        self._lookups, self._lookup_rows, self._admitted, self._evicted = [], [], [], []
+        recorded = Recorded(looked_up, rows, changed, changed_rows, bool(self._miss.item()))
+        self._lookups, self._lookup_rows, self._event_ids, self._event_rows = [], [], [], []
         self._pending = 0
         self._compact_at = _COMPACT_MIN
         self._miss.zero_()
@@ -190,6 +199,7 @@ class MchRecorder:
             order = bound["coalesced_history_argsort_mapping"]
             matched = bound["coalesced_history_mch_matching_elements_mask"]
             seen["left"] = mch._mch_sorted_raw_ids[evicted_pos].clone()
+            seen["slots"] = mch._mch_remapped_ids_mapping[evicted_pos].clone()
             seen["entered"] = uniq_ids[order][~matched][selected_new]
             return evicted_pos, selected_new
 
@@ -208,9 +218,9 @@ class MchRecorder:
                 "the eviction step did not consult the eviction policy; this torchrec "
                 "version's MCHManagedCollisionModule is not supported by the ZCH tracking",
             )
-        left = seen["left"]
-        self._evicted.append(left[left != EMPTY_ID])
-        self._admitted.append(seen["entered"].to(torch.int64))
+        left = seen["left"][seen["left"] != EMPTY_ID]
+        self._event_ids += [left, seen["entered"].to(torch.int64)]
+        self._event_rows += [torch.full_like(left, -1), seen["slots"]]
         self.evictions += 1
         return result
 
