@@ -203,8 +203,7 @@ def build_config(args: argparse.Namespace) -> Any:
     """
     from pydantic import ValidationError
 
-    from deltarec.model.config import ModelConfig
-    from deltarec.model.data import DataConfig
+    from deltarec.model.config import DataConfig, ModelConfig
     from deltarec.train.config import TrainConfig
 
     try:

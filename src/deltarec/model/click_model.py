@@ -28,12 +28,9 @@ from torchrec.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 
-from deltarec.model.config import ModelConfig
+from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig
 
-HISTORY = "history"
-"""Name of the EmbeddingCollection's sequence table (and feature)."""
-ZCH_TABLE = "ad_id"
-"""Name of the managed-collision table (and feature)."""
+__all__ = ["HISTORY", "ZCH_TABLE", "ClickModel", "SparseArch"]
 
 
 class SparseArch(nn.Module):

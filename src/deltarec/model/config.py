@@ -23,6 +23,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+HISTORY = "history"
+"""Name of the EmbeddingCollection's sequence table (and feature)."""
+ZCH_TABLE = "ad_id"
+"""Name of the managed-collision table (and feature)."""
+
 ShardingName = Literal["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise"]
 
 
@@ -67,6 +72,19 @@ class ZchConfig(_Strict):
     drift_every: int = Field(default=50, ge=1)
     """Every this many steps the popular raw ids move, so admissions and evictions keep
     happening (a stable hot set would fill the table once and then rarely change)."""
+
+
+class DataConfig(_Strict):
+    """The synthetic stream's length per rank (unknown keys rejected)."""
+
+    batches_per_rank: int | None = Field(default=None, ge=0)
+    """Training batches each rank has (None: endless)."""
+    batches_by_rank: dict[int, int] = Field(default_factory=dict)
+    """Per-rank override of ``batches_per_rank`` (tests of uneven exhaustion)."""
+
+    def length_for(self, rank: int) -> int | None:
+        """Number of training batches rank ``rank`` has (None: endless)."""
+        return self.batches_by_rank.get(rank, self.batches_per_rank)
 
 
 def _default_tables() -> dict[str, TableConfig]:

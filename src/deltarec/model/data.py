@@ -18,29 +18,15 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torchrec import KeyedJaggedTensor
 
 from deltarec.model.click_model import HISTORY, ZCH_TABLE
-from deltarec.model.config import ModelConfig
+from deltarec.model.config import DataConfig, ModelConfig
+
+__all__ = ["EVAL_STREAM", "TRAIN_STREAM", "Batch", "ClickStream", "DataConfig", "zipf_ids"]
 
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 """Stream ids: evaluation batches never repeat training batches."""
-
-
-class DataConfig(BaseModel):
-    """The synthetic stream's length per rank (unknown keys rejected)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    batches_per_rank: int | None = Field(default=None, ge=0)
-    """Training batches each rank has (None: endless)."""
-    batches_by_rank: dict[int, int] = Field(default_factory=dict)
-    """Per-rank override of ``batches_per_rank`` (tests of uneven exhaustion)."""
-
-    def length_for(self, rank: int) -> int | None:
-        """Number of training batches rank ``rank`` has (None: endless)."""
-        return self.batches_by_rank.get(rank, self.batches_per_rank)
 
 
 @dataclass

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deltarec.ids import table_id
-from deltarec.model.click_model import HISTORY, ZCH_TABLE
-from deltarec.model.config import ModelConfig
+from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ Exports: :class:`TrainConfig`, :func:`run_training`, :class:`TrainResult`,
 :class:`TrainHook`, :func:`export_tables`, :func:`table_rows`, :class:`CheckpointManager`,
 :func:`init_distributed`.
 
-``deltarec.train.hooks`` imports only torch; the rest imports torchrec, so it is loaded lazily
-(``import deltarec.train`` stays cheap for code that only needs the hook protocol or errors).
+Only the errors are imported eagerly; everything else (torch, torchrec) is loaded on first
+use, so ``deltarec train --nproc-per-node N`` can validate its flags and start torchrun
+without importing torch in the launching process.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from deltarec.train.errors import CheckpointError, DataExhaustedError, TrainError
-from deltarec.train.hooks import TrainHook
 
 if TYPE_CHECKING:
     from deltarec.train.checkpoint import CheckpointManager
     from deltarec.train.config import TrainConfig
     from deltarec.train.export import export_tables, table_rows
+    from deltarec.train.hooks import TrainHook
     from deltarec.train.launch import init_distributed
     from deltarec.train.loop import TrainResult, run_training
 
 _LAZY = {
+    "TrainHook": "deltarec.train.hooks",
     "TrainConfig": "deltarec.train.config",
     "run_training": "deltarec.train.loop",
     "TrainResult": "deltarec.train.loop",

@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deltarec.model.config import ModelConfig
-from deltarec.model.data import DataConfig
+from deltarec.model.config import DataConfig, ModelConfig
 
 
 class TrainConfig(BaseModel):

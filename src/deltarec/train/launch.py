@@ -16,9 +16,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-import torch
-import torch.distributed as dist
-
 from deltarec.testing.multiprocess import free_port
 
 
@@ -38,6 +35,9 @@ def init_distributed(device: str, timeout_s: float = 600.0) -> bool:
         True if this call created the group (the caller should destroy it), False if one
         already existed.
     """
+    import torch
+    import torch.distributed as dist
+
     if dist.is_initialized():
         return False
     if not under_torchrun():
