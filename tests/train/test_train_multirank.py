@@ -154,6 +154,9 @@ def _train_checkpoint_resume_export(rank: int, world_size: int, workdir: str) ->
     hook2 = _RecordingHook(sm2, snap_step=-1)
     second = run_training(cfg2, hooks=[hook2], model=sm2)
     assert hook1.snapshot is not None and hook2.at_start is not None
+    # newest complete checkpoint is step 200 (step 240 was not saved); nothing left to train
+    sm3 = build_sharded_model(model, torch.device("cpu"), max_batch_size=32)
+    third = run_training(TrainConfig(**base, steps=200), model=sm3)
     return {
         "first": (first.start_step, first.step, first.checkpoints, first.restored_from),
         "first_evals": [s for s, _ in first.eval_losses],
@@ -164,6 +167,8 @@ def _train_checkpoint_resume_export(rank: int, world_size: int, workdir: str) ->
         "eval_unchanged": hook1.eval_unchanged,
         "second": (second.start_step, second.step, second.restored_from),
         "hook2_calls": hook2.calls,
+        "third": (third.start_step, third.step, third.restored_from, third.checkpoints),
+        "third_equals_end_of_first": _same(_local_state(sm1), _local_state(sm3)),
         "resumed_weights_equal_saved": _same(hook1.snapshot, hook2.at_start),
         "resumed_differs_from_end_of_first": not _same(_local_state(sm1), hook2.at_start),
         **facts,
@@ -186,6 +191,9 @@ def test_two_ranks_train_checkpoint_resume_and_export_whole_tables(tmp_path):
         assert res["hook2_calls"][:2] == [f"load:rank{r}-step100", "start:100:100"]
         assert res["resumed_weights_equal_saved"]
         assert res["resumed_differs_from_end_of_first"]
+        # resumed from the newest (200) with nothing to do: no step, no re-saved checkpoint
+        assert res["third"] == (200, 200, 200, [])
+        assert res["third_equals_end_of_first"]
     assert (tmp_path / "checkpoints" / "step-00000100" / "COMPLETE").is_file()
     assert (tmp_path / "checkpoints" / "step-00000200" / "COMPLETE").is_file()
     assert not (tmp_path / "checkpoints" / "step-00000240").exists()

@@ -108,7 +108,8 @@ def run_training(
         for h in hooks:
             h.on_start(sm.dmp, result.start_step, result.restored_from)
         _train(config, sm, ckpt, hooks, result)
-        if ckpt and config.checkpoint_at_end and result.step not in result.checkpoints:
+        saved = result.step in result.checkpoints or result.step == result.restored_from
+        if ckpt and config.checkpoint_at_end and not saved:
             _save(ckpt, sm, config, hooks, result)
         for h in hooks:
             h.on_end(result.step)
