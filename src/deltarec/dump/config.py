@@ -37,7 +37,7 @@ class DumperConfig(BaseModel):
     """Per-table encoding (``float32`` | ``float16`` | ``int8_rowwise``), by table id."""
     chunk_rows: int = Field(default=65536, ge=1)
     """Rows per gathered chunk (one parquet row group)."""
-    queue_bytes: int = Field(default=256 << 20, ge=1 << 16)
+    queue_bytes: int = Field(default=64 << 20, ge=1 << 16)
     """Bytes of gathered rows the dump path may hold on the host (queued plus being written).
     When full, the training thread waits: nothing is dropped."""
     fsync: bool = True
