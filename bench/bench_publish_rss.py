@@ -2,7 +2,7 @@
 
 Writes a generation with :class:`~deltarec.artifacts.ShardWriter` (2 ranks, one table, row
 groups of 64k rows, one delta dump), then runs ``deltarec publish`` into a fresh SQLite store
-as a child process and reads its peak RSS (``getrusage(RUSAGE_CHILDREN).ru_maxrss``).
+as a child process and reads its peak RSS (``ru_maxrss`` of that child, from ``wait4``).
 Baseline, in the same run: the peak RSS of a child that only imports what ``deltarec
 publish`` imports (interpreter + numpy + pyarrow + deltarec), so the difference is what
 publishing the rows costs.
@@ -16,7 +16,6 @@ import argparse
 import datetime
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -70,14 +69,15 @@ def write_generation(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
 
 
 def child_peak_rss_mb(argv: list[str]) -> tuple[float, float]:
-    """Run a child; return (its peak RSS in MB, wall seconds). One child per call."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Run a child; return (its own peak RSS in MB, wall seconds)."""
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    assert peak >= before
-    return peak / 1024.0, wall
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[:3]}... exited with {proc.returncode}")
+    return usage.ru_maxrss / 1024.0, wall
 
 
 def main() -> None:

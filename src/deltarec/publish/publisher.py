@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deltarec.artifacts import ArtifactRoot, codec, iter_shard
+from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec, parse_time
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.ids import validate_run
 from deltarec.publish.metrics import PublishMetrics
+from deltarec.publish.reader import iter_shard_rows
 from deltarec.publish.retry import RetryPolicy
 from deltarec.stores.base import Store
 from deltarec.stores.rows import check_batch
@@ -253,7 +254,7 @@ class DumpPublisher:
             if shard.rank != rank:
                 continue
             seen = 0
-            for batch in iter_shard(
+            for batch in iter_shard_rows(
                 self.root, dump_dir, shard, spec.dtype, batch_rows=size, verify=verify
             ):
                 n = len(batch)

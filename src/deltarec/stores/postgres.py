@@ -234,7 +234,7 @@ class PostgresStore(RelationalStore):
         cur.execute(
             f"INSERT INTO {q} AS v (key, embedding, version, updated_at) "
             f"SELECT s.key, s.embedding, s.version, now() FROM {source} s "
-            f"WHERE s.op = 0 AND s.version >= %s{guard} "
+            f"WHERE s.op = 0 AND s.version >= %s{guard} ORDER BY s.key "
             "ON CONFLICT (key) DO UPDATE SET embedding = EXCLUDED.embedding, "
             "version = EXCLUDED.version, updated_at = EXCLUDED.updated_at "
             "WHERE v.version <= EXCLUDED.version",

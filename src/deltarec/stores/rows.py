@@ -44,7 +44,11 @@ def check_batch(
     n = _check_shapes(table, dtype, dim, keys, embedding, ops, versions, where)
     if n == 0:
         return
-    bad = np.flatnonzero(~_finite_rows(embedding, dtype, dim))
+    bad = (
+        np.empty(0, np.int64)
+        if _all_finite(embedding, dtype, dim)
+        else (np.flatnonzero(~_finite_rows(embedding, dtype, dim)))
+    )
     if bad.size:
         raise InvalidRowError(table, where, int(keys[bad[0]]), f"{bad.size} row(s) hold NaN/Inf")
     low = _MIN_KEY if kind in (None, TableKind.ZCH) else 0
@@ -93,6 +97,13 @@ def _check_shapes(
     if ops.shape != (n,) or versions.shape != (n,):
         raise InvalidRowError(table, where, None, f"ops/versions must have shape ({n},)")
     return n
+
+
+def _all_finite(embedding: np.ndarray, dtype: DType, dim: int) -> bool:
+    """Fast path without a temporary per element: min/max propagate NaN and show Inf."""
+    if DType(dtype) is DType.INT8_ROWWISE:
+        return bool(_finite_rows(embedding, dtype, dim).all())
+    return bool(np.isfinite(embedding.min()) and np.isfinite(embedding.max()))
 
 
 def _finite_rows(embedding: np.ndarray, dtype: DType, dim: int) -> np.ndarray:
