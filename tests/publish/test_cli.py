@@ -78,3 +78,25 @@ def test_publish_rejects_bad_rows_and_bad_flags_with_exit_2(tmp_path, capsys):  
     assert main(["publish", *_args(root, url), "--ranks", "x"]) == 2
     assert main(["publish", *_args(root, "mysql://h/db")]) == 2
     assert "unknown scheme" in capsys.readouterr().err
+
+
+def test_provision_and_publish_flags_are_frozen():  # type: ignore[no-untyped-def]
+    import argparse
+
+    from deltarec.cli import cmd_provision, cmd_publish
+
+    def flags(module):  # type: ignore[no-untyped-def]
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        return {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
+
+    spec = {"--artifacts", "--run", "--store", "--generation"}  # SPEC §7a
+    assert flags(cmd_provision) == spec | {"--staged", "--json"}
+    assert flags(cmd_publish) == spec | {
+        "--mode",
+        "--ranks",
+        "--batch-mb",
+        "--retry-deadline",
+        "--metrics-port",
+        "--json",
+    }
