@@ -82,9 +82,10 @@ class DumpHook:
     def _make_publisher(self) -> Any:
         import torch.distributed as dist
 
-        from deltarec.publish import BackgroundPublisher  # type: ignore[attr-defined]
+        from deltarec.publish import BackgroundPublisher
 
         distributed = dist.is_available() and dist.is_initialized()
+        assert self.store is not None
         return BackgroundPublisher(
             self.store,
             self.config.artifacts,
@@ -95,7 +96,7 @@ class DumpHook:
         )
 
     def _submit(self, manifest: Manifest, rows: dict[str, ShardRows] | None) -> None:
-        self.publisher.submit(manifest, rows or {})
+        self.publisher.submit(manifest, rows)
 
     def after_step(self, step: int) -> None:
         """Dump if due; re-raise an earlier dump's or publish's failure."""
@@ -124,14 +125,17 @@ class DumpHook:
             self.publisher = None
 
     def close(self) -> None:
-        """Stop the worker and the publisher (also after a failure)."""
+        """Stop the worker and the publisher (also after a failure; never masks it)."""
         try:
             if self.dumper is not None:
                 self.dumper.close()
         finally:
             if self.publisher is not None:
-                self.publisher.close(timeout=60.0)
-                self.publisher = None
+                publisher, self.publisher = self.publisher, None
+                try:
+                    publisher.close(timeout=60.0)
+                except Exception:
+                    log.exception("closing the background publisher failed")
 
     def state_dict(self) -> dict[str, Any]:
         """The dumper's state for the training checkpoint."""

@@ -1,0 +1,135 @@
+"""``deltarec inspect``: generations, dumps, tables, rows, bytes and step ranges of a run.
+
+Reads only GENERATION.json and MANIFEST.json files (never a shard), so it is cheap on any
+fsspec root. Incomplete dumps (no manifest) are listed as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from deltarec.errors import BadInputError
+
+NAME = "inspect"
+HELP = "list generations, dumps, tables, rows and bytes under an artifact root"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``deltarec inspect`` (SPEC §7a)."""
+    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
+    parser.add_argument("--run", required=True, help="run name")
+    parser.add_argument("--generation", type=int, metavar="G", help="only this generation")
+    parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
+
+
+def describe(root: Any, run: str, generation: int | None = None) -> dict[str, Any]:
+    """The run's generations and dumps as a JSON-able dict (what ``--json`` prints).
+
+    Raises:
+        BadInputError: if the run has no generation, or not the one asked for.
+    """
+    gens = root.list_generations(run)
+    if not gens:
+        raise BadInputError(f"run {run!r} has no generation under {root.uri}")
+    if generation is not None:
+        if generation not in gens:
+            raise BadInputError(
+                f"run {run!r} has no generation {generation} under {root.uri} (has {gens})"
+            )
+        gens = [generation]
+    return {"run": run, "root": root.uri, "generations": [_generation(root, run, g) for g in gens]}
+
+
+def _generation(root: Any, run: str, g: int) -> dict[str, Any]:
+    info = root.read_generation(run, g)
+    dumps = []
+    for seq in root.list_dumps(run, g):
+        m = root.read_manifest(run, g, seq)
+        tables = {
+            t: {"rows": rows, "bytes": sum(s.bytes for s in m.shards_of(t))}
+            for t, rows in m.tables.items()
+        }
+        dumps.append(
+            {
+                "seq": seq,
+                "version": m.version,
+                "kind": m.kind.value,
+                "first_step": m.first_step,
+                "last_step": m.last_step,
+                "created_at": m.created_at,
+                "rows": sum(m.tables.values()),
+                "bytes": sum(s.bytes for s in m.shards),
+                "shards": len(m.shards),
+                "tables": tables,
+            }
+        )
+    parent = None
+    if info.parent is not None:
+        parent = {
+            "generation": info.parent.generation,
+            "checkpoint_step": info.parent.checkpoint_step,
+        }
+    steps = [d["first_step"] for d in dumps] + [d["last_step"] for d in dumps]
+    return {
+        "generation": g,
+        "created_at": info.created_at,
+        "parent": parent,
+        "world_size": info.world_size,
+        "tables": {t: s.to_json() for t, s in info.tables.items()},
+        "dumps": dumps,
+        "incomplete_dumps": root.list_incomplete_dumps(run, g),
+        "rows": sum(d["rows"] for d in dumps),
+        "bytes": sum(d["bytes"] for d in dumps),
+        "steps": [min(steps), max(steps)] if steps else None,
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"run [bold]{report['run']}[/bold] under {report['root']}")
+    for g in report["generations"]:
+        parent = g["parent"]
+        origin = (
+            f"restored from generation {parent['generation']} step {parent['checkpoint_step']}"
+            if parent
+            else "fresh start"
+        )
+        steps = f"steps {g['steps'][0]}-{g['steps'][1]}" if g["steps"] else "no dumps"
+        console.print(
+            f"\n[bold]generation {g['generation']}[/bold] ({origin}; {g['world_size']} ranks; "
+            f"{len(g['tables'])} tables; {len(g['dumps'])} dumps; {g['rows']:,} rows; "
+            f"{g['bytes']:,} bytes; {steps})"
+        )
+        t = Table("seq", "kind", "steps", "rows", "bytes", "tables (rows)", "created")
+        for d in g["dumps"]:
+            per = ", ".join(f"{k} {v['rows']:,}" for k, v in d["tables"].items() if v["rows"])
+            t.add_row(
+                str(d["seq"]),
+                d["kind"],
+                f"{d['first_step']}-{d['last_step']}",
+                f"{d['rows']:,}",
+                f"{d['bytes']:,}",
+                per or "-",
+                d["created_at"],
+            )
+        console.print(t)
+        if g["incomplete_dumps"]:
+            left = g["incomplete_dumps"]
+            console.print(f"incomplete dumps (no manifest; cleaned at the next start): {left}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the description of the run (table, or JSON with ``--json``)."""
+    from deltarec.artifacts import ArtifactRoot
+
+    report = describe(ArtifactRoot(args.artifacts), args.run, args.generation)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print(report)
+    return 0
