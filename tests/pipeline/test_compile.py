@@ -203,3 +203,22 @@ def test_submit_refuses_a_store_url_with_a_password_and_sends_nothing(fake_kfp, 
 def test_run_requires_local(capsys):
     assert main(["pipeline", "run", *PARAMS]) == 2
     assert "only --local" in capsys.readouterr().err
+
+
+def test_checkout_entry_points_compile_the_pipeline_and_every_component(tmp_path):
+    import subprocess
+    import sys
+
+    scripts = [(REPO / "pipelines" / "deltarec_pipeline.py", tmp_path / "pipeline.yaml")]
+    scripts += [(REPO / "components" / s / "component.py", tmp_path / f"{s}.yaml") for s in STEPS]
+    for script, out in scripts:
+        done = subprocess.run(
+            [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == str(out)
+        assert yaml.safe_load_all(out.read_text())  # parses
+    pipeline = next(yaml.safe_load_all((tmp_path / "pipeline.yaml").read_text()))
+    assert pipeline["pipelineInfo"]["name"] == "deltarec"
+    train = yaml.safe_load((tmp_path / "train.yaml").read_text())
+    assert "generation" in train["root"]["outputDefinitions"]["artifacts"]
