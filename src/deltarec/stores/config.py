@@ -23,8 +23,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from deltarec.errors import ConfigError
+from deltarec.errors import ConfigError, InvalidIdentifierError
 from deltarec.stores.naming import check_identifier, check_kv_prefix, check_prefix
+
+
+def _as_value_error(check: Any, *args: Any) -> Any:
+    """Run a naming check; pydantic reports ValueErrors as field errors."""
+    try:
+        return check(*args)
+    except InvalidIdentifierError as e:
+        raise ValueError(str(e)) from e
 
 
 class _Config(BaseModel):
@@ -49,7 +57,7 @@ class SqliteConfig(_Config):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        return check_prefix(v)
+        return _as_value_error(check_prefix, v)
 
 
 class PostgresConfig(_Config):
@@ -82,12 +90,12 @@ class PostgresConfig(_Config):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        return check_prefix(v)
+        return _as_value_error(check_prefix, v)
 
     @field_validator("schema_name")
     @classmethod
     def _schema(cls, v: str) -> str:
-        return check_identifier(v, "schema name")
+        return _as_value_error(check_identifier, v, "schema name")
 
 
 class RedisConfig(_Config):
@@ -112,7 +120,7 @@ class RedisConfig(_Config):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        return check_kv_prefix(v)
+        return _as_value_error(check_kv_prefix, v)
 
 
 class FeatureStoreConfig(_Config):
@@ -143,7 +151,7 @@ class FeatureStoreConfig(_Config):
     @field_validator("project", "view", "entity")
     @classmethod
     def _names(cls, v: str) -> str:
-        return check_identifier(v, "FeatureStore name")
+        return _as_value_error(check_identifier, v, "FeatureStore name")
 
 
 StoreConfig = Annotated[
