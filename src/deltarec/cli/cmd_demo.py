@@ -23,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "demo's outputs there are replaced)",
     )
     parser.add_argument(
-        "--steps", type=int, default=DEFAULT_STEPS, metavar="N", help="training steps"
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        metavar="N",
+        help=f"training steps (default: {DEFAULT_STEPS})",
     )
     parser.add_argument(
         "--store", default=None, metavar="URL", help="store URL (default: sqlite in --workdir)"

@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--pipeline-root",
         default="kfp-local",
+        metavar="DIR",
         help="where kfp.local keeps step outputs (default ./kfp-local)",
     )
     run.add_argument("--json", metavar="PATH", help="write the run's result as JSON")
@@ -78,19 +79,49 @@ def _secret_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _param_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", dest="run_name", required=True, help="run name")
-    p.add_argument("--artifacts", dest="artifact_root", required=True, help="artifact root")
-    p.add_argument("--store", dest="store_url", required=True, help="store URL (no password)")
-    p.add_argument("--steps", type=int, default=1000, help="training steps")
-    p.add_argument("--dump-every-steps", type=int, default=100, help="dump cadence (0: off)")
-    p.add_argument("--dump-every-minutes", type=float, default=0.0, help="minutes (0: off)")
-    p.add_argument("--publish-mode", choices=["direct", "staged"], default="direct")
-    p.add_argument("--sample", dest="sample_size", type=int, default=10000, help="0: all keys")
-    p.add_argument("--ranks-per-node", type=int, default=2, help="processes per node")
-    p.add_argument("--nodes", type=int, default=1, help="above 1: a Training Operator PyTorchJob")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="0 trains on CPU")
-    p.add_argument("--checkpoint-dir", default="", help="trainer checkpoints (--workdir)")
-    p.add_argument("--train-args", dest="train_extra_args", default="", help="more train args")
+    g = p.add_argument_group("pipeline parameters")
+    g.add_argument("--run", dest="run_name", required=True, metavar="NAME", help="run name")
+    g.add_argument(
+        "--artifacts", dest="artifact_root", required=True, metavar="ROOT", help="artifact root"
+    )
+    g.add_argument(
+        "--store", dest="store_url", required=True, metavar="URL", help="store URL, no password"
+    )
+    g.add_argument(
+        "--steps", type=int, default=1000, metavar="N", help="training steps (default: 1000)"
+    )
+    g.add_argument(
+        "--dump-every-steps", type=int, default=100, metavar="N", help="0: off (default: 100)"
+    )
+    g.add_argument(
+        "--dump-every-minutes", type=float, default=0.0, metavar="M", help="0: off (default)"
+    )
+    g.add_argument("--publish-mode", choices=["direct", "staged"], default="direct")
+    g.add_argument(
+        "--sample",
+        dest="sample_size",
+        type=int,
+        default=10000,
+        metavar="N",
+        help="keys per table verify reads back; 0: every key (default: 10000)",
+    )
+    g.add_argument(
+        "--ranks-per-node", type=int, default=2, metavar="R", help="ranks per node (default: 2)"
+    )
+    g.add_argument(
+        "--nodes", type=int, default=1, metavar="N", help="above 1: a PyTorchJob (default: 1)"
+    )
+    g.add_argument(
+        "--gpus-per-node", type=int, default=0, metavar="G", help="0: CPU, gloo (default: 0)"
+    )
+    g.add_argument("--checkpoint-dir", default="", metavar="DIR", help="the trainer's --workdir")
+    g.add_argument(
+        "--train-args",
+        dest="train_extra_args",
+        default="",
+        metavar="ARGS",
+        help="more deltarec train flags, one shell-quoted string",
+    )
 
 
 _PARAM_NAMES = (
