@@ -89,6 +89,9 @@ class Dumper:
         self._paused = False
         self._closed = False
         self.dump_seconds: list[float] = []
+        """Training-thread seconds of each dump (gather and enqueue; writing is background)."""
+        self.last_dump_timing: dict[str, float] = {}
+        """Training-thread seconds per table of the latest dump."""
 
     # ---- lifecycle -----------------------------------------------------------------------
     @property
@@ -345,15 +348,19 @@ class Dumper:
         first = self._last_dump_step + 1 if kind is not DumpKind.SNAPSHOT else step
         first = min(first, step)
         started = time.perf_counter()
+        timing = {}
         for source in self.sources:
+            t0 = time.perf_counter()
             chunks = (
                 self._snapshot_chunks(source)
                 if kind is DumpKind.SNAPSHOT
                 else _collect(source, self)
             )
             self._enqueue(seq, source.table_id, step, chunks)
+            timing[source.table_id] = time.perf_counter() - t0
         self.queue.put(EndOfDump(seq, kind, first, step), 0)
         self.dump_seconds.append(time.perf_counter() - started)
+        self.last_dump_timing = timing
         self._seq = seq
         self._last_dump_step = step
         if self._cadence is not None and kind is not DumpKind.SNAPSHOT:
