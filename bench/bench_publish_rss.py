@@ -112,7 +112,8 @@ def main() -> None:
         peak_mb, wall = child_peak_rss_mb(cli)
     print(
         f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: "
-        f"{platform.node()} ({os.cpu_count()} cores); generation: {args.rows:,} rows, dim "
+        f"{platform.node()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); "
+        f"generation: {args.rows:,} rows, dim "
         f"{args.dim} float32, 2 ranks, {data_mb:,.0f} MB of parquet (written in {gen_s:.0f}s)\n\n"
         "| measure | peak RSS (MB) |\n|---|---|\n"
         f"| `deltarec publish` into SQLite ({wall:.0f}s, {args.rows / wall:,.0f} rows/s) "

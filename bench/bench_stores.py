@@ -151,7 +151,8 @@ def main() -> None:
     keys2, emb2 = keys[::-1].copy(), make_rows(args.rows, args.dim, seed=1)[1]
     lines = [
         f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
-        f"machine: {platform.node()} ({os.cpu_count()} cores, {platform.machine()}); "
+        f"machine: {platform.node()} ({os.cpu_count()} cores, {platform.machine()}, load "
+        f"average {os.getloadavg()[0]:.1f} at start); "
         f"{args.rows:,} rows, dim {args.dim}, float32, random key order, "
         f"{BATCH_BYTES >> 20} MB batches",
         "",
