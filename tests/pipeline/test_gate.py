@@ -54,5 +54,6 @@ def test_passed_verify_promotes_the_generation_train_produced(tmp_path, fake_ste
         2,
     )
     assert pathlib.Path(result.report_path).read_text() == "<html>fake verify</html>"
+    assert result.metrics["freshness_p50_s"] == 1.0 and result.metrics["passed"] == 1.0
     (line,) = fake_steps.read_text().splitlines()
     assert line.endswith("--run gate --store sqlite:///unused.db --generation 1 --through-seq 2")

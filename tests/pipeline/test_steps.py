@@ -1,6 +1,7 @@
 """The step entry points, without KFP: arguments they build, records they hand on, failures."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -229,3 +230,36 @@ def test_a_failing_command_names_the_step_and_exit_code(monkeypatch):
             store="sqlite:///x.db",
             generation=FakeArtifact("/x", GenerationRecord("r", 1, 1, 1, 1, 1, "u").to_metadata()),
         )
+
+
+def test_verify_that_stops_without_a_result_fails_the_step_instead_of_reading_as_fail(
+    monkeypatch,
+):
+    import deltarec.cli
+
+    monkeypatch.setattr(deltarec.cli, "main", lambda argv: 1)  # e.g. the store is down
+    gen = FakeArtifact("/x", GenerationRecord("r", 1, 1, 1, 1, 1, "u").to_metadata())
+    with pytest.raises(StepFailedError, match="verify stopped before it had a result"):
+        steps.verify(artifacts="/a", store="sqlite:///x.db", generation=gen, sample_size=5)
+
+
+def test_verify_mismatch_is_a_fail_verdict_with_metrics(tmp_path, monkeypatch):
+    import deltarec.cli
+
+    def fake_main(argv):
+        doc = {"passed": False, "totals": {"checked": 4, "DIFFERENT": 1}}
+        pathlib.Path(argv[argv.index("--json") + 1]).write_text(json.dumps(doc))
+        pathlib.Path(argv[argv.index("--metrics") + 1]).write_text('{"keys_different": 1}')
+        return 1
+
+    monkeypatch.setattr(deltarec.cli, "main", fake_main)
+    gen = FakeArtifact("/x", GenerationRecord("r", 1, 3, 30, 3, 9, "u").to_metadata())
+    metrics = FakeArtifact(tmp_path / "m")
+    report = FakeArtifact(tmp_path / "r" / "report")
+    verdict = steps.verify(
+        artifacts="/a", store="sqlite:///x.db", generation=gen, sample_size=0,
+        metrics=metrics, report=report,
+    )  # fmt: skip
+    assert verdict == "FAIL"
+    assert metrics.metrics == {"keys_different": 1.0, "passed": 0.0}
+    assert report.metadata["verdict"] == "FAIL" and report.metadata["generation"] == 1

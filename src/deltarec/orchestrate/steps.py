@@ -296,7 +296,8 @@ def verify(
         ``"PASS"`` or ``"FAIL"`` (the command's exit code 0 or 1).
 
     Raises:
-        StepFailedError: verify rejected its input (exit code 2) or crashed.
+        StepFailedError: verify rejected its input (exit code 2), or stopped without a result
+            (e.g. the store is down): that fails the step instead of reading as a mismatch.
     """
     record = read_record(generation)
     report_path = report.path if report is not None else None
@@ -346,6 +347,9 @@ def run_verify(
         code = run_cli("verify", argv)
         summary = _load_json(out_json)
         values = {k: float(v) for k, v in numeric_summary(_load_json(out_metrics)).items()}
+    if code != 0 and "passed" not in summary:
+        # exit code 1 without a result document: verify did not finish (store down, ...)
+        raise StepFailedError("verify", code, "verify stopped before it had a result")
     verdict = PASS if code == 0 else FAIL
     values["passed"] = 1.0 if verdict == PASS else 0.0
     values.update(freshness_percentiles(summary))

@@ -3,6 +3,7 @@ boundary of deltarec.orchestrate.steps with a fast fake, so kfp.local runs the r
 wiring without training. ``FAKE_VERIFY_CODE`` is the exit code the fake verify returns;
 promote calls are appended to ``FAKE_PROMOTE_LOG``."""
 
+import json
 import os
 
 from deltarec.artifacts import ArtifactRoot, DumpKind, GenerationInfo, Manifest, TableSpec
@@ -33,9 +34,12 @@ def fake_cli(step, argv):
         assert argv[1:5] == ["--nproc-per-node", "2", "--device", "cpu"], argv
         return fake_train(argv)
     if argv[0] == "verify":
+        code = int(os.environ["FAKE_VERIFY_CODE"])
         with open(_flag(argv, "--report"), "w", encoding="utf-8") as f:
             f.write("<html>fake verify</html>")
-        return int(os.environ["FAKE_VERIFY_CODE"])
+        with open(_flag(argv, "--json"), "w", encoding="utf-8") as f:
+            json.dump({"passed": code == 0, "dumps": [{"lag_s": 0.5}, {"lag_s": 1.5}]}, f)
+        return code
     if argv[0] == "promote":
         with open(os.environ["FAKE_PROMOTE_LOG"], "a", encoding="utf-8") as f:
             f.write(" ".join(argv) + "\n")
