@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -170,42 +171,75 @@ def verify(
         result.duration_s = time.monotonic() - t0
         return result
     result.version = state.version
-    result.shards_checked, result.shard_failures = check_shards(root, state.shard_refs())
-    rollbacks = rollback_generations(root, run, generation, seq)
-    result.rollback_generations = sorted(rollbacks)
-    reader = _Reader(store, run, generation, state.manifests)
-    later = _LaterDeletes(root, run, result.version)
-    for table in sorted(state.tables):
-        et = state.tables[table]
-        if sample is None and _fits(et, full_scan_bytes) and not reader.staged(table):
-            result.tables[table] = _verify_table_by_scan(
-                et,
-                store,
-                later=later,
+    # Checksums (hashlib runs outside the GIL) overlap with reading the store.
+    with ThreadPoolExecutor(1, thread_name_prefix="verify-sha256") as pool:
+        checks = pool.submit(check_shards, root, state.shard_refs())
+        rollbacks = rollback_generations(root, run, generation, seq)
+        result.rollback_generations = sorted(rollbacks)
+        reader = _Reader(store, run, generation, state.manifests)
+        later = _LaterDeletes(root, run, result.version)
+        for table in sorted(state.tables):
+            result.tables[table] = _verify_one(
+                state.tables[table],
+                reader,
+                later,
+                rollbacks,
                 point_version=result.version,
-                rollbacks=rollbacks,
-                batch_size=max(batch_size, 65536),
+                sample=sample,
+                seed=seed,
+                batch_size=batch_size,
+                load_chunk=load_chunk,
+                full_scan_bytes=full_scan_bytes,
                 max_mismatches=max_mismatches,
                 progress=progress,
             )
-            continue
-        result.tables[table] = _verify_table(
-            et,
-            reader,
-            _sample_keys(et, sample, seed),
-            later=later,
-            scan_store=sample is None,
-            point_version=result.version,
-            rollbacks=rollbacks,
-            batch_size=batch_size,
-            load_chunk=load_chunk,
-            max_mismatches=max_mismatches,
-            progress=progress,
-        )
+        result.shards_checked, result.shard_failures = checks.result()
     result.staged_tables = sorted(t for t in state.tables if reader.staged(t))
     result.dumps = _freshness(state, result, store)
     result.duration_s = time.monotonic() - t0
     return result
+
+
+def _verify_one(
+    et: ExpectedTable,
+    reader: _Reader,
+    later: _LaterDeletes,
+    rollbacks: frozenset[int],
+    *,
+    point_version: int,
+    sample: int | None,
+    seed: int,
+    batch_size: int,
+    load_chunk: int,
+    full_scan_bytes: int,
+    max_mismatches: int,
+    progress: ProgressFn | None,
+) -> TableResult:
+    """One table: one pass over the store with ``--all`` when it fits, else lookups by key."""
+    if sample is None and _fits(et, full_scan_bytes) and not reader.staged(et.table):
+        return _verify_table_by_scan(
+            et,
+            reader.store,
+            later=later,
+            point_version=point_version,
+            rollbacks=rollbacks,
+            batch_size=max(batch_size, 65536),
+            max_mismatches=max_mismatches,
+            progress=progress,
+        )
+    return _verify_table(
+        et,
+        reader,
+        _sample_keys(et, sample, seed),
+        later=later,
+        scan_store=sample is None,
+        point_version=point_version,
+        rollbacks=rollbacks,
+        batch_size=batch_size,
+        load_chunk=load_chunk,
+        max_mismatches=max_mismatches,
+        progress=progress,
+    )
 
 
 # ---- artifacts --------------------------------------------------------------------------------
