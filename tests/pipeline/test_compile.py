@@ -222,3 +222,17 @@ def test_checkout_entry_points_compile_the_pipeline_and_every_component(tmp_path
     assert pipeline["pipelineInfo"]["name"] == "deltarec"
     train = yaml.safe_load((tmp_path / "train.yaml").read_text())
     assert "generation" in train["root"]["outputDefinitions"]["artifacts"]
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["--store", ""], "store_url: String should have at least 1 character"),
+        (["--dump-every-steps", "0"], "both 0"),
+        (["--nodes", "0"], "nodes: Input should be greater than or equal to 1"),
+        (["--run", "bad/run"], "invalid run name 'bad/run'"),
+    ],
+)
+def test_bad_pipeline_parameters_are_exit_code_2_naming_the_parameter(args, problem, capsys):
+    assert main(["pipeline", "run", "--local", *PARAMS, *args]) == 2
+    assert problem in capsys.readouterr().err

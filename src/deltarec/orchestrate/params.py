@@ -20,9 +20,9 @@ class PipelineParams(BaseModel):
 
     run_name: str
     """The run (lineage) name, ``[A-Za-z0-9_.-]``."""
-    artifact_root: str
+    artifact_root: str = Field(min_length=1)
     """Where generations are written: a local path (local runs) or an fsspec URI (``s3://``)."""
-    store_url: str
+    store_url: str = Field(min_length=1)
     """The online store, e.g. ``sqlite:///store.db`` or ``postgresql://user@host:5432/db``.
     Never holds a password: credentials reach the steps from a Kubernetes Secret."""
     steps: int = Field(1000, ge=1)
