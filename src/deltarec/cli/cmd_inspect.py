@@ -105,18 +105,20 @@ def _print(report: dict[str, Any]) -> None:
             f"{len(g['tables'])} tables; {len(g['dumps'])} dumps; {g['rows']:,} rows; "
             f"{g['bytes']:,} bytes; {steps})"
         )
-        t = Table("seq", "kind", "steps", "rows", "bytes", "tables (rows)", "created")
+        t = Table("seq", "kind", "steps", "table", "rows", "bytes", "created")
         for d in g["dumps"]:
-            per = ", ".join(f"{k} {v['rows']:,}" for k, v in d["tables"].items() if v["rows"])
             t.add_row(
                 str(d["seq"]),
                 d["kind"],
                 f"{d['first_step']}-{d['last_step']}",
+                "[bold]all tables[/bold]",
                 f"{d['rows']:,}",
                 f"{d['bytes']:,}",
-                per or "-",
-                d["created_at"],
+                d["created_at"][:19],
             )
+            for name, tab in d["tables"].items():
+                if tab["rows"]:
+                    t.add_row("", "", "", name, f"{tab['rows']:,}", f"{tab['bytes']:,}", "")
         console.print(t)
         if g["incomplete_dumps"]:
             left = g["incomplete_dumps"]
