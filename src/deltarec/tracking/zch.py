@@ -140,17 +140,11 @@ class ZchTableSource(TableSource):
             ZchKeyCollisionError: if raw id ``-1`` is held.
         """
         rec = self._recorder.take()
-        # Ids looked up whose mapping did not change since keep the row they were remapped to;
-        # the changed ids' rows come from their last admission (-1: evicted, not held).
-        same = ~torch.isin(rec.looked_up, rec.changed, assume_unique=True)
-        same &= rec.looked_up_rows != self._recorder.miss_slot
-        kept = rec.looked_up[same]
-        keys = torch.cat([kept, rec.changed])
-        held = torch.cat([torch.ones_like(kept, dtype=torch.bool), rec.changed_rows >= 0])
-        rows = torch.cat([rec.looked_up_rows[same], rec.changed_rows])
+        keep = rec.rows != self._recorder.miss_slot  # drop ids that were never held
+        keys, rows = rec.ids[keep], rec.rows[keep]
         with_fallback = self.writes_fallback and (rec.miss or self._fallback_pending)
         self._fallback_pending = False
-        return self._rows_for(keys, held, rows, with_fallback)
+        return self._rows_for(keys, rows >= 0, rows, with_fallback)
 
     def snapshot(self, chunk_rows: int) -> Iterator[TouchedRows]:
         """Every held raw id of this rank's part with its row (plus key ``-1`` on rank 0).

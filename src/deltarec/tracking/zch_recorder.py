@@ -42,33 +42,21 @@ class Recorded:
     """What one MCH module did between two ``take`` calls (int64 tensors on its device).
 
     Attributes:
-        looked_up: raw ids looked up in training, sorted, unique.
-        looked_up_rows: the global row each of them was remapped to (the miss slot for a
-            miss). Still valid for every id not in ``changed``: a held id keeps its slot until
-            it is evicted.
-        changed: raw ids admitted or evicted, sorted, unique.
-        changed_rows: the global row of each changed id after its last change; ``-1`` where
-            the last change was an eviction (the id is not held).
+        ids: raw ids looked up in training, admitted or evicted; sorted, unique.
+        rows: per id, the global row it holds now, ``-1`` if its last change was an eviction,
+            or the miss slot if it was only looked up and never held. An id's admissions and
+            evictions decide its row; an id that was only looked up keeps the row it was
+            remapped to (a held id keeps its slot until it is evicted).
         miss: whether a training lookup went to the miss (fallback) slot.
     """
 
-    looked_up: torch.Tensor
-    looked_up_rows: torch.Tensor
-    changed: torch.Tensor
-    changed_rows: torch.Tensor
+    ids: torch.Tensor
+    rows: torch.Tensor
     miss: bool
 
 
-def _unique_pairs(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique ids with one of their rows (ids whose row differs are in ``changed``)."""
-    unique, inverse = torch.unique(ids, return_inverse=True)
-    out = torch.empty_like(unique)
-    out.scatter_(0, inverse, rows)
-    return unique, out
-
-
-def _last_events(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique ids (sorted) with the row of their LAST event (events are in time order)."""
+def _last_of_each(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique ids (sorted) with the row of their last occurrence in ``ids``."""
     order = torch.sort(ids, stable=True).indices
     ids, rows = ids[order], rows[order]
     last = torch.ones_like(ids, dtype=torch.bool)
@@ -124,15 +112,13 @@ class MchRecorder:
 
     def take(self) -> Recorded:
         """Return and reset what was recorded since the previous ``take``."""
-        device = self._miss.device
-        empty = torch.empty(0, dtype=torch.int64, device=device)
-        looked_up, rows = _unique_pairs(
-            torch.cat([empty, *self._lookups]), torch.cat([empty, *self._lookup_rows])
+        empty = torch.empty(0, dtype=torch.int64, device=self._miss.device)
+        # Events after lookups: an id's last admission/eviction outranks any lookup of it.
+        ids, rows = _last_of_each(
+            torch.cat([empty, *self._lookups, *self._event_ids]),
+            torch.cat([empty, *self._lookup_rows, *self._event_rows]),
         )
-        changed, changed_rows = _last_events(
-            torch.cat([empty, *self._event_ids]), torch.cat([empty, *self._event_rows])
-        )
-        recorded = Recorded(looked_up, rows, changed, changed_rows, bool(self._miss.item()))
+        recorded = Recorded(ids, rows, bool(self._miss.item()))
         self._lookups, self._lookup_rows, self._event_ids, self._event_rows = [], [], [], []
         self._pending = 0
         self._compact_at = _COMPACT_MIN
@@ -179,7 +165,7 @@ class MchRecorder:
         self._miss |= (rows == miss).any()
         self._pending += int(raw.numel())
         if self._pending >= self._compact_at:
-            ids, at = _unique_pairs(torch.cat(self._lookups), torch.cat(self._lookup_rows))
+            ids, at = _last_of_each(torch.cat(self._lookups), torch.cat(self._lookup_rows))
             self._lookups, self._lookup_rows = [ids], [at]
             self._pending = int(ids.numel())
             self._compact_at = max(_COMPACT_MIN, 2 * self._pending)
