@@ -124,10 +124,8 @@ class Lineage:
             for shard in m.shards:
                 r = read_shard(self.root, d, shard, info.tables[shard.table].dtype)
                 mark = ProgressMark(
-                    self.run, gen, seq, shard.table, 0, len(r), True, staging_generation=gen or 0
+                    self.run, gen, seq, shard.table, 0, len(r), True, staging_generation=stage or 0
                 )
-                if not staged:
-                    mark = ProgressMark(self.run, gen, seq, shard.table, 0, len(r), True)
                 store.write(
                     shard.table,
                     r.keys,

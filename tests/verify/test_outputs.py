@@ -197,3 +197,51 @@ def test_cli_promote_refuses_then_promotes_and_rollback_restores(
     assert main(["rollback", *common, "--to-generation", str(g)]) == 0
     assert "1 keys restored, 1 removed" in capsys.readouterr().out
     assert main(["verify", *common, "--generation", str(g), "--all"]) == 0
+
+
+def _options(command):
+    from deltarec.cli import build_parser
+
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return sorted(o for a in sub._actions for o in a.option_strings if o not in ("-h", "--help"))
+
+
+def test_cli_options_are_frozen():
+    assert _options("verify") == sorted(
+        ["--artifacts", "--run", "--store", "--generation", "--through-seq", "--sample", "--all",
+         "--seed", "--json", "--report", "--metrics", "--batch-size", "--max-mismatches",
+         "--no-record"]
+    )  # fmt: skip
+    assert _options("promote") == sorted(
+        ["--artifacts", "--run", "--store", "--generation", "--through-seq", "--force"]
+    )
+    assert _options("rollback") == sorted(
+        ["--artifacts", "--run", "--store", "--to-generation", "--through-seq"]
+    )
+
+
+class _FailingScan:
+    """A real store whose row scan breaks after its first batch (a store that goes away)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def scan_rows(self, table, batch_rows=65536):
+        from deltarec.errors import StoreUnavailableError
+
+        for i, item in enumerate(self._store.scan_rows(table, 10)):
+            if i == 1:
+                raise StoreUnavailableError("connection reset while scanning")
+            yield item
+
+
+def test_a_store_failing_during_the_scan_fails_the_verification_loudly(lineage, sqlite_store):
+    from deltarec.errors import StoreUnavailableError
+
+    _published(lineage, sqlite_store)
+    with pytest.raises(StoreUnavailableError, match="connection reset"):
+        verify(lineage.root, lineage.run, _FailingScan(sqlite_store), sample=None)
