@@ -217,3 +217,24 @@ def test_lookups_between_before_eval_and_after_eval_are_not_dumped() -> None:
     source.discard()
     assert source.collect().keys.tolist() == [-1]  # after discard the fallback is re-sent
     source.close()
+
+
+def test_collect_reads_no_mapping_buffer_so_its_cost_does_not_grow_with_zch_size() -> None:
+    model = ZchModel(zch_size=4, policy="lru")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ec.seq"]
+    mch, weight = _parts(model)["mc_ec.seq"]
+    _train(model, opt, [1, 2, 3])
+    _train(model, opt, [4, 5, 1])  # evicts two ids, admits 4 and 5
+    want = model_state(mch, weight, 0, with_fallback=True)
+    names = ("_mch_sorted_raw_ids", "_mch_remapped_ids_mapping")
+    hidden = {name: mch._buffers.pop(name) for name in names}
+    try:
+        got = source.collect()
+    finally:
+        mch._buffers.update(hidden)
+    replay: dict[int, np.ndarray] = {}
+    counts = apply(replay, got)
+    assert counts["evicted"] == 2
+    assert_same_state(replay, want)
+    source.close()

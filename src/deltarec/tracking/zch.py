@@ -16,9 +16,10 @@ Serving looks rows up by raw id, so these sources speak raw ids (SPEC §3, §4):
   are never dumped.
 
 Every remapped row is checked against the local shard's row range, at each lookup (before the
-embedding reads it) and at collect; a violation raises :class:`ZchRowRangeError` naming the
-table and the rows. Work per collect is O(k log zch_size) for k touched + evicted ids: nothing
-scans the mapping except :meth:`ZchTableSource.snapshot`.
+embedding reads it) and before any row is read for a dump; a violation raises
+:class:`ZchRowRangeError` naming the table and the rows. Work per collect is one sort of the k
+recorded (looked-up, admitted, evicted) ids plus reading their rows: the mapping is not read,
+and nothing scans it except :meth:`ZchTableSource.snapshot`.
 
 Tracking installs instance-level wrappers on each MCH module (see
 :mod:`deltarec.tracking.zch_recorder`); :meth:`ZchTableSource.close` removes them. No torchrec
