@@ -12,6 +12,8 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -52,19 +54,58 @@ class ShardRows:
 
 
 class _HashingFile:
-    """A write-only file wrapper that hashes and counts every byte written."""
+    """A write-only file wrapper that hashes and counts every byte written.
+
+    The bytes go to the file at once; a copy is hashed on a helper thread (sha256 releases
+    the GIL), so hashing overlaps the parquet encoding instead of adding to it. At most
+    ``_QUEUED`` blocks of ``_BLOCK`` bytes wait for the hasher.
+    """
+
+    _BLOCK = 4 << 20
+    _QUEUED = 2
 
     def __init__(self, raw: BinaryIO) -> None:
         self.raw = raw
-        self.sha = hashlib.sha256()
         self.size = 0
         self.closed = False
+        self._sha = hashlib.sha256()
+        self._buf = bytearray()
+        self._blocks: queue.Queue[bytearray | None] = queue.Queue(maxsize=self._QUEUED)
+        self._hasher: threading.Thread | None = threading.Thread(
+            target=self._hash_blocks, name="deltarec-shard-sha256", daemon=True
+        )
+        self._hasher.start()
+
+    def _hash_blocks(self) -> None:
+        while (block := self._blocks.get()) is not None:
+            self._sha.update(block)
 
     def write(self, data: Any) -> int:
-        mv = memoryview(data)
-        self.sha.update(mv)
+        mv = memoryview(data).cast("B")
+        written = self.raw.write(mv)
+        self._buf += mv
         self.size += mv.nbytes
-        return self.raw.write(mv)
+        if len(self._buf) >= self._BLOCK:
+            self._blocks.put(self._buf)
+            self._buf = bytearray()
+        return written
+
+    def finish(self) -> None:
+        """Hash what is left and stop the helper thread (idempotent)."""
+        if self._hasher is None:
+            return
+        if self._buf:
+            self._blocks.put(self._buf)
+            self._buf = bytearray()
+        self._blocks.put(None)
+        self._hasher.join()
+        self._hasher = None
+
+    @property
+    def sha(self) -> Any:
+        """The sha256 of every byte written (finishes the hashing)."""
+        self.finish()
+        return self._sha
 
     def tell(self) -> int:
         return self.size
@@ -165,6 +206,7 @@ class ShardWriter:
         try:
             self._writer.close()
             self._raw.close()
+            self._file.finish()
         finally:
             with contextlib.suppress(FileNotFoundError):
                 self.root.fs.rm(self.tmp)

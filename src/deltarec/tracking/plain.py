@@ -39,10 +39,11 @@ class _TrackedSource(TableSource):
         self.fqn = fqn
 
     def _take_ids(self, device: torch.device) -> torch.Tensor:
+        """Touched local ids since the last call: sorted, unique, on ``device``."""
         ids = self.hub.take(self.fqn) if self.hub is not None else None
         if ids is None:
             return torch.empty(0, dtype=torch.int64, device=device)
-        return dedup_ids(ids.to(device))
+        return ids.to(device=device, dtype=torch.int64)
 
     def before_eval(self) -> None:
         """Keep the ids training recorded so far; later ones are evaluation lookups."""

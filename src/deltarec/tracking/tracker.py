@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from deltarec.dump.gather import dedup_ids
+
 log = logging.getLogger(__name__)
 
 
@@ -58,13 +60,19 @@ class TrackerHub:
                 self._pending[fqn].append(ids)
 
     def take(self, fqn: str) -> torch.Tensor | None:
-        """All pending ids of ``fqn`` (may repeat; None if there are none), cleared."""
+        """All pending ids of ``fqn``, sorted and unique (None if there are none), cleared.
+
+        One read of the tracker is already sorted and unique (``get_unique``); ids gathered
+        over several reads (an evaluation pause in between) are deduplicated here.
+        """
         self.poll()
         parts = self._pending.get(fqn)
         if not parts:
             return None
         self._pending[fqn] = []
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(parts) == 1:
+            return parts[0]
+        return dedup_ids(torch.cat(parts))
 
     def hold(self) -> None:
         """Evaluation begins: keep what training recorded so far."""
