@@ -68,16 +68,37 @@ def write_generation(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
     return manifest
 
 
-def child_peak_rss_mb(argv: list[str]) -> tuple[float, float]:
-    """Run a child; return (its own peak RSS in MB, wall seconds)."""
+_PEAK = "deltarec-bench-peak-rss-kb"
+_ENTRY = (
+    "import sys\n"
+    "def peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM'):\n"
+    f"            print('{_PEAK}', line.split()[1], file=sys.stderr)\n"
+    "{body}\n"
+    "peak()\n"
+)
+
+
+def child_peak_rss_mb(body: str, args: list[str]) -> tuple[float, float]:
+    """Run ``body`` in a fresh interpreter; return (its own peak RSS in MB, wall seconds).
+
+    The child reports ``VmHWM`` of its own address space (``ru_maxrss`` of a forked child
+    would include the parent's resident set at fork time).
+    """
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run(
+        [sys.executable, "-c", _ENTRY.format(body=body), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[:3]}... exited with {proc.returncode}")
-    return usage.ru_maxrss / 1024.0, wall
+    if done.returncode != 0:
+        raise SystemExit(f"child failed ({done.returncode}): {done.stderr[-2000:]}")
+    kb = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith(_PEAK)]
+    return kb[-1] / 1024.0, wall
 
 
 def main() -> None:
@@ -93,12 +114,9 @@ def main() -> None:
         gen_s = time.perf_counter() - t
         data_mb = sum(s.bytes for s in manifest.shards) / 1e6
         imports = "import numpy, pyarrow, pyarrow.parquet, deltarec.publish, deltarec.stores.sqlite"
-        base_mb, _ = child_peak_rss_mb([sys.executable, "-c", imports])
-        entry = "import sys; from deltarec.cli import main; sys.exit(main(sys.argv[1:]))"
+        base_mb, _ = child_peak_rss_mb(imports, [])
+        body = "from deltarec.cli import main\nrc = main(sys.argv[1:])\nassert rc == 0, rc"
         cli = [
-            sys.executable,
-            "-c",
-            entry,
             "publish",
             "--artifacts",
             root.uri,
@@ -109,7 +127,7 @@ def main() -> None:
             "--json",
             f"{d}/out.json",
         ]
-        peak_mb, wall = child_peak_rss_mb(cli)
+        peak_mb, wall = child_peak_rss_mb(body, cli)
     print(
         f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: "
         f"{platform.node()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}); "
