@@ -131,10 +131,36 @@ def _ranks_train_and_uneven(rank: int, world_size: int, tmp: str) -> dict:
         uneven = str(e)
     finally:
         d.close()
-    out: dict = {"uneven": uneven}
+    out: dict = {"uneven": uneven, "time_dumps": _time_cadence(rank, tmp)}
     if rank == 0:
         out["oracle"] = (oracle.at_dump, oracle.touched)
     return out
+
+
+def _time_cadence(rank: int, tmp: str) -> list[int]:
+    """Dump every 0.25 s on ranks whose steps take different times: same dump steps?"""
+    import time
+
+    from dump_helpers import HandTables
+
+    from deltarec.dump import Dumper, DumperConfig
+
+    tables = HandTables(seed=rank)
+    tables.offsets = {t: o + 10_000 * rank for t, o in tables.offsets.items()}
+    cfg = DumperConfig(
+        artifacts=f"{tmp}/art", run="clock", every_minutes=0.25 / 60, snapshot=False, fsync=False
+    )
+    d = Dumper(cfg, tables.sources())
+    d.start(step=0)
+    steps = []
+    for step in range(1, 120):
+        tables.step(step, n=2)
+        time.sleep(0.004 * (1 + rank))
+        if d.maybe_dump(step) is not None:
+            steps.append(step)
+    d.final_dump(119)
+    d.close()
+    return steps
 
 
 def _ranks_restore(rank: int, world_size: int, tmp: str) -> dict:
@@ -152,6 +178,9 @@ def test_every_dump_on_two_ranks_holds_the_touched_rows_at_that_step(tmp_path):
     # uneven exhaustion fails on every rank, naming the ranks and steps
     for r in results:
         assert r["uneven"] is not None and "rank 0: step 5, rank 1: step 3" in r["uneven"]
+    # a time cadence dumps at the same steps on every rank, without a per-step collective
+    assert results[0]["time_dumps"] == results[1]["time_dumps"]
+    assert 1 <= len(results[0]["time_dumps"]) <= 6, results[0]["time_dumps"]
 
     root = ArtifactRoot(str(tmp_path / "art"))
     at_dump, touched = results[0]["oracle"]
