@@ -141,11 +141,9 @@ class ZchTableSource(TableSource):
             ZchKeyCollisionError: if raw id ``-1`` is held.
         """
         rec = self._recorder.take()
-        keep = rec.rows != self._recorder.miss_slot  # drop ids that were never held
-        keys, rows = rec.ids[keep], rec.rows[keep]
         with_fallback = self.writes_fallback and (rec.miss or self._fallback_pending)
         self._fallback_pending = False
-        return self._rows_for(keys, rows >= 0, rows, with_fallback)
+        return self._rows_for(rec.ids, rec.rows, with_fallback)
 
     def snapshot(self, chunk_rows: int) -> Iterator[TouchedRows]:
         """Every held raw id of this rank's part with its row (plus key ``-1`` on rank 0).
@@ -157,13 +155,12 @@ class ZchTableSource(TableSource):
         sorted_ids = self.table.mch._mch_sorted_raw_ids[:-1]
         if self.writes_fallback:
             none = sorted_ids[:0]
-            yield self._rows_for(none, none.bool(), none, with_fallback=True)
+            yield self._rows_for(none, none.clone(), with_fallback=True)
         positions = torch.nonzero(sorted_ids != EMPTY_ID).flatten()
         for start in range(0, int(positions.numel()), chunk_rows):
             pos = positions[start : start + chunk_rows]
-            keys = sorted_ids[pos]
-            held = torch.ones_like(keys, dtype=torch.bool)
-            yield self._rows_for(keys, held, self.table.mch._mch_remapped_ids_mapping[pos], False)
+            rows = self.table.mch._mch_remapped_ids_mapping[pos]
+            yield self._rows_for(sorted_ids[pos], rows, with_fallback=False)
 
     def read_keys(self, keys: torch.Tensor) -> TouchedRows:
         """Current rows of the given raw ids that route to this rank (restore republish).
@@ -176,7 +173,7 @@ class ZchTableSource(TableSource):
         want_fallback = self.writes_fallback and bool((keys == FALLBACK_KEY).any())
         keys = keys[(keys != FALLBACK_KEY) & self._owned(keys)]
         held, rows = self._lookup(keys)
-        return self._rows_for(keys, held, rows, with_fallback=want_fallback)
+        return self._rows_for(keys, torch.where(held, rows, -1), with_fallback=want_fallback)
 
     def close(self) -> None:
         """Remove the instance-level wrappers from the MCH module (idempotent)."""
@@ -226,23 +223,25 @@ class ZchTableSource(TableSource):
         rows = mch._mch_remapped_ids_mapping[pos]
         return held, rows
 
-    def _rows_for(
-        self, keys: torch.Tensor, held: torch.Tensor, rows: torch.Tensor, with_fallback: bool
-    ) -> TouchedRows:
-        """Read the rows now: held ids → their row (op 0), others → fallback row (op 1)."""
-        if bool(((keys == FALLBACK_KEY) & held).any()):
+    def _rows_for(self, keys: torch.Tensor, rows: torch.Tensor, with_fallback: bool) -> TouchedRows:
+        """Read the rows now: ``rows >= 0`` → that row (op 0), ``-1`` → fallback row (op 1).
+
+        ``rows`` (global rows, one per key) must be a tensor the caller owns: it is modified.
+        """
+        negative = keys.numel() > 0 and int(keys.min()) <= FALLBACK_KEY
+        if negative and bool(((keys == FALLBACK_KEY) & (rows >= 0)).any()):
             raise ZchKeyCollisionError(self.table_id)
         miss = self._recorder.miss_slot
-        rows = torch.where(held, rows, miss)
-        ops = (~held).to(torch.int8)  # Op.UPSERT (0) where held, Op.EVICTED (1) elsewhere
         if with_fallback:
             keys = torch.cat([keys.new_full((1,), FALLBACK_KEY), keys])
             rows = torch.cat([rows.new_full((1,), miss), rows])
-            ops = torch.cat([ops.new_zeros(1), ops])
+        evicted = rows < 0
+        ops = evicted.to(torch.int8)  # Op.UPSERT (0) where held, Op.EVICTED (1) elsewhere
+        rows.masked_fill_(evicted, miss)
         self._recorder.check_rows(rows, "the mapping read at dump time")
         weight = self.table.weight().detach()
-        values = weight.index_select(0, rows - self.table.row_offset).to(self._row_dtype)
-        return TouchedRows(keys=keys, rows=values, ops=ops)
+        values = weight.index_select(0, rows.sub_(self.table.row_offset))
+        return TouchedRows(keys=keys, rows=values.to(self._row_dtype), ops=ops)
 
     def _owned(self, keys: torch.Tensor) -> torch.Tensor:
         """Mask of raw ids that the sharded input distribution routes to this rank."""

@@ -42,11 +42,12 @@ class Recorded:
     """What one MCH module did between two ``take`` calls (int64 tensors on its device).
 
     Attributes:
-        ids: raw ids looked up in training, admitted or evicted; sorted, unique.
-        rows: per id, the global row it holds now, ``-1`` if its last change was an eviction,
-            or the miss slot if it was only looked up and never held. An id's admissions and
-            evictions decide its row; an id that was only looked up keeps the row it was
-            remapped to (a held id keeps its slot until it is evicted).
+        ids: raw ids looked up in training (and held then), admitted or evicted; sorted,
+            unique.
+        rows: per id, the global row it holds now, or ``-1`` if its last change was an
+            eviction. An id's admissions and evictions decide its row; an id that was only
+            looked up keeps the row it was remapped to (a held id keeps its slot until it is
+            evicted).
         miss: whether a training lookup went to the miss (fallback) slot.
     """
 
@@ -55,13 +56,16 @@ class Recorded:
     miss: bool
 
 
-def _last_of_each(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique ids (sorted) with the row of their last occurrence in ``ids``."""
-    order = torch.sort(ids, stable=True).indices
-    ids, rows = ids[order], rows[order]
-    last = torch.ones_like(ids, dtype=torch.bool)
-    last[:-1] = ids[1:] != ids[:-1]
-    return ids[last], rows[last]
+def _last_of_each(
+    ids: torch.Tensor, rows: torch.Tensor, drop_row: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique ids (sorted) with the row of their last occurrence, leaving out ``drop_row``."""
+    ids, order = torch.sort(ids, stable=True)
+    rows = rows[order]
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    torch.ne(ids[1:], ids[:-1], out=keep[:-1])
+    keep &= rows != drop_row
+    return ids[keep], rows[keep]
 
 
 class MchRecorder:
@@ -111,12 +115,16 @@ class MchRecorder:
         return int(self.mch._output_global_offset) + int(self.mch._zch_size) - 1
 
     def take(self) -> Recorded:
-        """Return and reset what was recorded since the previous ``take``."""
+        """Return and reset what was recorded since the previous ``take``.
+
+        Ids that were only looked up, and only as misses (never held), are left out.
+        """
         empty = torch.empty(0, dtype=torch.int64, device=self._miss.device)
         # Events after lookups: an id's last admission/eviction outranks any lookup of it.
         ids, rows = _last_of_each(
             torch.cat([empty, *self._lookups, *self._event_ids]),
             torch.cat([empty, *self._lookup_rows, *self._event_rows]),
+            drop_row=self.miss_slot,
         )
         recorded = Recorded(ids, rows, bool(self._miss.item()))
         self._lookups, self._lookup_rows, self._event_ids, self._event_rows = [], [], [], []
@@ -165,7 +173,9 @@ class MchRecorder:
         self._miss |= (rows == miss).any()
         self._pending += int(raw.numel())
         if self._pending >= self._compact_at:
-            ids, at = _last_of_each(torch.cat(self._lookups), torch.cat(self._lookup_rows))
+            ids, at = _last_of_each(
+                torch.cat(self._lookups), torch.cat(self._lookup_rows), drop_row=miss
+            )
             self._lookups, self._lookup_rows = [ids], [at]
             self._pending = int(ids.numel())
             self._compact_at = max(_COMPACT_MIN, 2 * self._pending)
