@@ -58,7 +58,8 @@ class _HashingFile:
 
     The bytes go to the file at once; a copy is hashed on a helper thread (sha256 releases
     the GIL), so hashing overlaps the parquet encoding instead of adding to it. At most
-    ``_QUEUED`` blocks of ``_BLOCK`` bytes wait for the hasher.
+    ``_QUEUED`` blocks of ``_BLOCK`` bytes wait for the hasher; a shard smaller than one block
+    is hashed inline at the end and starts no thread.
     """
 
     _BLOCK = 4 << 20
@@ -71,10 +72,7 @@ class _HashingFile:
         self._sha = hashlib.sha256()
         self._buf = bytearray()
         self._blocks: queue.Queue[bytearray | None] = queue.Queue(maxsize=self._QUEUED)
-        self._hasher: threading.Thread | None = threading.Thread(
-            target=self._hash_blocks, name="deltarec-shard-sha256", daemon=True
-        )
-        self._hasher.start()
+        self._hasher: threading.Thread | None = None  # started at the first full block
 
     def _hash_blocks(self) -> None:
         while (block := self._blocks.get()) is not None:
@@ -86,20 +84,24 @@ class _HashingFile:
         self._buf += mv
         self.size += mv.nbytes
         if len(self._buf) >= self._BLOCK:
+            if self._hasher is None:
+                self._hasher = threading.Thread(
+                    target=self._hash_blocks, name="deltarec-shard-sha256", daemon=True
+                )
+                self._hasher.start()
             self._blocks.put(self._buf)
             self._buf = bytearray()
         return written
 
     def finish(self) -> None:
-        """Hash what is left and stop the helper thread (idempotent)."""
-        if self._hasher is None:
-            return
+        """Hash what is left and stop the helper thread, if one was started (idempotent)."""
+        if self._hasher is not None:
+            self._blocks.put(None)
+            self._hasher.join()
+            self._hasher = None
         if self._buf:
-            self._blocks.put(self._buf)
+            self._sha.update(self._buf)
             self._buf = bytearray()
-        self._blocks.put(None)
-        self._hasher.join()
-        self._hasher = None
 
     @property
     def sha(self) -> Any:
