@@ -37,7 +37,7 @@ def _per_rank(rank: int, world_size: int, steps: int, every: int, batch: int, tm
     device = torch.device("cpu")
     plain = build_sharded_model(cfg, device, seed=0, max_batch_size=batch)
     dumped = build_sharded_model(cfg, device, seed=0, max_batch_size=batch)
-    hook = make_train_hook(artifacts=f"{tmp}/art", run="bench", every_steps=every)
+    hook = make_train_hook(artifacts=f"{tmp}/art", run="bench", every_steps=every or None)
     hook.on_start(dumped.dmp, 0, None)
     stream = ClickStream(cfg, DataConfig(), batch, 0, rank)
     times: dict[str, list[float]] = {"none": [], "dump": []}
@@ -68,7 +68,7 @@ def _per_rank(rank: int, world_size: int, steps: int, every: int, batch: int, tm
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--every", type=int, default=50)
+    p.add_argument("--every", type=int, default=50, help="0: track only, no periodic dumps")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--warmup", type=int, default=20, help="steps left out of the statistics")
     a = p.parse_args()
