@@ -208,18 +208,26 @@ class Dumper:
         if self._closed:
             return
         self._closed = True
+        stuck = False
         try:
             if self._worker is not None:
-                self._worker.stop(timeout)
+                stuck = not self._worker.stop(timeout)
         finally:
             for s in self.sources:
                 try:
                     s.close()
                 except Exception:
                     log.exception("closing table source %s failed", s.table_id)
-            for x in (self._train_x, self._worker_x):
-                if x is not None:
-                    x.close()
+            if self._train_x is not None:
+                self._train_x.close()
+            if self._worker_x is not None and not stuck:
+                self._worker_x.close()
+            if stuck:
+                log.warning(
+                    "the dump worker did not stop within %s s (waiting for another rank at a "
+                    "commit?); it is left to end with the process",
+                    timeout,
+                )
 
     # ---- per step ------------------------------------------------------------------------
     def maybe_dump(self, step: int) -> int | None:
@@ -314,6 +322,8 @@ class Dumper:
         """Restore from a checkpoint, before :meth:`start`: the next generation's parent."""
         if self.generation is not None:
             raise RuntimeError("load_state_dict must be called before start()")
+        if not state:
+            return  # saved before the dumper started: a fresh lineage
         if state.get("version") != STATE_VERSION:
             raise ConfigError(f"dumper state version {state.get('version')!r} is not supported")
         if state.get("run") != self.config.run:

@@ -65,6 +65,7 @@ class ByteBoundedQueue:
             started = None
             while (
                 not self._closed
+                and nbytes > 0  # markers (end of dump, stop) never wait
                 and self._outstanding > 0
                 and self._outstanding + nbytes > self.capacity
             ):

@@ -150,13 +150,16 @@ class DumpWorker:
         problem = "timed out waiting for the commit" if not ok else "the dump worker stopped"
         raise DumpError(self.run, self.generation, seq, None, problem)
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Finish what is queued, then stop the thread."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Finish what is queued, then stop the thread. Returns False if it is still running."""
         if self._thread.is_alive():
             with contextlib.suppress(QueueClosedError):
                 self.queue.put(_Stop(), 0)
             self._thread.join(timeout)
-        self.queue.close()
+        alive = self._thread.is_alive()
+        if not alive:
+            self.queue.close()
+        return not alive
 
     # ---- worker thread -------------------------------------------------------------------
     def _loop(self) -> None:
