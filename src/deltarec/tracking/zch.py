@@ -34,7 +34,6 @@ Exports:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -199,11 +198,6 @@ class ZchTableSource(TableSource):
 
     # ---- helpers ------------------------------------------------------------------------
 
-    @property
-    def evictions_seen(self) -> int:
-        """How many eviction steps the MCH module ran while tracked."""
-        return self._recorder.evictions
-
     def _check_shard_matches(self, local_rows: int) -> None:
         mch = self.table.mch
         lo, size = int(mch._output_global_offset), int(mch._zch_size)
@@ -238,9 +232,10 @@ class ZchTableSource(TableSource):
         evicted = rows < 0
         ops = evicted.to(torch.int8)  # Op.UPSERT (0) where held, Op.EVICTED (1) elsewhere
         rows.masked_fill_(evicted, miss)
-        self._recorder.check_rows(rows, "the mapping read at dump time")
+        self._recorder.check_rows(rows, "the rows read for a dump")
         weight = self.table.weight().detach()
-        values = weight.index_select(0, rows.sub_(self.table.row_offset))
+        local = rows.sub_(self.table.row_offset).to(weight.device)
+        values = weight.index_select(0, local)
         return TouchedRows(keys=keys, rows=values.to(self._row_dtype), ops=ops)
 
     def _owned(self, keys: torch.Tensor) -> torch.Tensor:
@@ -249,7 +244,7 @@ class ZchTableSource(TableSource):
         if not t.sharded or t.world_size == 1:
             return torch.ones_like(keys, dtype=torch.bool)
         buckets = int(t.mch.buckets())
-        block = math.ceil(int(t.mch.input_size()) / buckets)
+        block = -(-int(t.mch.input_size()) // buckets)  # ceil, exact for 2**63 - 1
         bucket = torch.div(keys, block, rounding_mode="floor")
         if block * buckets <= _INT64_MAX:
             bucket = torch.where(keys < block * buckets, bucket, keys % buckets)

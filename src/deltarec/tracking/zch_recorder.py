@@ -99,7 +99,6 @@ class MchRecorder:
         self._pending = 0
         self._compact_at = _COMPACT_MIN
         self._miss = torch.zeros((), dtype=torch.bool, device=device)
-        self.evictions = 0
         self.paused = False
         self._orig_remap: Callable[..., Any] = mch.remap
         self._orig_update: Callable[..., Any] = mch._update_and_evict
@@ -217,7 +216,6 @@ class MchRecorder:
         left = seen["left"][seen["left"] != EMPTY_ID]
         self._event_ids += [left, seen["entered"].to(torch.int64)]
         self._event_rows += [torch.full_like(left, -1), seen["slots"]]
-        self.evictions += 1
         return result
 
 
