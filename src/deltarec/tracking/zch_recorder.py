@@ -136,7 +136,7 @@ class MchRecorder:
         """Raise :class:`ZchRowRangeError` if any global row is outside this rank's shard."""
         if rows.numel() == 0:
             return
-        low, high = (int(v) for v in torch.aminmax(rows))
+        low, high = torch.stack(torch.aminmax(rows)).tolist()  # one host sync
         if low >= self.row_low and high < self.row_high:
             return
         bad = rows[(rows < self.row_low) | (rows >= self.row_high)]
