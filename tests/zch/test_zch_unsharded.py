@@ -238,3 +238,15 @@ def test_collect_reads_no_mapping_buffer_so_its_cost_does_not_grow_with_zch_size
     assert counts["evicted"] == 2
     assert_same_state(replay, want)
     source.close()
+
+
+def test_a_held_raw_id_minus_one_is_refused_as_it_collides_with_the_fallback_key() -> None:
+    from deltarec.tracking.zch import ZchKeyCollisionError
+
+    model = ZchModel(zch_size=8, policy="lru")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    source = _sources(model)["mc_ebc.bag"]
+    _train(model, opt, [3, -1])
+    with pytest.raises(ZchKeyCollisionError, match=r"'mc_ebc\.bag'.*raw feature id -1"):
+        source.collect()
+    source.close()
