@@ -96,7 +96,16 @@ def init_tracker(model: nn.Module) -> Any:
             f"model of type {type(model).__name__} is not a torchrec DistributedModelParallel; "
             "the dumper tracks touched rows through DMP's delta tracker"
         )
-    return init(DeltaTrackerConfig(tracking_mode=TrackingMode.ID_ONLY, delete_on_read=True))
+    config = DeltaTrackerConfig(tracking_mode=TrackingMode.ID_ONLY, delete_on_read=True)
+    try:
+        return init(config)
+    except AttributeError as e:
+        # torchrec 1.8's tracker reads ``model.module`` of DMP's wrapped module, which only
+        # exists when DMP wrapped dense parameters in DistributedDataParallel.
+        raise ConfigError(
+            "torchrec's delta tracker could not attach to this DistributedModelParallel model "
+            f"({e}); torchrec 1.8 needs the model to have dense (non-embedding) parameters"
+        ) from e
 
 
 def discover_plain_sources(
