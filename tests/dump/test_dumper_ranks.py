@@ -131,7 +131,11 @@ def _ranks_train_and_uneven(rank: int, world_size: int, tmp: str) -> dict:
         uneven = str(e)
     finally:
         d.close()
-    out: dict = {"uneven": uneven, "time_dumps": _time_cadence(rank, tmp)}
+    out: dict = {
+        "uneven": uneven,
+        "time_dumps": _time_cadence(rank, tmp),
+        "failure": _one_rank_fails(rank, tmp),
+    }
     if rank == 0:
         out["oracle"] = (oracle.at_dump, oracle.touched)
     return out
@@ -163,6 +167,39 @@ def _time_cadence(rank: int, tmp: str) -> list[int]:
     return steps
 
 
+def _one_rank_fails(rank: int, tmp: str) -> str | None:
+    """Rank 1 cannot write a shard: the dump fails on both ranks, naming rank and table."""
+    from dump_helpers import HandTables
+
+    from deltarec.artifacts.shards import ShardWriter
+    from deltarec.dump import Dumper, DumperConfig
+    from deltarec.errors import DumpError
+
+    tables = HandTables(seed=rank)
+    tables.offsets = {t: o + 10_000 * rank for t, o in tables.offsets.items()}
+    cfg = DumperConfig(artifacts=f"{tmp}/art", run="fail", snapshot=False, fsync=False)
+    d = Dumper(cfg, tables.sources())
+    d.start(step=0)
+    if rank == 1:
+        real = ShardWriter.write
+
+        def failing(self, rows):
+            if self.table == "sparse.b":
+                raise OSError("No space left on device")
+            real(self, rows)
+
+        ShardWriter.write = failing  # type: ignore[method-assign]
+    tables.step(1)
+    d.dump_now(1)
+    try:
+        d.wait_idle(timeout=60)
+    except DumpError as e:
+        return str(e)
+    finally:
+        d.close()
+    return None
+
+
 def _ranks_restore(rank: int, world_size: int, tmp: str) -> dict:
     _, oracle1 = _train(f"{tmp}/work", f"{tmp}/art", CKPT + EVERY, None)
     # restart from the checkpoint at step CKPT: generation 2, parent {1, CKPT}
@@ -178,6 +215,13 @@ def test_every_dump_on_two_ranks_holds_the_touched_rows_at_that_step(tmp_path):
     # uneven exhaustion fails on every rank, naming the ranks and steps
     for r in results:
         assert r["uneven"] is not None and "rank 0: step 5, rank 1: step 3" in r["uneven"]
+    # one rank's write failure fails the dump on every rank, naming rank and table
+    for r in results:
+        assert r["failure"] is not None
+        assert "dump 1" in r["failure"] and "sparse.b" in r["failure"]
+        assert "rank 1" in r["failure"] and "No space left" in r["failure"]
+    fail_root = ArtifactRoot(str(tmp_path / "art"))
+    assert fail_root.list_dumps("fail", 1) == [] and fail_root.list_incomplete_dumps("fail", 1)
     # a time cadence dumps at the same steps on every rank, without a per-step collective
     assert results[0]["time_dumps"] == results[1]["time_dumps"]
     assert 1 <= len(results[0]["time_dumps"]) <= 6, results[0]["time_dumps"]
