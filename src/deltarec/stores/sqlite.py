@@ -88,6 +88,7 @@ class SqliteStore(RelationalStore):
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {config.synchronous}")
             self._conn.execute(f"PRAGMA cache_size = {-1024 * config.cache_mb}")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint = {config.checkpoint_pages}")
         except sqlite3.Error as e:
             raise StoreError(f"sqlite store {path!r}: cannot open: {e}") from e
         self._create_registry()
