@@ -41,7 +41,9 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor | None:
         local = value.local_shards()
         device = local[0].tensor.device if local else _pg_device()
         out = torch.empty(value.size(), dtype=value.dtype, device=device) if rank == 0 else None
-        value.gather(dst=0, out=out)
+        # ShardedTensor.gather stages through the *default* dtype (float32) unless told
+        # otherwise: int64 raw ids above 2**24 would come back rounded, int64 max as int64 min.
+        value.gather(dst=0, out=out, dtype=value.dtype)
         return out.cpu() if out is not None else None
     if isinstance(value, DTensor):
         whole = value.full_tensor()
