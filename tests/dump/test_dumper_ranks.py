@@ -265,8 +265,6 @@ def test_every_dump_on_two_ranks_holds_the_touched_rows_at_that_step(tmp_path):
     final = at_dump[STEPS]
     replay = expected_state(root, "demo", 1)
     for table, (keys, rows) in final.items():
-        if info.tables[table].kind.value == "zch":
-            continue  # ZCH replay is checked in tests/zch
         et = replay.tables[table]
         live = et.keys[et.ops == 0]
         assert np.array_equal(np.sort(live), np.sort(keys)), table
