@@ -149,6 +149,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--cache-mb", type=int, default=64, help="SQLite page cache (both)")
+    parser.add_argument("--dir", default=None, help="where the SQLite files go (default: /tmp)")
     args = parser.parse_args()
     keys, emb = make_rows(args.rows, args.dim)
     keys2, emb2 = keys[::-1].copy(), make_rows(args.rows, args.dim, seed=1)[1]
@@ -162,14 +163,15 @@ def main() -> None:
         "| backend | phase | deltarec rows/s | baseline rows/s | ratio |",
         "|---|---|---|---|---|",
     ]
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
         url = f"sqlite:///{d}/ours.db?cache_mb={args.cache_mb}"
         ours = [run_store(url, keys, emb, 1), run_store(url, keys2, emb2, 2)]
         base = [
             bare_sqlite(f"{d}/bare.db", keys, emb, 1, args.cache_mb),
             bare_sqlite(f"{d}/bare.db", keys2, emb2, 2, args.cache_mb),
         ]
-        name = f"SQLite, {args.cache_mb} MB cache (vs bare executemany upsert)"
+        where = f", files in {args.dir}" if args.dir else ""
+        name = f"SQLite, {args.cache_mb} MB cache{where} (vs bare executemany upsert)"
         lines.append(row(name, "load", ours[0], base[0]))
         lines.append(row(name, "update", ours[1], base[1]))
     if not args.skip_postgres:
