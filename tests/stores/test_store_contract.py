@@ -154,6 +154,21 @@ def test_staged_rows_become_live_only_after_merge(store):  # type: ignore[no-unt
     assert set(store.views()) == {T, Z}
 
 
+def test_staging_merges_from_a_store_opened_later(store, backend):  # type: ignore[no-untyped-def]
+    # promote runs in another process than the publisher: its store object has no view cache
+    keys, emb = rows(range(3))
+    store.provision(SPEC, staging_generation=3)
+    write(store, T, keys, emb, make_version(3, 1), staging_generation=3)
+    later = open_store(backend.url)
+    try:
+        later.merge_staging("r", 3)
+        got = later.read(T, keys)
+        assert got.found.all()
+        np.testing.assert_array_equal(got.embedding, emb)
+    finally:
+        later.close()
+
+
 def test_registry_keeps_generations_serving_history_and_freshness(store):  # type: ignore[no-untyped-def]
     store.register_generation("r", 2)
     store.register_generation("r", 1)

@@ -249,10 +249,13 @@ class RelationalStore(Store):
         """See :meth:`Store.merge_staging` (one transaction)."""
         validate_run(run)
         stages = [v for v in self._all_views() if v.staging_generation == generation]
+        # Resolve the live views before the transaction: a view lookup may query the
+        # registry, and SQLite cannot open a transaction within a transaction.
+        lives = {stage.table: self._view(stage.table) for stage in stages}
         merged = 0
         with self._tx() as cur:
             for stage in stages:
-                live = self._view(stage.table)
+                live = lives[stage.table]
                 merged += self._merge_view(cur, stage, live)
                 snaps = self._rows(
                     cur,
