@@ -58,10 +58,14 @@ def _per_rank(rank: int, world_size: int, steps: int, every: int, batch: int, tm
     finally:
         hook.close()
     assert hook.dumper is not None
+    d = hook.dumper
+    deltas = d.dump_timings[1:-1]  # periodic deltas: not the snapshot, not the final dump
+    per_table = {t: statistics.fmean(x[t] for x in deltas) for t in deltas[0]} if deltas else {}
     return {
         "times": times,
-        "dump_seconds": hook.dumper.dump_seconds,
-        "per_table": hook.dumper.last_dump_timing,
+        "dump_seconds": d.dump_seconds,
+        "dump_cpu": getattr(d, "dump_cpu_seconds", []),
+        "per_table": per_table,
     }
 
 
@@ -82,7 +86,7 @@ def main() -> None:
         per_step = [max(r["times"][name][i] for r in results) for i in range(a.steps)]
         kept = per_step[a.warmup :]
         stats[name] = (statistics.fmean(kept), statistics.median(kept))
-    dumps = results[0]["dump_seconds"]
+    dumps = results[0]["dump_seconds"][1:-1]
     print(f"date      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(f"machine   {platform.node()} ({os.cpu_count()} cores), load {os.getloadavg()[0]:.1f}")
     print(
@@ -95,11 +99,17 @@ def main() -> None:
     ratio_mean = stats["dump"][0] / stats["none"][0]
     ratio_median = stats["dump"][1] / stats["none"][1]
     print(f"ratio     {ratio_mean:.3f} (means), {ratio_median:.3f} (medians); target <= 1.03")
-    shown = ", ".join(f"{s * 1e3:.1f} ms" for s in dumps)
-    print(f"dumps     {len(dumps)} on the training thread: {shown}")
+    shown = ", ".join(f"{s * 1e3:.1f}" for s in dumps)
+    print(f"deltas    {len(dumps)} periodic dumps, training-thread wall ms (rank 0): {shown}")
     for r, res in enumerate(results):
+        cpu = res["dump_cpu"][1:-1]
+        if cpu:
+            print(
+                f"rank {r}    training-thread CPU ms per periodic dump: mean "
+                f"{statistics.fmean(cpu) * 1e3:.1f}, max {max(cpu) * 1e3:.1f}"
+            )
         per = ", ".join(f"{t} {s * 1e3:.1f}" for t, s in res["per_table"].items())
-        print(f"rank {r}    last dump per table (ms): {per}")
+        print(f"rank {r}    mean wall ms per table and periodic dump: {per}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import torch
 from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
+from deltarec.dump.assemble import LocalParts, Part
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.exchange import Exchange
@@ -39,6 +40,7 @@ from deltarec.dump.gather import HostRows, rows_to_host
 from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
+from deltarec.tracking.plain import AssembledSource
 from deltarec.tracking.types import TableSource, TouchedRows
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,10 @@ class Dumper:
         self._closed = False
         self.dump_seconds: list[float] = []
         """Training-thread seconds of each dump (gather and enqueue; writing is background)."""
+        self.dump_cpu_seconds: list[float] = []
+        """Training-thread CPU seconds of each dump (``time.thread_time``; load-independent)."""
+        self.dump_timings: list[dict[str, float]] = []
+        """Training-thread seconds per table of each dump."""
         self.last_dump_timing: dict[str, float] = {}
         """Training-thread seconds per table of the latest dump."""
 
@@ -357,19 +363,29 @@ class Dumper:
         seq = self._seq + 1 if seq is None else seq
         first = self._last_dump_step + 1 if kind is not DumpKind.SNAPSHOT else step
         first = min(first, step)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         timing = {}
         for source in self.sources:
             t0 = time.perf_counter()
-            chunks = (
-                self._snapshot_chunks(source)
-                if kind is DumpKind.SNAPSHOT
-                else _collect(source, self)
-            )
-            self._enqueue(seq, source.table_id, step, chunks)
+            if isinstance(source, AssembledSource):
+                parts = (
+                    source.parts_snapshot(self.config.chunk_rows)
+                    if kind is DumpKind.SNAPSHOT
+                    else source.parts_collect(self.config.chunk_rows)
+                )
+                self._enqueue_parts(seq, source.table_id, step, parts)
+            else:
+                chunks = (
+                    self._snapshot_chunks(source)
+                    if kind is DumpKind.SNAPSHOT
+                    else _collect(source, self)
+                )
+                self._enqueue(seq, source.table_id, step, chunks)
             timing[source.table_id] = time.perf_counter() - t0
         self.queue.put(EndOfDump(seq, kind, first, step), 0)
         self.dump_seconds.append(time.perf_counter() - started)
+        self.dump_cpu_seconds.append(time.thread_time() - cpu)
+        self.dump_timings.append(timing)
         self.last_dump_timing = timing
         self._seq = seq
         self._last_dump_step = step
@@ -382,6 +398,18 @@ class Dumper:
             if len(host) == 0:
                 continue
             self.queue.put(Chunk(seq, table, step, host), host.nbytes)
+
+    def _enqueue_parts(self, seq: int, table: str, step: int, parts: LocalParts) -> None:
+        """Queue this rank's part of an assembled table: always at least one item."""
+        head = (seq, table, step, parts.mode, parts.writer_rank, parts.columns)
+        index = 0
+        for host in parts.chunks:
+            self.queue.put(Part(*head, index, parts.count, host), host.nbytes)
+            index += 1
+        if index != parts.count:
+            raise RuntimeError(f"table {table}: {index} parts gathered, {parts.count} announced")
+        if parts.count == 0:
+            self.queue.put(Part(*head, 0, 0, None), 0)
 
     def _snapshot_chunks(self, source: TableSource) -> Iterator[HostRows]:
         stream = getattr(source, "iter_snapshot", None)
@@ -397,7 +425,12 @@ class Dumper:
         seq = 1
         for source in self.sources:
             keys = published.get(source.table_id, np.empty(0, np.int64))
-            self._enqueue(seq, source.table_id, step, self._read_chunks(source, keys))
+            if isinstance(source, AssembledSource):
+                tkeys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
+                parts = source.parts_read_keys(tkeys, self.config.chunk_rows)
+                self._enqueue_parts(seq, source.table_id, step, parts)
+            else:
+                self._enqueue(seq, source.table_id, step, self._read_chunks(source, keys))
         self.queue.put(EndOfDump(seq, DumpKind.DELTA, step, step), 0)
         self._seq = seq
         self._last_dump_step = step

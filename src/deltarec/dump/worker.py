@@ -31,6 +31,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows, ShardWriter
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
+from deltarec.dump.assemble import Assembly, Part
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.gather import HostRows
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
@@ -71,6 +72,7 @@ class _DumpState:
     shards: list[ShardInfo] = field(default_factory=list)
     kept: dict[str, list[ShardRows]] = field(default_factory=dict)
     kept_bytes: int = 0
+    assemblies: dict[str, Assembly] = field(default_factory=dict)
     error: tuple[str | None, str] | None = None
 
 
@@ -186,6 +188,8 @@ class DumpWorker:
     def _handle(self, item: object) -> None:
         if isinstance(item, Chunk):
             self._write_chunk(item)
+        elif isinstance(item, Part):
+            self._exchange_part(item)
         elif isinstance(item, EndOfDump):
             self._end_dump(item)
         else:
@@ -204,33 +208,82 @@ class DumpWorker:
         try:
             chunk.rows.wait()
             keys, values, ops = chunk.rows.numpy()
-            spec = self.tables[chunk.table]
-            encoded = codec.encode(values, spec.dtype)
-            rows = ShardRows(
-                keys=keys.astype(np.int64, copy=False),
-                embedding=encoded,
-                ops=ops.astype(np.int8, copy=False),
-                steps=np.full(len(keys), chunk.step, dtype=np.int64),
-            )
-            writer = state.writers.get(chunk.table)
-            if writer is None:
-                writer = ShardWriter(
-                    self.root,
-                    self.run,
-                    self.generation,
-                    chunk.seq,
-                    chunk.table,
-                    self.exchange.rank,
-                    spec.dtype,
-                    spec.dim,
-                    fsync=self.fsync,
-                )
-                state.writers[chunk.table] = writer
-            writer.write(rows)
-            self._keep(state, chunk.table, rows, encoded)
+            self._write_rows(state, chunk.table, chunk.step, keys, values, ops)
         except Exception as e:
             state.error = (chunk.table, f"{type(e).__name__}: {e}")
             log.exception("writing dump %s table %s failed", chunk.seq, chunk.table)
+
+    def _write_rows(
+        self,
+        state: _DumpState,
+        table: str,
+        step: int,
+        keys: np.ndarray,
+        values: np.ndarray,
+        ops: np.ndarray | None,
+    ) -> None:
+        spec = self.tables[table]
+        encoded = codec.encode(values, spec.dtype)
+        rows = ShardRows(
+            keys=keys.astype(np.int64, copy=False),
+            embedding=encoded,
+            ops=np.zeros(len(keys), np.int8) if ops is None else ops.astype(np.int8, copy=False),
+            steps=np.full(len(keys), step, dtype=np.int64),
+        )
+        writer = state.writers.get(table)
+        if writer is None:
+            writer = ShardWriter(
+                self.root,
+                self.run,
+                self.generation,
+                state.seq,
+                table,
+                self.exchange.rank,
+                spec.dtype,
+                spec.dim,
+                fsync=self.fsync,
+            )
+            state.writers[table] = writer
+        writer.write(rows)
+        self._keep(state, table, rows, encoded)
+
+    def _exchange_part(self, part: Part) -> None:
+        """One part of an assembled table: its round(s) of the exchange on the worker's group.
+
+        Collectives run even after a local write error (the other ranks are waiting in the
+        same rounds); the error then fails the dump at the commit, on every rank.
+        """
+        state = self._state(part.seq)
+        asm = state.assemblies.get(part.table)
+        if asm is None:
+            counts = self.exchange.all_gather(part.count)
+            asm = Assembly(part.table, part.mode, self.tables[part.table].dim, max(counts))
+            state.assemblies[part.table] = asm
+        payload = None
+        if part.rows is not None and state.error is None:
+            try:
+                payload = part.payload()
+            except Exception as e:
+                state.error = (part.table, f"{type(e).__name__}: {e}")
+        if part.count > 0:
+            self._round(state, asm, part, payload)
+        if part.index >= part.count - 1:  # this rank's last part: rounds the others still need
+            while asm.done < asm.rounds:
+                self._round(state, asm, part, None)
+
+    def _round(self, state: _DumpState, asm: Assembly, part: Part, payload: object) -> None:
+        got = self.exchange.gather((payload, part.columns), dst=part.writer_rank)
+        try:
+            if got is None or state.error is not None:
+                return
+            whole = asm.assemble([g[0] for g in got], [g[1] for g in got])
+            if whole is not None and len(whole[0]):
+                self._write_rows(state, part.table, part.step, whole[0], whole[1], None)
+        except Exception as e:
+            state.error = (part.table, f"{type(e).__name__}: {e}")
+            log.exception("assembling dump %s table %s failed", part.seq, part.table)
+        finally:
+            asm.done += 1
 
     def _keep(self, state: _DumpState, table: str, rows: ShardRows, encoded: np.ndarray) -> None:
         if self.on_commit is None or state.kept_bytes < 0:

@@ -4,14 +4,13 @@
   block of rows ``[row_offset, row_offset + rows)``; the tracker's local ids plus the offset
   are the serving keys. Ranks hold disjoint blocks, so every key is written by one rank.
 * :class:`ReplicatedSource`: data-parallel. Every rank holds the whole table and sees only its
-  own lookups: at dump time the touched ids are united across ranks (one all_gather) and rank 0
-  alone writes the rows.
+  own lookups: each rank gathers the rows of the ids it touched, and rank 0 writes the union.
 * :class:`ColumnShardSource`: column-wise. Each holder has some columns of every row and sees
-  the same ids. At dump time the ids are united (all_gather), each holder gathers its columns
-  and the slices are sent to one writer rank (gather), which assembles whole rows.
+  the same ids: each holder gathers its columns of them, one writer rank assembles whole rows.
 
-The exchanges of the last two run on the dumper's own gloo group, on the training thread, at
-dump time only; every rank iterates the same chunks so the collectives pair up.
+The last two only gather their local part on the training thread (no collective there); the
+dump worker exchanges the parts on its own gloo group and assembles them
+(:mod:`deltarec.dump.assemble`).
 """
 
 from __future__ import annotations
@@ -19,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from deltarec.artifacts.types import TableSpec
+from deltarec.dump.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host
+from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
 from deltarec.tracking.tracker import TrackerHub
 from deltarec.tracking.types import TableSource, TouchedRows
 
@@ -148,13 +147,71 @@ class RowShardSource(_TrackedSource):
         yield from gather_to_host(self.weight, dedup_ids(local), chunk_rows, self.row_offset)
 
 
-class ReplicatedSource(_TrackedSource):
+class AssembledSource(_TrackedSource):
+    """A table whose whole rows one writer rank assembles from every rank's local part.
+
+    The dumper asks for :class:`~deltarec.dump.assemble.LocalParts` (``parts_collect``,
+    ``parts_snapshot``, ``parts_read_keys``): this rank's rows or columns, gathered on the
+    training thread without any collective; the dump worker exchanges and assembles them.
+    The :class:`TableSource` methods assemble the local part alone, which gives whole rows
+    only when this rank holds every column (one process).
+    """
+
+    mode: Mode
+    writer_rank: int = 0
+    rank: int = 0
+
+    def bind(self, exchange: Exchange) -> None:
+        """Learn this rank's place in the dumper's groups (every rank binds the same group)."""
+        self.rank = exchange.rank
+        self.writes = self.rank == self.writer_rank
+
+    def parts_collect(self, chunk_rows: int) -> LocalParts:
+        """This rank's part of the rows touched since the previous call."""
+        raise NotImplementedError
+
+    def parts_snapshot(self, chunk_rows: int) -> LocalParts:
+        """This rank's part of every row of the table."""
+        raise NotImplementedError
+
+    def parts_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> LocalParts:
+        """This rank's part of the current rows of the given serving keys."""
+        raise NotImplementedError
+
+    def _alone(self, parts: LocalParts) -> Iterator[HostRows]:
+        asm = Assembly(self.table_id, parts.mode, self.spec.dim, parts.count)
+        for host in parts.chunks:
+            whole = asm.assemble([payload_of(host)], [parts.columns])
+            asm.done += 1
+            if whole is not None:
+                yield HostRows(
+                    torch.from_numpy(whole[0]),
+                    torch.from_numpy(whole[1]),
+                    torch.zeros(len(whole[0]), dtype=torch.int8),
+                )
+
+    def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
+        yield from self._alone(self.parts_collect(chunk_rows))
+
+    def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
+        yield from self._alone(self.parts_snapshot(chunk_rows))
+
+    def iter_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
+        yield from self._alone(self.parts_read_keys(keys, chunk_rows))
+
+
+class ReplicatedSource(AssembledSource):
     """A data-parallel table: every rank holds all rows; rank 0 writes the union of lookups.
 
+    Each rank gathers the rows of the ids it touched (the replicas are equal at the dump
+    step); the writer keeps one row per key. Snapshots and republished keys come from rank 0.
+
     Args:
-        exchange: the dumper's training-thread exchange (set by the dumper via
-            :meth:`bind`; local when not distributed).
+        exchange: the dumper's exchange, for this rank's number (set by the dumper via
+            :meth:`bind`; rank 0 when not distributed).
     """
+
+    mode = Mode.UNION
 
     def __init__(
         self,
@@ -167,34 +224,31 @@ class ReplicatedSource(_TrackedSource):
     ) -> None:
         super().__init__(table_id, spec, hub, fqn)
         self.weight = weight
-        self.exchange = exchange or Exchange(None)
-        self.writes = self.exchange.rank == 0
+        self.bind(exchange or Exchange(None))
 
-    def bind(self, exchange: Exchange) -> None:
-        """Use ``exchange`` for the dump-time union (every rank binds the same group)."""
-        self.exchange = exchange
-        self.writes = exchange.rank == 0
+    def _parts(self, ids: torch.Tensor, chunk_rows: int) -> LocalParts:
+        return LocalParts(
+            self.mode,
+            self.writer_rank,
+            ((0, self.spec.dim),),
+            chunk_count(int(ids.shape[0]), chunk_rows),
+            gather_to_host(self.weight, ids, chunk_rows),
+        )
 
-    def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
-        ids = self._take_ids(self.weight.device)
-        everyone = self.exchange.all_gather(ids.cpu().numpy())
-        if self.exchange.rank != 0:
-            return
-        union = torch.from_numpy(np.unique(np.concatenate(everyone))).to(self.weight.device)
-        yield from gather_to_host(self.weight, union, chunk_rows)
+    def parts_collect(self, chunk_rows: int) -> LocalParts:  # noqa: D102
+        return self._parts(self._take_ids(self.weight.device), chunk_rows)
 
-    def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
-        if self.exchange.rank != 0:
-            return
-        ids = torch.arange(self.weight.shape[0], dtype=torch.int64, device=self.weight.device)
-        yield from gather_to_host(self.weight, ids, chunk_rows)
+    def parts_snapshot(self, chunk_rows: int) -> LocalParts:  # noqa: D102
+        n = self.weight.shape[0] if self.rank == self.writer_rank else 0
+        ids = torch.arange(n, dtype=torch.int64, device=self.weight.device)
+        return self._parts(ids, chunk_rows)
 
-    def iter_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
-        if self.exchange.rank != 0:
-            return
+    def parts_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> LocalParts:  # noqa: D102
         k = keys.to(self.weight.device, torch.int64)
+        if self.rank != self.writer_rank:
+            k = k[:0]
         k = dedup_ids(k[(k >= 0) & (k < self.weight.shape[0])])
-        yield from gather_to_host(self.weight, k, chunk_rows)
+        return self._parts(k, chunk_rows)
 
 
 @dataclass
@@ -205,14 +259,19 @@ class ColumnShard:
     tensor: torch.Tensor
 
 
-class ColumnShardSource(_TrackedSource):
-    """A column-wise table: whole rows are assembled on one writer rank at dump time.
+class ColumnShardSource(AssembledSource):
+    """A column-wise table: whole rows are assembled on one writer rank by the dump worker.
+
+    Every holder of columns sees the same ids (the lookups reach every column shard), so
+    chunk ``k`` of every holder has the same keys; each holder gathers its columns of them.
 
     Args:
         shards: this rank's column shards (empty if it holds none).
         writer_rank: the rank that writes the table (holder of the first columns).
-        exchange: the dumper's training-thread exchange (see :meth:`bind`).
+        exchange: the dumper's exchange, for this rank's number (see :meth:`bind`).
     """
+
+    mode = Mode.COLUMNS
 
     def __init__(
         self,
@@ -227,59 +286,39 @@ class ColumnShardSource(_TrackedSource):
         super().__init__(table_id, spec, hub, fqn)
         self.shards = shards
         self.writer_rank = writer_rank
-        self.exchange = exchange or Exchange(None)
-        self.writes = self.exchange.rank == writer_rank
-
-    def bind(self, exchange: Exchange) -> None:
-        """Use ``exchange`` for the dump-time assembly (every rank binds the same group)."""
-        self.exchange = exchange
-        self.writes = exchange.rank == self.writer_rank
+        self.bind(exchange or Exchange(None))
 
     def _device(self) -> torch.device:
         return self.shards[0].tensor.device if self.shards else torch.device("cpu")
 
-    def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
-        mine = self._take_ids(self._device()).cpu().numpy() if self.shards else None
-        if not self.shards and self.hub is not None:
-            self.hub.take(self.fqn)
-        everyone = self.exchange.all_gather(mine)
-        parts = [p for p in everyone if p is not None]
-        union = np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
-        yield from self._assemble(union, chunk_rows)
+    def parts_collect(self, chunk_rows: int) -> LocalParts:  # noqa: D102
+        if not self.shards:
+            if self.hub is not None:
+                self.hub.take(self.fqn)
+            return self._parts(torch.empty(0, dtype=torch.int64), chunk_rows)
+        return self._parts(self._take_ids(self._device()), chunk_rows)
 
-    def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
-        yield from self._assemble(np.arange(self.spec.num_embeddings, dtype=np.int64), chunk_rows)
+    def parts_snapshot(self, chunk_rows: int) -> LocalParts:  # noqa: D102
+        n = self.spec.num_embeddings if self.shards else 0
+        return self._parts(torch.arange(n, dtype=torch.int64, device=self._device()), chunk_rows)
 
-    def iter_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
-        k = keys.cpu().numpy().astype(np.int64)
-        k = np.unique(k[(k >= 0) & (k < self.spec.num_embeddings)])
-        yield from self._assemble(k, chunk_rows)
+    def parts_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> LocalParts:  # noqa: D102
+        k = keys.to(self._device(), torch.int64)
+        if not self.shards:
+            k = k[:0]
+        k = dedup_ids(k[(k >= 0) & (k < self.spec.num_embeddings)])
+        return self._parts(k, chunk_rows)
 
-    def _assemble(self, ids: np.ndarray, chunk_rows: int) -> Iterator[HostRows]:
-        """Same ``ids`` on every rank: one gather per chunk to the writer rank."""
-        dev = self._device()
-        for start in range(0, len(ids), chunk_rows):
+    def _parts(self, ids: torch.Tensor, chunk_rows: int) -> LocalParts:
+        columns = tuple((s.col_offset, int(s.tensor.shape[1])) for s in self.shards)
+        count = chunk_count(int(ids.shape[0]), chunk_rows) if self.shards else 0
+        chunks = self._gather(ids, chunk_rows)
+        return LocalParts(self.mode, self.writer_rank, columns, count, chunks)
+
+    def _gather(self, ids: torch.Tensor, chunk_rows: int) -> Iterator[HostRows]:
+        """This rank's columns of ``ids``, chunk by chunk, side by side in shard order."""
+        for start in range(0, int(ids.shape[0]), chunk_rows):
             idx = ids[start : start + chunk_rows]
-            t = torch.from_numpy(idx).to(dev)
-            slices = [
-                (s.col_offset, s.tensor.index_select(0, t).cpu().numpy()) for s in self.shards
-            ]
-            got = self.exchange.gather(slices, dst=self.writer_rank)
-            if got is None:
-                continue
-            rows = np.empty((len(idx), self.spec.dim), dtype=np.float32)
-            filled = 0
-            for rank_slices in got:
-                for col, values in rank_slices:
-                    rows[:, col : col + values.shape[1]] = values
-                    filled += values.shape[1]
-            if filled != self.spec.dim:
-                raise RuntimeError(
-                    f"table {self.table_id}: column shards cover {filled} of {self.spec.dim} "
-                    "columns"
-                )
-            yield HostRows(
-                keys=torch.from_numpy(idx.copy()),
-                rows=torch.from_numpy(rows),
-                ops=torch.zeros(len(idx), dtype=torch.int8),
-            )
+            parts = [s.tensor.index_select(0, idx) for s in self.shards]
+            values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            yield rows_to_host(idx, values)
