@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
@@ -66,16 +67,68 @@ def _one_run(idx: np.ndarray) -> bool:
     )
 
 
-def _copy_run(column: Any, first: int, dst: np.ndarray, dtype: DType) -> None:
-    """Copy rows ``first .. first + len(dst)`` of an embedding column into ``dst``."""
-    chunks = getattr(column, "chunks", [column])
-    offset, end = 0, first + len(dst)
-    for chunk in chunks:
-        lo, hi = max(first, offset), min(end, offset + len(chunk))
-        if lo < hi:
-            values = codec.embedding_matrix(chunk.slice(lo - offset, hi - lo), dtype)
-            dst[lo - first : hi - first] = values
-        offset += len(chunk)
+def _row_groups(root: ArtifactRoot, ref: ShardRef) -> tuple[Any, Any, list[int]]:
+    """A shard opened for reading row groups: ``(file, parquet reader, first row of each)``."""
+    path = posixpath.join(ref.dump_dir, ref.shard.path)
+    f = None
+    try:
+        # Read through (not memory-mapped): row group after row group into buffers that Arrow's
+        # pool reuses, instead of faulting in the whole file and decoding the column at once.
+        f = path if root.is_local else root.fs.open(path, "rb")
+        reader = pq.ParquetFile(f, memory_map=False)
+    except FileNotFoundError:
+        raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
+    except (OSError, pa.ArrowException) as e:
+        if f is not None and not isinstance(f, str):
+            f.close()
+        raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
+    meta = reader.metadata
+    if meta.num_rows != ref.shard.rows:
+        reader.close()
+        raise ArtifactError(
+            root.url(path), f"holds {meta.num_rows} rows, the manifest says {ref.shard.rows}"
+        )
+    starts = np.cumsum([0] + [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+    return f, reader, starts.tolist()
+
+
+def _fill_rows(
+    root: ArtifactRoot,
+    ref: ShardRef,
+    rows: np.ndarray,
+    out: np.ndarray,
+    dst: np.ndarray,
+    dtype: DType,
+) -> None:
+    """``out[dst] = embedding[rows]`` of one shard, reading only the row groups that hold rows.
+
+    A run of consecutive rows into consecutive destinations (a whole snapshot shard) is block
+    copied row group by row group; other rows are gathered per row group.
+    """
+    f, reader, starts = _row_groups(root, ref)
+    path = root.url(posixpath.join(ref.dump_dir, ref.shard.path))
+    run = _one_run(dst) and _one_run(rows)
+    order = None if run else np.argsort(rows, kind="stable")
+    ordered = rows if order is None else rows[order]
+    try:
+        for g in range(len(starts) - 1):
+            lo, hi = np.searchsorted(ordered, [starts[g], starts[g + 1]])
+            if lo == hi:
+                continue
+            try:
+                column = reader.read_row_group(g, columns=[codec.EMBEDDING]).column(0)
+            except (OSError, pa.ArrowException) as e:
+                raise ArtifactError(path, f"unreadable parquet: {e}") from e
+            values = codec.embedding_matrix(column, dtype)
+            if order is None:
+                out[dst[lo] : dst[lo] + (hi - lo)] = values[ordered[lo] - starts[g] :][: hi - lo]
+            else:
+                pick = order[lo:hi]
+                out[dst[pick]] = values[rows[pick] - starts[g]]
+    finally:
+        reader.close()
+        if not isinstance(f, str):
+            f.close()
 
 
 @dataclass
@@ -131,28 +184,126 @@ class ExpectedTable:
         Raises:
             KeyError: if a key has no record.
         """
-        idx = self.index_of(keys)
-        if (idx < 0).any():
-            missing = np.asarray(keys)[idx < 0][:5].tolist()
-            raise KeyError(f"table {self.table!r}: no expected record for keys {missing}")
+        if keys is self.keys:  # every record (verify --all): no lookup, no gathered copies
+            ref_idx, row_idx = self._ref_idx, self._row_idx
+        else:
+            idx = self.index_of(keys)
+            if (idx < 0).any():
+                missing = np.asarray(keys)[idx < 0][:5].tolist()
+                raise KeyError(f"table {self.table!r}: no expected record for keys {missing}")
+            ref_idx, row_idx = self._ref_idx[idx], self._row_idx[idx]
         width = codec.encoded_width(self.spec.dtype, self.spec.dim)
-        out = np.zeros((len(idx), width), dtype=codec.element_type(self.spec.dtype))
-        ref_idx = self._ref_idx[idx]
-        row_idx = self._row_idx[idx]
-        assert self._root is not None or len(idx) == 0
+        out = np.empty((len(ref_idx), width), dtype=codec.element_type(self.spec.dtype))
+        out[ref_idx < 0] = 0  # removed by a snapshot: no row to load
+        assert self._root is not None or len(ref_idx) == 0
         for r in np.unique(ref_idx[ref_idx >= 0]):
             sel = np.nonzero(ref_idx == r)[0]
             ref = self._refs[int(r)]
-            col = _read_columns(self._root, ref, [codec.EMBEDDING])  # type: ignore[arg-type]
-            rows = row_idx[sel]
-            if _one_run(sel) and _one_run(rows):
-                # A whole snapshot shard (or any run of consecutive rows): block copies chunk
-                # by chunk, instead of combining the chunks, a gather and a scatter.
-                dst = out[sel[0] : sel[-1] + 1]
-                _copy_run(col[codec.EMBEDDING], int(rows[0]), dst, self.spec.dtype)
-            else:
-                out[sel] = codec.embedding_matrix(col[codec.EMBEDDING], self.spec.dtype)[rows]
+            _fill_rows(self._root, ref, row_idx[sel], out, sel, self.spec.dtype)  # type: ignore[arg-type]
         return out
+
+
+class ExpectedRows:
+    """Encoded rows of an :class:`ExpectedTable`'s records by position, read as asked.
+
+    For reading every record in key order (``verify --all`` against an ordered store scan)
+    without holding the whole table in memory: each shard keeps its last decoded row group, so
+    a batch of consecutive records of one shard is a view of it, and each row group is decoded
+    once as long as the positions asked for advance through every shard in order. If they do
+    not (row groups decoded more than twice over on average, or more than ``cache_bytes`` of
+    row groups held at once), the whole table is loaded with :meth:`ExpectedTable.load` and
+    served from memory. Use it as a context manager: it holds the shards open.
+    """
+
+    def __init__(self, table: ExpectedTable, cache_bytes: int = 256 << 20) -> None:
+        self._table = table
+        self._cache_bytes = cache_bytes
+        self._open: dict[int, tuple[Any, Any, list[int]]] = {}  # ref -> _row_groups(...)
+        self._groups: dict[int, tuple[int, np.ndarray]] = {}  # ref -> (row group, its rows)
+        self._decoded = 0
+        self._all: np.ndarray | None = None
+
+    def __enter__(self) -> ExpectedRows:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the shards and drop the cached rows (idempotent)."""
+        for f, reader, _ in self._open.values():
+            reader.close()
+            if not isinstance(f, str):
+                f.close()
+        self._open.clear()
+        self._groups.clear()
+
+    @property
+    def streamed(self) -> bool:
+        """False once the rows were loaded whole (the positions did not advance in order)."""
+        return self._all is None
+
+    def take(self, pos: np.ndarray) -> np.ndarray:
+        """Rows ``[len(pos), encoded_width]`` of the records at positions ``pos`` (read-only)."""
+        if self._all is None and self._thrashing():
+            self.close()
+            self._all = self._table.load(self._table.keys)
+        if self._all is not None:
+            return _gather(self._all, pos)
+        t = self._table
+        ref_idx, row_idx = t._ref_idx[pos], t._row_idx[pos]
+        if len(pos) and ref_idx[0] >= 0 and (ref_idx == ref_idx[0]).all() and _one_run(row_idx):
+            r, first = int(ref_idx[0]), int(row_idx[0])
+            start, values = self._group(r, first)
+            if first + len(pos) <= start + len(values):  # one row group holds them: a view
+                return values[first - start : first - start + len(pos)]
+        width = codec.encoded_width(t.spec.dtype, t.spec.dim)
+        out = np.zeros((len(pos), width), dtype=codec.element_type(t.spec.dtype))
+        for r in np.unique(ref_idx[ref_idx >= 0]).tolist():
+            sel = np.nonzero(ref_idx == r)[0]
+            rows = row_idx[sel]
+            starts = np.asarray(self._shard(r)[2])
+            group = np.searchsorted(starts, rows, side="right") - 1
+            for g in np.unique(group).tolist():
+                mine = group == g
+                start, values = self._group(r, int(starts[g]))
+                out[sel[mine]] = values[rows[mine] - start]
+        return out
+
+    def _thrashing(self) -> bool:
+        groups = sum(len(starts) - 1 for _, _, starts in self._open.values())
+        held = sum(values.nbytes for _, values in self._groups.values())
+        return self._decoded > 2 * groups + 16 or held > self._cache_bytes
+
+    def _shard(self, r: int) -> tuple[Any, Any, list[int]]:
+        if r not in self._open:
+            assert self._table._root is not None
+            self._open[r] = _row_groups(self._table._root, self._table._refs[r])
+        return self._open[r]
+
+    def _group(self, r: int, row: int) -> tuple[int, np.ndarray]:
+        """The first row and the decoded rows of the row group of shard ``r`` holding ``row``."""
+        _, reader, starts = self._shard(r)
+        g = int(np.searchsorted(starts, row, side="right")) - 1
+        cached = self._groups.get(r)
+        if cached is None or cached[0] != g:
+            try:
+                column = reader.read_row_group(g, columns=[codec.EMBEDDING]).column(0)
+            except (OSError, pa.ArrowException) as e:
+                ref, root = self._table._refs[r], self._table._root
+                where = root.url(posixpath.join(ref.dump_dir, ref.shard.path))  # type: ignore[union-attr]
+                raise ArtifactError(where, f"unreadable parquet: {e}") from e
+            cached = (g, codec.embedding_matrix(column, self._table.spec.dtype))
+            self._groups[r] = cached
+            self._decoded += 1
+        return starts[g], cached[1]
+
+
+def _gather(rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """``rows[pos]``, as a view when ``pos`` is one ascending run."""
+    if _one_run(pos):
+        return rows[int(pos[0]) : int(pos[-1]) + 1]
+    return rows[pos]
 
 
 @dataclass
@@ -210,17 +361,32 @@ class _Accumulator:
         keys, versions, ops, steps, refs, rows = (
             np.concatenate(c) for c in zip(*self.parts, strict=True)
         )
-        order = np.lexsort((versions, keys))
-        keys = keys[order]
-        last = np.ones(len(keys), dtype=bool)
-        last[:-1] = keys[1:] != keys[:-1]
-        pick = order[last]
-        out = [keys[last], versions[pick], ops[pick].copy(), steps[pick], refs[pick], rows[pick]]
+        if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
+            order = _latest_last(keys, versions)
+            keys = keys[order]
+            last = np.ones(len(keys), dtype=bool)
+            last[:-1] = keys[1:] != keys[:-1]
+            pick = order[last]
+            keys, versions, ops = keys[last], versions[pick], ops[pick]
+            steps, refs, rows = steps[pick], refs[pick], rows[pick]
+        out = [keys, versions, ops, steps, refs, rows]  # ops and refs are fresh arrays here
         if self.snapshot_version >= 0:
             removed = out[1] < self.snapshot_version
             out[2][removed] = Op.EVICTED
             out[4][removed] = -1  # no row to load: removed by the snapshot
         return tuple(out)
+
+
+def _latest_last(keys: np.ndarray, versions: np.ndarray) -> np.ndarray:
+    """The order sorting records by key, then version (the latest record of a key last).
+
+    Records are added dump by dump in lineage order, so versions usually never decrease
+    along the concatenation; then a stable sort by key alone gives the same order, and
+    numpy's stable sort (timsort) is nearly linear on the already sorted runs of each shard.
+    """
+    if (versions[1:] >= versions[:-1]).all():
+        return np.argsort(keys, kind="stable")
+    return np.lexsort((versions, keys))
 
 
 def _cutoffs(root: ArtifactRoot, run: str, generation: int) -> list[tuple[int, int | None]]:

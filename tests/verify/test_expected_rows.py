@@ -1,0 +1,69 @@
+"""ExpectedRows: the expected rows of a table read by position, row group by row group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from deltarec.artifacts import DumpKind, ShardRows, ShardWriter, codec
+from deltarec.artifacts.lineage import ExpectedRows, expected_state
+
+
+def _snapshot_in_row_groups(lineage, gen: int, keys: np.ndarray, groups: int) -> None:
+    """Dump 0 of ``gen``: a snapshot of T_EMB written in ``groups`` row groups."""
+    from deltarec.artifacts import Manifest
+
+    spec = lineage.specs[lineage.T_EMB]
+    root = lineage.root
+    with ShardWriter(root, lineage.run, gen, 0, lineage.T_EMB, 0, spec.dtype, spec.dim) as w:
+        for part in np.array_split(keys, groups):
+            enc = codec.encode(lineage.values(part, 0.5, spec.dim), spec.dtype)
+            w.write(
+                ShardRows(part, enc, np.zeros(len(part), np.int8), np.ones(len(part), np.int64))
+            )
+        shard = w.close()
+    m = Manifest(
+        lineage.run, gen, 0, DumpKind.SNAPSHOT, 1, 1, 1, (shard,), {lineage.T_EMB: len(keys)}
+    )
+    root.commit_manifest(m)
+    lineage.step = 1
+
+
+def _table(lineage):
+    gen = lineage.generation()
+    _snapshot_in_row_groups(lineage, gen, np.arange(0, 600, dtype=np.int64), groups=4)
+    updated = np.arange(100, 400, 3, dtype=np.int64)
+    ops = (updated % 2).astype(np.int8)  # every other updated key evicted
+    lineage.dump(gen, 1, {lineage.T_EMB: (updated, 1.5, ops)})
+    lineage.dump(gen, 2, {lineage.T_EMB: (np.arange(550, 700, dtype=np.int64), 2.5)})
+    table = expected_state(lineage.root, lineage.run, gen).tables[lineage.T_EMB]
+    ref = table._refs[0]
+    path = f"{ref.dump_dir}/{ref.shard.path}"
+    assert pq.ParquetFile(path).metadata.num_row_groups == 4
+    return table
+
+
+def test_rows_read_in_key_order_equal_the_whole_load_and_stay_streamed(lineage):
+    table = _table(lineage)
+    whole = table.load(table.keys)
+    with ExpectedRows(table) as rows:
+        got = [rows.take(np.arange(b, min(b + 37, len(table.keys)))) for b in range(0, 700, 37)]
+        assert rows.streamed
+    assert np.array_equal(np.concatenate(got), whole)
+    # the snapshot's rows where no later dump wrote, then the delta's values
+    assert np.array_equal(whole[:100], lineage.expected_row(lineage.T_EMB, np.arange(100), 0.5))
+    assert np.array_equal(
+        whole[650:], lineage.expected_row(lineage.T_EMB, np.arange(650, 700), 2.5)
+    )
+
+
+def test_rows_read_in_any_order_are_right_and_fall_back_to_one_load_when_scattered(lineage):
+    table = _table(lineage)
+    whole = table.load(table.keys)
+    order = np.random.default_rng(1).permutation(len(table.keys))
+    for cache_bytes in (256 << 20, 1):
+        with ExpectedRows(table, cache_bytes=cache_bytes) as rows:
+            for b in range(0, len(order), 50):
+                pos = order[b : b + 50]
+                assert np.array_equal(rows.take(pos), whole[pos])
+            assert not rows.streamed  # row groups decoded over and over, or too many held
