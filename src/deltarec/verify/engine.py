@@ -28,7 +28,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
-from deltarec.artifacts.lineage import ExpectedState, ExpectedTable, ShardRef, expected_state
+from deltarec.artifacts.lineage import (
+    ExpectedRows,
+    ExpectedState,
+    ExpectedTable,
+    ShardRef,
+    expected_state,
+)
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import check_shard
 from deltarec.artifacts.types import Manifest, parse_time, utc_now
@@ -59,7 +65,7 @@ DEFAULT_SAMPLE = 10_000
 DEFAULT_BATCH = 8192
 DEFAULT_MAX_MISMATCHES = 20
 DEFAULT_FULL_SCAN_BYTES = 1 << 30
-PREFETCH_BYTES = 128 << 20
+PREFETCH_BYTES = 32 << 20
 """Store rows the one-pass scan may read ahead of the comparison."""
 ROLLBACK_FIELD = "rollback"
 """GENERATION.json field of a rollback generation: ``{"to_generation": G, "through_seq": S}``."""
@@ -223,7 +229,7 @@ def _verify_one(
             later=later,
             point_version=point_version,
             rollbacks=rollbacks,
-            batch_size=max(batch_size, 65536),
+            batch_size=batch_size,
             max_mismatches=max_mismatches,
             progress=progress,
         )
@@ -399,10 +405,10 @@ def _verify_table_by_scan(
     depth = max(2, PREFETCH_BYTES // max(1, batch_size * codec.row_bytes(spec.dtype, spec.dim)))
     scan = _Prefetch(store.scan_rows(table.table, batch_size), depth)  # type: ignore[attr-defined]
     try:
-        rows = table.load(table.keys)
-        res.store_keys_scanned = _consume_scan(
-            table, scan, rows, acc, point_version, rollbacks, batch_size, progress
-        )
+        with ExpectedRows(table) as rows:
+            res.store_keys_scanned = _consume_scan(
+                table, scan, rows.take, acc, point_version, rollbacks, batch_size, progress
+            )
     finally:
         scan.close()
     return res
@@ -411,15 +417,19 @@ def _verify_table_by_scan(
 def _consume_scan(
     table: ExpectedTable,
     scan: Iterable[tuple[np.ndarray, Any]],
-    rows: np.ndarray,
+    rows: Callable[[np.ndarray], np.ndarray],
     acc: _Collector,
     point_version: int,
     rollbacks: frozenset[int],
     batch_size: int,
     progress: ProgressFn | None,
 ) -> int:
-    width = rows.shape[1]
-    element = rows.dtype
+    """Classify every scanned store row and then every expected key the scan never produced.
+
+    ``rows(pos)`` gives the expected encoded rows of the records at positions ``pos``.
+    """
+    width = codec.encoded_width(table.spec.dtype, table.spec.dim)
+    element = codec.element_type(table.spec.dtype)
     seen = np.zeros(len(table.keys), bool)
     scanned = 0
     for keys, got in scan:
@@ -437,7 +447,7 @@ def _consume_scan(
             keys if every else keys[known],
             table.versions[pos],
             table.present[pos],
-            _rows_at(rows, pos),
+            rows(pos),
         )
         acc.add(exp, batch if every else _take(batch, known), point_version, rollbacks)
         if not every:
@@ -455,7 +465,7 @@ def _consume_scan(
     for b in range(0, len(unseen), batch_size):
         pos = unseen[b : b + batch_size]
         n = len(pos)
-        exp = ExpectedBatch(table.keys[pos], table.versions[pos], table.present[pos], rows[pos])
+        exp = ExpectedBatch(table.keys[pos], table.versions[pos], table.present[pos], rows(pos))
         absent = StoreBatch(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, width), element))
         acc.add(exp, absent, point_version, rollbacks)
     return scanned
@@ -503,13 +513,6 @@ class _Prefetch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-
-
-def _rows_at(rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``rows[pos]``, as a view when ``pos`` is one ascending run (an ordered scan's batch)."""
-    if len(pos) and pos[-1] - pos[0] + 1 == len(pos) and (np.diff(pos) == 1).all():
-        return rows[pos[0] : pos[-1] + 1]
-    return rows[pos]
 
 
 def _take(batch: StoreBatch, mask: np.ndarray) -> StoreBatch:
@@ -673,9 +676,8 @@ class _Collector:
             res.max_abs_diff = max(res.max_abs_diff, float(compared.max()))
         if (np.isnan(out.diffs) & ~np.isnan(out.tolerance)).any():
             res.max_abs_diff = float("nan")
-        vers, n = np.unique(got.versions[got.found], return_counts=True)
-        for v, c in zip(vers.tolist(), n.tolist(), strict=True):
-            res.live_by_version[v] = res.live_by_version.get(v, 0) + c
+        for v, live in _version_counts(got.versions[got.found]):
+            res.live_by_version[v] = res.live_by_version.get(v, 0) + live
         self._keep_worst(exp, got, out)
 
     def _keep_worst(self, exp: ExpectedBatch, got: StoreBatch, out: BatchOutcome) -> None:
@@ -705,6 +707,14 @@ class _Collector:
             )
         self.res.mismatches.sort(key=Mismatch.severity, reverse=True)
         del self.res.mismatches[self.limit :]
+
+
+def _version_counts(versions: np.ndarray) -> list[tuple[int, int]]:
+    """``(version, rows)`` pairs; a batch of one version (the usual case) needs no sort."""
+    if len(versions) and (versions == versions[0]).all():
+        return [(int(versions[0]), len(versions))]
+    vers, n = np.unique(versions, return_counts=True)
+    return list(zip(vers.tolist(), n.tolist(), strict=True))
 
 
 # ---- freshness --------------------------------------------------------------------------------
