@@ -1,10 +1,11 @@
-"""Reading a shard's rows for publishing with bounded memory: one row group at a time.
+"""Reading a shard's rows for publishing with bounded memory.
 
-:func:`deltarec.artifacts.iter_shard` streams with ``ParquetFile.iter_batches``, whose read-ahead
-holds well over 100 MB for a large shard; reading whole row groups (``read_row_group``, no
-threads, a 1 MB read buffer) keeps the publisher's memory bounded by the largest row group
-(one ``ShardWriter.write`` call) plus the batch being written. The checks are the same: sha256
-and size before reading, row count at the end.
+:func:`deltarec.artifacts.iter_shard` reads with pyarrow's defaults, which load a whole column
+chunk (a row group) at a time and hold well over 100 MB for a large shard. Here the file is
+streamed through a 1 MB read buffer in small record batches (8192 rows, no threads, no
+pre-buffering), and the batches are joined into publish batches of ``batch_rows``: memory is
+about two publish batches whatever the shard or row-group size. The checks are the same:
+sha256 and size before reading, row count at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -19,7 +21,8 @@ from deltarec.artifacts import ArtifactRoot, ShardRows, check_shard
 from deltarec.artifacts.types import DType, ShardInfo
 from deltarec.errors import ArtifactError, ChecksumError
 
-_READ_BUFFER = 1 << 20
+READ_BUFFER = 1 << 20
+READ_ROWS = 8192
 
 
 def iter_shard_rows(
@@ -30,7 +33,7 @@ def iter_shard_rows(
     batch_rows: int,
     verify: bool = True,
 ) -> Iterator[ShardRows]:
-    """Yield a shard's rows in batches of at most ``batch_rows``, one row group at a time.
+    """Yield a shard's rows in batches of ``batch_rows`` (the last may be shorter).
 
     Raises:
         ChecksumError: sha256/size (with ``verify``) or row count differ from the manifest.
@@ -42,22 +45,33 @@ def iter_shard_rows(
     seen = 0
     try:
         with root.fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f, buffer_size=_READ_BUFFER)
-            for i in range(pf.num_row_groups):
-                group = ShardRows.from_arrow(pf.read_row_group(i, use_threads=False), dtype)
-                seen += len(group)
-                for start in range(0, len(group), batch_rows):
-                    stop = start + batch_rows
-                    yield ShardRows(
-                        group.keys[start:stop],
-                        group.embedding[start:stop],
-                        group.ops[start:stop],
-                        group.steps[start:stop],
-                    )
-                del group
+            pf = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+            parts: list[ShardRows] = []
+            held = 0
+            for batch in pf.iter_batches(batch_size=min(READ_ROWS, batch_rows), use_threads=False):
+                part = ShardRows.from_arrow(batch, dtype)
+                seen += len(part)
+                parts.append(part)
+                held += len(part)
+                if held >= batch_rows:
+                    yield _join(parts)
+                    parts, held = [], 0
+            if parts:
+                yield _join(parts)
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
     if seen != shard.rows:
         raise ChecksumError(root.url(path), f"holds {seen} rows, the manifest says {shard.rows}")
+
+
+def _join(parts: list[ShardRows]) -> ShardRows:
+    if len(parts) == 1:
+        return parts[0]
+    return ShardRows(
+        keys=np.concatenate([p.keys for p in parts]),
+        embedding=np.concatenate([p.embedding for p in parts]),
+        ops=np.concatenate([p.ops for p in parts]),
+        steps=np.concatenate([p.steps for p in parts]),
+    )
