@@ -37,9 +37,9 @@ class _TrackedSource(TableSource):
         self.hub = hub
         self.fqn = fqn
 
-    def _take_ids(self, device: torch.device) -> torch.Tensor:
+    def _take_ids(self, device: torch.device, num_rows: int) -> torch.Tensor:
         """Touched local ids since the last call: sorted, unique, on ``device``."""
-        ids = self.hub.take(self.fqn) if self.hub is not None else None
+        ids = self.hub.take(self.fqn, num_rows) if self.hub is not None else None
         if ids is None:
             return torch.empty(0, dtype=torch.int64, device=device)
         return ids.to(device=device, dtype=torch.int64)
@@ -130,7 +130,7 @@ class RowShardSource(_TrackedSource):
             if self.hub is not None:
                 self.hub.take(self.fqn)
             return
-        ids = self._take_ids(self.weight.device)
+        ids = self._take_ids(self.weight.device, self.weight.shape[0])
         yield from gather_to_host(self.weight, ids, chunk_rows, key_offset=self.row_offset)
 
     def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
@@ -144,7 +144,8 @@ class RowShardSource(_TrackedSource):
             return
         local = keys.to(self.weight.device, torch.int64) - self.row_offset
         local = local[(local >= 0) & (local < self.weight.shape[0])]
-        yield from gather_to_host(self.weight, dedup_ids(local), chunk_rows, self.row_offset)
+        ids = dedup_ids(local, self.weight.shape[0])
+        yield from gather_to_host(self.weight, ids, chunk_rows, self.row_offset)
 
 
 class AssembledSource(_TrackedSource):
@@ -236,7 +237,8 @@ class ReplicatedSource(AssembledSource):
         )
 
     def parts_collect(self, chunk_rows: int) -> LocalParts:  # noqa: D102
-        return self._parts(self._take_ids(self.weight.device), chunk_rows)
+        ids = self._take_ids(self.weight.device, self.weight.shape[0])
+        return self._parts(ids, chunk_rows)
 
     def parts_snapshot(self, chunk_rows: int) -> LocalParts:  # noqa: D102
         n = self.weight.shape[0] if self.rank == self.writer_rank else 0
@@ -247,7 +249,7 @@ class ReplicatedSource(AssembledSource):
         k = keys.to(self.weight.device, torch.int64)
         if self.rank != self.writer_rank:
             k = k[:0]
-        k = dedup_ids(k[(k >= 0) & (k < self.weight.shape[0])])
+        k = dedup_ids(k[(k >= 0) & (k < self.weight.shape[0])], self.weight.shape[0])
         return self._parts(k, chunk_rows)
 
 
@@ -296,7 +298,8 @@ class ColumnShardSource(AssembledSource):
             if self.hub is not None:
                 self.hub.take(self.fqn)
             return self._parts(torch.empty(0, dtype=torch.int64), chunk_rows)
-        return self._parts(self._take_ids(self._device()), chunk_rows)
+        ids = self._take_ids(self._device(), self.spec.num_embeddings)
+        return self._parts(ids, chunk_rows)
 
     def parts_snapshot(self, chunk_rows: int) -> LocalParts:  # noqa: D102
         n = self.spec.num_embeddings if self.shards else 0
@@ -306,7 +309,7 @@ class ColumnShardSource(AssembledSource):
         k = keys.to(self._device(), torch.int64)
         if not self.shards:
             k = k[:0]
-        k = dedup_ids(k[(k >= 0) & (k < self.spec.num_embeddings)])
+        k = dedup_ids(k[(k >= 0) & (k < self.spec.num_embeddings)], self.spec.num_embeddings)
         return self._parts(k, chunk_rows)
 
     def _parts(self, ids: torch.Tensor, chunk_rows: int) -> LocalParts:

@@ -7,8 +7,8 @@ the embedding FQN (``sparse.ebc.embedding_bags.user_id``). The hub drains the tr
 per-FQN pending lists, so several sources can take their ids independently, and evaluation
 lookups can be dropped without losing the training lookups recorded before them.
 
-torchrec 1.8's ``get_unique()`` raises ``ValueError`` (``torch.cat`` of nothing) when a table
-saw no lookup since the previous read; the hub never calls it in that state.
+The hub reads the tracker's store (``store.per_fqn_lookups``) itself and empties it, as
+``get_unique()`` with ``delete_on_read`` would, then deduplicates once per table at dump time.
 """
 
 from __future__ import annotations
@@ -38,41 +38,41 @@ class TrackerHub:
         self.fqns = set(fqns)
         self._pending: dict[str, list[torch.Tensor]] = {f: [] for f in self.fqns}
 
-    def _read(self) -> dict[str, torch.Tensor]:
-        """Drain the tracker: ``{fqn: local ids}`` recorded since the previous read."""
+    def _read(self) -> dict[str, list[torch.Tensor]]:
+        """Drain the tracker: ``{fqn: [id tensors]}`` recorded since the previous read.
+
+        The recorded lookups are taken from the tracker's store directly and the store is
+        emptied: what ``get_unique()`` does with ``delete_on_read`` and one consumer, without
+        its two ``torch.unique`` passes over every table (the sort dominated the dump's
+        training-thread time on CPU). :meth:`take` deduplicates once per table, with a bitmap
+        where that is cheaper. Trackers without such a store are read with ``get_unique()``.
+        """
         store = getattr(self.tracker, "store", None)
         lookups = getattr(store, "per_fqn_lookups", None)
-        if isinstance(lookups, dict):
-            # Drop FQNs whose lookups were all consumed; get_unique() would cat an empty list.
-            for fqn in [f for f, v in lookups.items() if not v]:
-                del lookups[fqn]
-            if not lookups:
-                return {}
-        out = {}
-        for fqn, rows in self.tracker.get_unique().items():
-            out[fqn] = rows.ids
-        return out
+        if store is not None and isinstance(lookups, dict):
+            store.per_fqn_lookups = {}
+            return {f: [getattr(x, "ids", x) for x in v] for f, v in lookups.items() if v}
+        return {fqn: [rows.ids] for fqn, rows in self.tracker.get_unique().items()}
 
     def poll(self) -> None:
         """Move every id the tracker recorded into the pending lists."""
-        for fqn, ids in self._read().items():
-            if fqn in self._pending and ids.numel():
-                self._pending[fqn].append(ids)
+        for fqn, parts in self._read().items():
+            if fqn in self._pending:
+                self._pending[fqn].extend(p for p in parts if p.numel())
 
-    def take(self, fqn: str) -> torch.Tensor | None:
+    def take(self, fqn: str, num_rows: int | None = None) -> torch.Tensor | None:
         """All pending ids of ``fqn``, sorted and unique (None if there are none), cleared.
 
-        One read of the tracker is already sorted and unique (``get_unique``); ids gathered
-        over several reads (an evaluation pause in between) are deduplicated here.
+        Args:
+            fqn: the tracker FQN.
+            num_rows: rows of the table's local part (lets :func:`dedup_ids` use a bitmap).
         """
         self.poll()
         parts = self._pending.get(fqn)
         if not parts:
             return None
         self._pending[fqn] = []
-        if len(parts) == 1:
-            return parts[0]
-        return dedup_ids(torch.cat(parts))
+        return dedup_ids(parts[0] if len(parts) == 1 else torch.cat(parts), num_rows)
 
     def hold(self) -> None:
         """Evaluation begins: keep what training recorded so far."""
