@@ -67,3 +67,11 @@ def test_rows_read_in_any_order_are_right_and_fall_back_to_one_load_when_scatter
                 pos = order[b : b + 50]
                 assert np.array_equal(rows.take(pos), whole[pos])
             assert not rows.streamed  # row groups decoded over and over, or too many held
+
+
+def test_index_of_a_run_of_records_and_of_any_other_keys(lineage):
+    table = _table(lineage)  # records of keys 0..699
+    assert table.index_of(np.arange(40, 90)).tolist() == list(range(40, 90))
+    assert table.index_of(np.array([5, 6, 700, 7])).tolist() == [5, 6, -1, 7]
+    assert table.index_of(np.array([9, 3, -1])).tolist() == [9, 3, -1]
+    assert table.index_of(np.array([698, 699, 700])).tolist() == [698, 699, -1]

@@ -168,6 +168,11 @@ class ExpectedTable:
     def index_of(self, keys: np.ndarray) -> np.ndarray:
         """Positions of ``keys`` in :attr:`keys`, ``-1`` where a key has no record."""
         keys = np.asarray(keys, dtype=np.int64)
+        n = len(keys)
+        if n and len(self.keys):  # keys that are one run of records (an ordered scan's batch)
+            first = int(np.searchsorted(self.keys, keys[0]))
+            if np.array_equal(self.keys[first : first + n], keys):
+                return np.arange(first, first + n, dtype=np.int64)
         pos = np.searchsorted(self.keys, keys)
         pos = np.minimum(pos, max(len(self.keys) - 1, 0))
         hit = (len(self.keys) > 0) & (self.keys[pos] == keys) if len(self.keys) else None

@@ -350,7 +350,8 @@ def _verify_table(
     spec = table.spec
     res = TableResult(table.table, spec.dtype.value, spec.dim)
     res.expected_keys = len(table.keys)
-    res.expected_present = int(table.present.sum())
+    present = table.present  # computed once, not per batch
+    res.expected_present = int(present.sum())
     acc = _Collector(res, max_mismatches, later)
     total = len(keys)
     for start in range(0, total, max(load_chunk, batch_size)):
@@ -359,9 +360,7 @@ def _verify_table(
         rows = table.load(chunk)
         for b in range(0, len(chunk), batch_size):
             sl = slice(b, b + batch_size)
-            exp = ExpectedBatch(
-                chunk[sl], table.versions[pos[sl]], table.present[pos[sl]], rows[sl]
-            )
+            exp = ExpectedBatch(chunk[sl], table.versions[pos[sl]], present[pos[sl]], rows[sl])
             got = store.read(table.table, exp.keys)
             store.drop_staged_deletes(table.table, exp, got)
             acc.add(exp, got, point_version, rollbacks)
@@ -431,6 +430,7 @@ def _consume_scan(
     width = codec.encoded_width(table.spec.dtype, table.spec.dim)
     element = codec.element_type(table.spec.dtype)
     seen = np.zeros(len(table.keys), bool)
+    present = table.present  # computed once, not per batch
     scanned = 0
     for keys, got in scan:
         keys = np.asarray(keys, np.int64)
@@ -446,7 +446,7 @@ def _consume_scan(
         exp = ExpectedBatch(
             keys if every else keys[known],
             table.versions[pos],
-            table.present[pos],
+            present[pos],
             rows(pos),
         )
         acc.add(exp, batch if every else _take(batch, known), point_version, rollbacks)
@@ -465,7 +465,7 @@ def _consume_scan(
     for b in range(0, len(unseen), batch_size):
         pos = unseen[b : b + batch_size]
         n = len(pos)
-        exp = ExpectedBatch(table.keys[pos], table.versions[pos], table.present[pos], rows(pos))
+        exp = ExpectedBatch(table.keys[pos], table.versions[pos], present[pos], rows(pos))
         absent = StoreBatch(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, width), element))
         acc.add(exp, absent, point_version, rollbacks)
     return scanned
