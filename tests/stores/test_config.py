@@ -95,6 +95,9 @@ def test_postgres_float4_array_layout_round_trips_and_refuses_int8(postgres_serv
             store.write(table, keys, emb, np.zeros(2, np.int8), np.full(2, make_version(1, 1)))
             got = store.read(table, keys)
             np.testing.assert_array_equal(got.embedding, emb)
+            [(scanned, rows)] = list(store.scan_rows(table))
+            assert scanned.tolist() == [7, 8]
+            np.testing.assert_array_equal(rows.embedding, emb)
         with pytest.raises(ConfigError, match="float4"):
             store.provision({"t.q": TableSpec(dim=3, dtype=DType.INT8_ROWWISE)})
     import psycopg

@@ -183,3 +183,17 @@ def test_registry_keeps_generations_serving_history_and_freshness(store):  # typ
     store.record_freshness(FreshnessRecord("r", 1, 3, 0, 100.0, 999.0))  # first one is kept
     [f] = store.freshness("r", 1)
     assert f.lag_s == pytest.approx(1.5)
+
+
+def test_scan_rows_returns_every_live_row_with_its_version(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(0, 70, 3))
+    write(store, T, keys, emb, make_version(1, 2))
+    write(store, T, keys[:2], emb[:2], make_version(1, 3), ops=[1, 1])  # deleted: not scanned
+    seen: dict[int, tuple[int, bytes]] = {}
+    for k, got in store.scan_rows(T, batch_rows=7):
+        assert got.found.all()
+        for i, key in enumerate(k.tolist()):
+            seen[key] = (int(got.versions[i]), got.embedding[i].tobytes())
+    assert sorted(seen) == keys[2:].tolist()
+    for i, key in enumerate(keys.tolist()[2:], start=2):
+        assert seen[key] == (make_version(1, 2), emb[i].tobytes())

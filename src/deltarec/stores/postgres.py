@@ -311,6 +311,44 @@ class PostgresStore(RelationalStore):
         for page in self._iter_pages(view.name, batch_rows, quote(view.name)):
             yield np.asarray(page, dtype=np.int64)
 
+    def scan_rows(
+        self, table: str, batch_rows: int = 65536
+    ) -> Iterator[tuple[np.ndarray, ReadResult]]:
+        """Every row of a live view, ascending, in keyset-paged ``SELECT``s (one read each)."""
+        view = self._view(table)
+        q = quote(view.name)
+        element = codec.element_type(view.dtype)
+        width = codec.encoded_width(view.dtype, view.dim)
+        last: int | None = None
+        while True:
+            with self._tx(write=False) as cur:
+                if last is None:
+                    cur.execute(
+                        f"SELECT key, embedding, version FROM {q} ORDER BY key LIMIT %s",
+                        (batch_rows,),
+                    )
+                else:
+                    cur.execute(
+                        f"SELECT key, embedding, version FROM {q} WHERE key > %s "
+                        "ORDER BY key LIMIT %s",
+                        (last, batch_rows),
+                    )
+                rows = cur.fetchall()
+            if not rows:
+                return
+            n = len(rows)
+            keys = np.fromiter((r[0] for r in rows), np.int64, n)
+            if self.layout == "bytea":
+                emb = np.frombuffer(b"".join(r[1] for r in rows), element).reshape(n, width)
+            else:
+                emb = np.asarray([r[1] for r in rows], np.float32).reshape(n, width)
+                emb = emb.astype(element)
+            versions = np.fromiter((r[2] for r in rows), np.int64, n)
+            yield keys, ReadResult(np.ones(n, bool), versions, emb)
+            last = int(keys[-1])
+            if n < batch_rows:
+                return
+
     # ---- snapshot / staging --------------------------------------------------------------
     def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
         cur.execute(
