@@ -125,8 +125,164 @@ class _HashingFile:
         return False
 
 
+class _ReadBackHasher:
+    """sha256 of a local file while it is written, by reading it back on a helper thread.
+
+    The writer reports how many bytes the file holds (:meth:`advance`); a helper thread reads
+    them back from the page cache in large blocks (``preadv`` into one buffer; hashing and
+    reading release the GIL) and, with ``sync_every``, starts the disk write-back every so many
+    bytes (``fdatasync``), so the final fsync has little left. A file smaller than one block
+    is hashed inline by :meth:`result` and starts no thread.
+    """
+
+    _BLOCK = 8 << 20
+
+    def __init__(self, path: str, sync_every: int | None) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._sync_every = sync_every
+        self._sha = hashlib.sha256()
+        self._buf = bytearray(self._BLOCK)
+        self._hashed = 0
+        self._synced = 0
+        self._target = 0
+        self._last = False
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def advance(self, size: int, last: bool = False) -> None:
+        """The file now holds ``size`` bytes (``last``: and no more will come)."""
+        with self._cond:
+            self._target = size
+            self._last = last
+            self._cond.notify()
+        if self._thread is None and not last and size - self._hashed >= self._BLOCK:
+            self._thread = threading.Thread(
+                target=self._run, name="deltarec-shard-sha256", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(
+                        lambda: self._last or self._target - self._hashed >= self._BLOCK
+                    )
+                    end, last = self._target, self._last
+                if self._stopping:
+                    return
+                self._hash_to(end if last else end - (end - self._hashed) % self._BLOCK)
+                if last:
+                    return
+                if self._sync_every and self._hashed - self._synced >= self._sync_every:
+                    os.fdatasync(self._fd)
+                    self._synced = self._hashed
+        except BaseException as e:  # reported by result()
+            self._error = e
+
+    def _hash_to(self, end: int) -> None:
+        view = memoryview(self._buf)
+        while self._hashed < end:
+            n = os.preadv(self._fd, [view[: min(self._BLOCK, end - self._hashed)]], self._hashed)
+            if n <= 0:
+                raise OSError(f"short read hashing the shard at byte {self._hashed} of {end}")
+            self._sha.update(view[:n])
+            self._hashed += n
+
+    def result(self) -> tuple[str, int]:
+        """Wait for the hash of every byte (after ``advance(size, last=True)``): digest, size."""
+        try:
+            if self._thread is not None:
+                self._thread.join()
+                self._thread = None
+                if self._error is not None:
+                    raise self._error
+            else:
+                self._hash_to(self._target)
+            return self._sha.hexdigest(), self._hashed
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the helper thread and close the read descriptor (idempotent)."""
+        if self._thread is not None:
+            self._stopping = True
+            self.advance(self._target, last=True)
+            self._thread.join()
+            self._thread = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _LocalShardFile:
+    """A local temporary shard: pyarrow writes it natively (no Python in the write path)."""
+
+    _SYNC_EVERY = 64 << 20
+
+    def __init__(self, path: str, fsync: bool) -> None:
+        self.sink = pa.OSFile(path, "wb")
+        self.fsync = fsync
+        try:
+            self._hasher = _ReadBackHasher(path, self._SYNC_EVERY if fsync else None)
+        except BaseException:
+            self.sink.close()
+            raise
+
+    def written(self) -> None:
+        """A row group was written: let the hasher catch up."""
+        self._hasher.advance(self.sink.tell())
+
+    def finish(self) -> tuple[str, int]:
+        """The writer has closed: fsync (while the hash finishes), close; sha256 and size."""
+        self._hasher.advance(self.sink.tell(), last=True)
+        try:
+            if self.fsync:
+                os.fsync(self.sink.fileno())
+        finally:
+            self.sink.close()
+        return self._hasher.result()
+
+    def abort(self) -> None:
+        """Close without finishing."""
+        try:
+            self._hasher.close()
+        finally:
+            self.sink.close()
+
+
+class _StreamShardFile:
+    """A temporary shard on any fsspec filesystem, hashed while it streams through Python."""
+
+    def __init__(self, root: ArtifactRoot, path: str) -> None:
+        self._raw: BinaryIO = root.fs.open(path, "wb")
+        self.sink = _HashingFile(self._raw)
+
+    def written(self) -> None:
+        """Nothing to do: every byte was hashed as it was written."""
+
+    def finish(self) -> tuple[str, int]:
+        """The writer has closed: flush and close the stream; sha256 and size."""
+        self._raw.flush()
+        self._raw.close()
+        return self.sink.sha.hexdigest(), self.sink.size
+
+    def abort(self) -> None:
+        """Close without finishing."""
+        try:
+            self._raw.close()
+        finally:
+            self.sink.finish()
+
+
 class ShardWriter:
     """Stream one table's rows of one rank into ``<dump>/<table>/rank-<R>.parquet``.
+
+    On a local root pyarrow writes the temporary file natively and the sha256 is computed by
+    reading the file back (page-cache hot) on a helper thread, which also starts the disk
+    write-back early; on other filesystems the bytes stream through a hashing wrapper.
 
     Args:
         root: the artifact root.
@@ -158,12 +314,11 @@ class ShardWriter:
         self.fsync = fsync
         self.rows = 0
         root.makedirs(posixpath.dirname(self.final))
-        self._raw: BinaryIO = (
-            open(self.tmp, "wb") if root.is_local else root.fs.open(self.tmp, "wb")  # noqa: SIM115
+        self._file: _LocalShardFile | _StreamShardFile = (
+            _LocalShardFile(self.tmp, fsync) if root.is_local else _StreamShardFile(root, self.tmp)
         )
-        self._file = _HashingFile(self._raw)
         self._writer = pq.ParquetWriter(
-            self._file,
+            self._file.sink,
             codec.shard_schema(self.dtype, dim),
             compression="none",
             use_dictionary=False,
@@ -178,6 +333,7 @@ class ShardWriter:
         self._writer.write_table(
             codec.to_arrow(rows.keys, rows.embedding, rows.ops, rows.steps, self.dtype)
         )
+        self._file.written()
         self.rows += len(rows)
 
     def close(self) -> ShardInfo:
@@ -186,18 +342,15 @@ class ShardWriter:
             raise RuntimeError("shard writer already closed")
         self._closed = True
         self._writer.close()
-        self._raw.flush()
-        if self.root.is_local and self.fsync:
-            os.fsync(self._raw.fileno())
-        self._raw.close()
+        digest, size = self._file.finish()
         self.root.publish_file(self.tmp, self.final)
         return ShardInfo(
             path=self.relpath,
             table=self.table,
             rank=self.rank,
             rows=self.rows,
-            bytes=self._file.size,
-            sha256=self._file.sha.hexdigest(),
+            bytes=size,
+            sha256=digest,
         )
 
     def abort(self) -> None:
@@ -207,8 +360,7 @@ class ShardWriter:
         self._closed = True
         try:
             self._writer.close()
-            self._raw.close()
-            self._file.finish()
+            self._file.abort()
         finally:
             with contextlib.suppress(FileNotFoundError):
                 self.root.fs.rm(self.tmp)
@@ -222,9 +374,20 @@ class ShardWriter:
 
 
 def file_sha256(root: ArtifactRoot, path: str) -> tuple[str, int]:
-    """sha256 hex digest and size of a file, read in chunks."""
+    """sha256 hex digest and size of a file, read in chunks.
+
+    A local file is read into one reused buffer (no fresh memory per chunk).
+    """
     sha = hashlib.sha256()
     size = 0
+    if root.is_local:
+        buf = bytearray(_HASH_CHUNK)
+        view = memoryview(buf)
+        with open(path, "rb", buffering=0) as raw:
+            while n := raw.readinto(buf):
+                sha.update(view[:n])
+                size += n
+        return sha.hexdigest(), size
     with root.fs.open(path, "rb") as f:
         while chunk := f.read(_HASH_CHUNK):
             sha.update(chunk)
