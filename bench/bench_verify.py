@@ -98,6 +98,7 @@ def main() -> None:
             t_publish = time.perf_counter() - t
             view = store.views()[TABLE].name
             t_base, c_base, n_base = bare_select(db, view)
+            load_before = os.getloadavg()[0]
             t, c = time.perf_counter(), time.process_time()
             result = verify(root, RUN, store, sample=None)
             t_verify, c_verify = time.perf_counter() - t, time.process_time() - c
@@ -108,7 +109,7 @@ def main() -> None:
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, {platform.processor() or '?'}")
     print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}")
     print(f"rows: {rows:,} dim {dim} float32 (build {t_build:.1f}s, publish {t_publish:.1f}s)")
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    print(f"load average before verify: {load_before:.1f}, at the end: {os.getloadavg()[0]:.1f}")
     print()
     print("| measurement | wall s | keys/s (wall) | CPU s | keys per CPU s |")
     print("|---|---:|---:|---:|---:|")
@@ -121,7 +122,11 @@ def main() -> None:
         f"{c_base:.2f} | {rows / c_base:,.0f} |"
     )
     print()
-    print(f"ratio verify / bare SELECT: {rate / base_rate:.2f}")
+    print(
+        f"ratio verify / bare SELECT: {rate / base_rate:.2f} (wall), {c_base / c_verify:.2f} (CPU)"
+    )
+    per_m = 1e6 / rows
+    print(f"CPU-s per 1M rows: verify {c_verify * per_m:.2f}, bare SELECT {c_base * per_m:.2f}")
     print(f"target >= {TARGET:,} keys/s: {'met' if rate >= TARGET else 'NOT met'}")
 
 
