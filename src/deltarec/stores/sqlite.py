@@ -282,9 +282,11 @@ class SqliteStore(RelationalStore):
         the page's blobs), instead of one Python tuple, int and bytes object per row: most of
         the cost of a plain ``SELECT`` in Python. A page whose keys are one run ``lo..hi`` (the
         key is the unique rowid, so ``count = hi - lo + 1`` proves it) and whose rows share one
-        version needs nothing else; any other page is read again, in the same read transaction,
-        with its keys and versions as fixed-width hex, concatenated by the same aggregate step
-        as the blobs so that keys and rows pair up whatever order SQLite visits them in.
+        version needs nothing else. Other pages list their keys and versions as fixed-width
+        hex, concatenated by the same aggregate step as the blobs, so keys and rows pair up
+        whatever order SQLite visits them in. A page is read as a run first while the pages
+        before it were runs, and listed first otherwise; a run page that turns out otherwise
+        is listed again in the same read transaction.
 
         Raises:
             StoreError: a row's blob is not one encoded row long (a corrupted view).
@@ -292,45 +294,70 @@ class SqliteStore(RelationalStore):
         view = self._view(table)
         width = codec.encoded_width(view.dtype, view.dim)
         element = codec.element_type(view.dtype)
-        size = codec.row_bytes(view.dtype, view.dim)
-        page = f"SELECT key, embedding, version FROM {quote(view.name)} WHERE key >= ?"
-        summary = (
-            "SELECT count(*), min(key), max(key), min(version), max(version), "
-            "min(length(embedding)), max(length(embedding)), "
-            "CAST(group_concat(embedding, '') AS BLOB) "
-            f"FROM ({page} ORDER BY key LIMIT ?)"
-        )
-        listing = (
-            "SELECT group_concat(printf('%016x', key), ''), "
-            "group_concat(printf('%016x', version), ''), CAST(group_concat(embedding, '') AS BLOB) "
-            f"FROM ({page} AND key <= ? ORDER BY key)"
-        )
-        start = -(1 << 63)
+        start, listed = -(1 << 63), False
         while True:
             with self._tx(write=False) as cur:
-                cur.execute(summary, (start, batch_rows))
-                n, lo, hi, v_lo, v_hi, len_lo, len_hi, blob = cur.fetchone()
-                if not n:
-                    return
-                if len_lo != size or len_hi != size:
-                    kind = f"{DType(view.dtype).value} rows of dim {view.dim}"
-                    raise StoreError(
-                        f"{self.describe()}: view {view.name!r} holds rows of {len_lo} to "
-                        f"{len_hi} bytes between keys {lo} and {hi}; {kind} are {size} bytes"
-                    )
-                if hi - lo + 1 == n and v_lo == v_hi:
-                    keys = np.arange(lo, hi + 1, dtype=np.int64)
-                    versions = np.full(n, v_lo, np.int64)
-                else:
-                    cur.execute(listing, (lo, hi))
-                    hex_keys, hex_versions, blob = cur.fetchone()
-                    keys = _from_hex(hex_keys)
-                    versions = _from_hex(hex_versions)
-            embedding = np.frombuffer(blob, dtype=element).reshape(n, width)
-            yield keys, ReadResult(np.ones(n, bool), versions, embedding)
-            if n < batch_rows or hi == (1 << 63) - 1:
+                page = None if listed else self._run_page(cur, view, start, batch_rows)
+                if page is None:
+                    page = self._listed_page(cur, view, start, batch_rows)
+            if page is _EMPTY:
                 return
-            start = hi + 1
+            keys, versions, blob = page
+            n = len(keys)
+            listed = not _one_run(keys, versions)
+            yield (
+                keys,
+                ReadResult(
+                    np.ones(n, bool), versions, np.frombuffer(blob, element).reshape(n, width)
+                ),
+            )
+            if n < batch_rows or keys.max() == (1 << 63) - 1:
+                return
+            start = int(keys.max()) + 1
+
+    def _run_page(
+        self, cur: Any, view: ViewInfo, start: int, limit: int
+    ) -> tuple[np.ndarray, np.ndarray, bytes] | None:
+        """The page from ``start`` if its keys are one run at one version, else None."""
+        cur.execute(
+            "SELECT count(*), min(key), max(key), min(version), max(version), "
+            "min(length(embedding)), max(length(embedding)), "
+            f"CAST(group_concat(embedding, '') AS BLOB) FROM ({_page_sql(view)})",
+            (start, limit),
+        )
+        n, lo, hi, v_lo, v_hi, len_lo, len_hi, blob = cur.fetchone()
+        if not n:
+            return _EMPTY
+        self._check_lengths(view, len_lo, len_hi, lo, hi)
+        if hi - lo + 1 != n or v_lo != v_hi:
+            return None
+        return np.arange(lo, hi + 1, dtype=np.int64), np.full(n, v_lo, np.int64), blob
+
+    def _listed_page(
+        self, cur: Any, view: ViewInfo, start: int, limit: int
+    ) -> tuple[np.ndarray, np.ndarray, bytes]:
+        """The page from ``start`` with every key and version (hex, decoded here)."""
+        cur.execute(
+            "SELECT count(*), min(key), max(key), min(length(embedding)), max(length(embedding)), "
+            "group_concat(printf('%016x%016x', key, version), ''), "
+            f"CAST(group_concat(embedding, '') AS BLOB) FROM ({_page_sql(view)})",
+            (start, limit),
+        )
+        n, lo, hi, len_lo, len_hi, pairs, blob = cur.fetchone()
+        if not n:
+            return _EMPTY
+        self._check_lengths(view, len_lo, len_hi, lo, hi)
+        values = np.frombuffer(bytes.fromhex(pairs), dtype=">i8").astype(np.int64).reshape(n, 2)
+        return values[:, 0].copy(), values[:, 1].copy(), blob
+
+    def _check_lengths(self, view: ViewInfo, len_lo: int, len_hi: int, lo: int, hi: int) -> None:
+        size = codec.row_bytes(view.dtype, view.dim)
+        if len_lo != size or len_hi != size:
+            kind = f"{DType(view.dtype).value} rows of dim {view.dim}"
+            raise StoreError(
+                f"{self.describe()}: view {view.name!r} holds rows of {len_lo} to "
+                f"{len_hi} bytes between keys {lo} and {hi}; {kind} are {size} bytes"
+            )
 
     # ---- snapshot / staging --------------------------------------------------------------
     def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
@@ -368,9 +395,22 @@ class SqliteStore(RelationalStore):
         return merged + len(deletes)
 
 
-def _from_hex(text: str) -> np.ndarray:
-    """int64 values from the concatenation of their 16-digit two's complement hex forms."""
-    return np.frombuffer(bytes.fromhex(text), dtype=">i8").astype(np.int64)
+_EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64), b"")
+"""A page past the last row."""
+
+
+def _page_sql(view: ViewInfo) -> str:
+    """Up to ``?2`` rows of ``view`` from key ``?1`` on, in key order."""
+    return (
+        f"SELECT key, embedding, version FROM {quote(view.name)} WHERE key >= ?1 "
+        "ORDER BY key LIMIT ?2"
+    )
+
+
+def _one_run(keys: np.ndarray, versions: np.ndarray) -> bool:
+    """Whether sorted unique ``keys`` are ``lo..hi`` at one version."""
+    n = len(keys)
+    return n > 0 and int(keys[-1]) - int(keys[0]) + 1 == n and bool((versions == versions[0]).all())
 
 
 def _map_error(where: str, e: sqlite3.Error) -> Exception:
