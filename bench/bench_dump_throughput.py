@@ -5,7 +5,8 @@ delta dump (gather, encode, parquet shard with sha256, fsync, rename, manifest) 
 its commit (after one small warm-up dump, as in a long-running job). Baseline, measured
 in the same run on the same disk (median of 3): writing the same number of
 bytes with plain ``write`` calls of 8 MiB and one ``fsync``. Peak extra RSS is the highest
-resident set size sampled (every 2 ms) during the dump minus the RSS just before it.
+resident set size sampled (every 2 ms) during the dump minus the RSS just before it; CPU s is
+the process CPU time the dump took (every thread; on a shared machine less noisy than wall).
 
     python bench/bench_dump_throughput.py [--rows 1000000 4000000] [--dir /tmp/x]
 """
@@ -95,16 +96,18 @@ def one_dump(workdir: str, weight: torch.Tensor, touched: int, dim: int) -> dict
     del ids
     before = rss_bytes()
     with PeakRss() as peak:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         dumper.dump_now(2)
         t_enqueued = time.perf_counter() - t0
         dumper.wait_idle()
         secs = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
     m = dumper._worker.committed[-1] if dumper._worker else None
     dumper.close()
     assert m is not None and m.tables["bench.table"] == touched
     return {
         "secs": secs,
+        "cpu": cpu,
         "train_wait": t_enqueued,
         "bytes": sum(s.bytes for s in m.shards),
         "extra_rss": peak.peak - before,
@@ -122,10 +125,10 @@ def main() -> None:
     weight = torch.randn(max(a.rows), a.dim)
     print(f"date      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(f"machine   {platform.node()} ({os.cpu_count()} cores), {platform.platform()}")
-    print(f"disk      {work}")
+    print(f"disk      {work}; load average {os.getloadavg()[0]:.1f}")
     print(
         f"{'touched rows':>12} {'dump s':>7} {'rows/s':>10} {'MB/s':>7} {'baseline MB/s':>13} "
-        f"{'ratio':>6} {'train waits s':>13} {'extra RSS MB':>12}"
+        f"{'ratio':>6} {'train waits s':>13} {'extra RSS MB':>12} {'CPU s':>6}"
     )
     try:
         for n in a.rows:
@@ -137,11 +140,12 @@ def main() -> None:
             print(
                 f"{n:>12,} {r['secs']:>7.2f} {n / r['secs']:>10,.0f} {ours_bw / 1e6:>7.0f} "
                 f"{base_bw / 1e6:>13.0f} {ours_bw / base_bw:>6.2f} {r['train_wait']:>13.2f} "
-                f"{r['extra_rss'] / 2**20:>12.0f}"
+                f"{r['extra_rss'] / 2**20:>12.0f} {r['cpu']:>6.2f}"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("targets   >= 1,000,000 rows/s, ratio >= 0.60, extra RSS <= 256 MB")
+    print("CPU s     process CPU time of the dump, every thread (load-independent cost)")
 
 
 if __name__ == "__main__":
