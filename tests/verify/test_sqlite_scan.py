@@ -61,7 +61,16 @@ def test_scan_of_an_empty_view_yields_nothing(sqlite_url):
         assert list(store.scan_rows(TABLE, 8)) == []
 
 
-def test_scan_names_the_view_and_keys_of_a_blob_of_the_wrong_length(sqlite_url, tmp_path):
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ({4: 12}, "10 rows of 156 bytes in all, the longest 16"),
+        ({4: 12, 7: 20}, "10 rows of 160 bytes in all, the longest 20"),  # sum still right
+    ],
+)
+def test_scan_names_the_view_and_keys_of_blobs_of_the_wrong_length(
+    sqlite_url, tmp_path, lengths, message
+):
     keys = np.arange(10, dtype=np.int64)
     rows = np.ones((10, 4), np.float32)
     with open_store(sqlite_url) as store:
@@ -69,9 +78,13 @@ def test_scan_names_the_view_and_keys_of_a_blob_of_the_wrong_length(sqlite_url, 
         store.write(TABLE, keys, rows, np.zeros(10, np.int8), np.full(10, 5, np.int64))
         view = store.views()[TABLE].name
     conn = sqlite3.connect(str(tmp_path / "store.db"))
-    conn.execute(f'UPDATE "{view}" SET embedding = zeroblob(12) WHERE key = 4')
+    for key, size in lengths.items():
+        conn.execute(f'UPDATE "{view}" SET embedding = zeroblob(?) WHERE key = ?', (size, key))
     conn.commit()
     conn.close()
-    match = rf"{view}.*12 to 16 bytes between keys 0 and 9"
+    match = rf"{view}.*not 16 bytes .* between keys 0 and 9: {message}"
+    for batch_rows in (100, 3):  # the page holding key 4 fails, whatever the page size
+        with open_store(sqlite_url) as store, pytest.raises(StoreError, match=view):
+            list(store.scan_rows(TABLE, batch_rows))
     with open_store(sqlite_url) as store, pytest.raises(StoreError, match=match):
         list(store.scan_rows(TABLE, 100))

@@ -321,14 +321,14 @@ class SqliteStore(RelationalStore):
         """The page from ``start`` if its keys are one run at one version, else None."""
         cur.execute(
             "SELECT count(*), min(key), max(key), min(version), max(version), "
-            "min(length(embedding)), max(length(embedding)), "
+            "max(length(embedding)), "
             f"CAST(group_concat(embedding, '') AS BLOB) FROM ({_page_sql(view)})",
             (start, limit),
         )
-        n, lo, hi, v_lo, v_hi, len_lo, len_hi, blob = cur.fetchone()
+        n, lo, hi, v_lo, v_hi, longest, blob = cur.fetchone()
         if not n:
             return _EMPTY
-        self._check_lengths(view, len_lo, len_hi, lo, hi)
+        self._check_lengths(view, n, longest, len(blob), lo, hi)
         if hi - lo + 1 != n or v_lo != v_hi:
             return None
         return np.arange(lo, hi + 1, dtype=np.int64), np.full(n, v_lo, np.int64), blob
@@ -338,25 +338,32 @@ class SqliteStore(RelationalStore):
     ) -> tuple[np.ndarray, np.ndarray, bytes]:
         """The page from ``start`` with every key and version (hex, decoded here)."""
         cur.execute(
-            "SELECT count(*), min(key), max(key), min(length(embedding)), max(length(embedding)), "
+            "SELECT count(*), min(key), max(key), max(length(embedding)), "
             "group_concat(printf('%016x%016x', key, version), ''), "
             f"CAST(group_concat(embedding, '') AS BLOB) FROM ({_page_sql(view)})",
             (start, limit),
         )
-        n, lo, hi, len_lo, len_hi, pairs, blob = cur.fetchone()
+        n, lo, hi, longest, pairs, blob = cur.fetchone()
         if not n:
             return _EMPTY
-        self._check_lengths(view, len_lo, len_hi, lo, hi)
+        self._check_lengths(view, n, longest, len(blob), lo, hi)
         values = np.frombuffer(bytes.fromhex(pairs), dtype=">i8").astype(np.int64).reshape(n, 2)
         return values[:, 0].copy(), values[:, 1].copy(), blob
 
-    def _check_lengths(self, view: ViewInfo, len_lo: int, len_hi: int, lo: int, hi: int) -> None:
+    def _check_lengths(
+        self, view: ViewInfo, n: int, longest: int, total: int, lo: int, hi: int
+    ) -> None:
+        """Every blob of a page is one encoded row: none longer, and all of them together n rows.
+
+        (No blob over ``size`` bytes and ``n * size`` bytes in all leave no blob shorter.)
+        """
         size = codec.row_bytes(view.dtype, view.dim)
-        if len_lo != size or len_hi != size:
+        if longest != size or total != n * size:
             kind = f"{DType(view.dtype).value} rows of dim {view.dim}"
             raise StoreError(
-                f"{self.describe()}: view {view.name!r} holds rows of {len_lo} to "
-                f"{len_hi} bytes between keys {lo} and {hi}; {kind} are {size} bytes"
+                f"{self.describe()}: view {view.name!r} holds rows that are not {size} bytes "
+                f"({kind}) between keys {lo} and {hi}: {n} rows of {total} bytes in all, the "
+                f"longest {longest}"
             )
 
     # ---- snapshot / staging --------------------------------------------------------------
