@@ -9,8 +9,10 @@ to find rows the lineage never wrote. A generation published in ``staged`` mode 
 promoted yet is checked as serving will hold it after promote (its staging views merged over
 the live views).
 
-Expected rows are loaded from the shards in chunks of ``load_chunk`` keys, so memory is bounded
-by one chunk of rows plus one shard's embedding column, whatever the table size.
+Read by key, expected rows are loaded from the shards in chunks of ``load_chunk`` keys, so
+memory is bounded by one chunk of rows plus the row groups holding them, whatever the table
+size. In the one-pass scan they are streamed from the shards' row groups as the store's rows
+arrive (:class:`~deltarec.artifacts.lineage.ExpectedRows`).
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def verify(
         max_mismatches: the worst non-MATCH keys kept per table.
         full_scan_bytes: with every key checked, a table whose expected rows fit in this many
             bytes is verified in one pass over the store (:meth:`Store.scan_rows`: each store
-            row read once, no lookups by key) against its expected rows loaded at once;
+            row read once, no lookups by key) against its expected rows, streamed from the
+            shards in key order (loaded at once if the store's scan is not in key order);
             larger tables, and tables read through a staging view, are read by key in chunks.
         progress: optional callback, see :data:`ProgressFn`.
 
