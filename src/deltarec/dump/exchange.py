@@ -2,8 +2,8 @@
 
 The dumper never runs a collective on the training process group from a background thread:
 it creates two gloo groups of its own at start (on the training thread, every rank at once),
-one used only by the training thread at dump time (clock agreement, column-wise assembly,
-data-parallel union, final-step check) and one used only by the background worker (commit).
+one used only by the training thread (clock agreement at agreed steps, final-step check) and
+one used only by the background worker (column-wise and data-parallel assembly, commit).
 Each group is used by exactly one thread per rank, in the same order on every rank.
 
 Without ``torch.distributed`` (one process) an :class:`Exchange` is local and trivial.
