@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from deltarec.cli.common import add_location_arguments
 from deltarec.errors import BadInputError
 
 NAME = "inspect"
@@ -18,8 +19,7 @@ HELP = "list generations, dumps, tables, rows and bytes under an artifact root"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec inspect`` (SPEC §7a)."""
-    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
-    parser.add_argument("--run", required=True, help="run name")
+    add_location_arguments(parser, store=False)
     parser.add_argument("--generation", type=int, metavar="G", help="only this generation")
     parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
 

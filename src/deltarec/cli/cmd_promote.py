@@ -6,15 +6,15 @@ import argparse
 
 from rich.console import Console
 
+from deltarec.cli.common import add_location_arguments
+
 NAME = "promote"
 HELP = "record a verified generation as serving's current one"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec promote``."""
-    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
-    parser.add_argument("--run", required=True, help="run name")
-    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    add_location_arguments(parser)
     parser.add_argument("--generation", required=True, type=int, metavar="G")
     parser.add_argument(
         "--through-seq", type=int, metavar="S", help="promote through this dump (default: newest)"

@@ -12,15 +12,15 @@ import json
 import sys
 from typing import Any
 
+from deltarec.cli.common import add_location_arguments
+
 NAME = "provision"
 HELP = "create the store views for the tables of a generation"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``provision`` flags."""
-    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
-    parser.add_argument("--run", required=True, metavar="RUN", help="run name")
-    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    add_location_arguments(parser)
     parser.add_argument(
         "--generation",
         type=int,

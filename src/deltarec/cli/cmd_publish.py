@@ -14,15 +14,15 @@ import sys
 import time
 from typing import Any
 
+from deltarec.cli.common import add_location_arguments
+
 NAME = "publish"
 HELP = "publish the committed dumps of a generation that the store does not hold yet"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``publish`` flags."""
-    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
-    parser.add_argument("--run", required=True, metavar="RUN", help="run name")
-    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    add_location_arguments(parser)
     parser.add_argument(
         "--generation",
         type=int,

@@ -10,6 +10,7 @@ import fsspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
+from deltarec.cli.common import add_location_arguments
 from deltarec.errors import BadInputError, CheckFailedError
 
 NAME = "verify"
@@ -18,9 +19,7 @@ HELP = "read rows back from the store and compare them with the artifacts"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec verify`` (SPEC §7a, plus optional extras)."""
-    parser.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root URI")
-    parser.add_argument("--run", required=True, help="run name")
-    parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+    add_location_arguments(parser)
     parser.add_argument("--generation", type=int, metavar="G", help="default: the newest")
     parser.add_argument(
         "--through-seq", type=int, metavar="S", help="last dump to include (default: the newest)"
