@@ -7,7 +7,11 @@ store for keys the lineage never wrote). The baseline, measured in the same run 
 file, is a bare ``SELECT key, embedding, version`` of every row with Python's sqlite3 (no
 comparison at all). Target: >= 500k keys/s.
 
-usage: .venv/bin/python bench/bench_verify.py [rows] [dim]
+With ``deltas`` > 0, that many delta dumps follow the snapshot, each rewriting about 5% of
+every rank's keys (drawn at random) at its own version: the store then holds pages of
+sparse-looking versions and the expected rows come from many shards.
+
+usage: .venv/bin/python bench/bench_verify.py [rows] [dim] [deltas]
 """
 
 from __future__ import annotations
@@ -67,6 +71,27 @@ def build(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
     return m
 
 
+def add_deltas(root: ArtifactRoot, gen: int, rows: int, dim: int, count: int) -> list[Manifest]:
+    """``count`` delta dumps after the snapshot, each rewriting ~5% of each rank's keys."""
+    rng = np.random.default_rng(1)
+    half = rows // 2
+    out = []
+    for seq in range(1, count + 1):
+        shards = []
+        for rank, (lo, hi) in enumerate([(0, half), (half, rows)]):
+            keys = np.unique(rng.integers(lo, hi, max(1, (hi - lo) // 20)))
+            values = rng.standard_normal((len(keys), dim), dtype=np.float32)
+            with ShardWriter(root, RUN, gen, seq, TABLE, rank, DType.FLOAT32, dim) as w:
+                n = len(keys)
+                w.write(ShardRows(keys, values, np.zeros(n, np.int8), np.full(n, seq, np.int64)))
+                shards.append(w.close())
+        total = sum(s.rows for s in shards)
+        m = Manifest(RUN, gen, seq, DumpKind.DELTA, seq, seq, 2, tuple(shards), {TABLE: total})
+        root.commit_manifest(m)
+        out.append(m)
+    return out
+
+
 def bare_select(path: str, view: str) -> tuple[float, float, int]:
     """Wall and CPU seconds of fetching every row once, and the rows fetched."""
     conn = sqlite3.connect(path)
@@ -84,17 +109,20 @@ def bare_select(path: str, view: str) -> tuple[float, float, int]:
 def main() -> None:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     dim = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    deltas = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     with tempfile.TemporaryDirectory(prefix="deltarec-bench-verify-") as tmp:
         root = ArtifactRoot(os.path.join(tmp, "art"))
         db = os.path.join(tmp, "store.db")
         t = time.perf_counter()
-        manifest = build(root, rows, dim)
+        snapshot = build(root, rows, dim)
+        manifests = [snapshot, *add_deltas(root, snapshot.generation, rows, dim, deltas)]
         t_build = time.perf_counter() - t
         with open_store(f"sqlite:///{db}") as store:
             t = time.perf_counter()
             publisher = DumpPublisher(store, root, RUN)
-            for rank in (0, 1):
-                publisher.publish_dump(manifest, rank)
+            for manifest in manifests:
+                for rank in (0, 1):
+                    publisher.publish_dump(manifest, rank)
             t_publish = time.perf_counter() - t
             view = store.views()[TABLE].name
             t_base, c_base, n_base = bare_select(db, view)
@@ -108,7 +136,10 @@ def main() -> None:
     print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(f"machine: {platform.node()}, {os.cpu_count()} cores, {platform.processor() or '?'}")
     print(f"python {platform.python_version()}, sqlite {sqlite3.sqlite_version}")
-    print(f"rows: {rows:,} dim {dim} float32 (build {t_build:.1f}s, publish {t_publish:.1f}s)")
+    print(
+        f"rows: {rows:,} dim {dim} float32, snapshot + {deltas} deltas "
+        f"(build {t_build:.1f}s, publish {t_publish:.1f}s)"
+    )
     print(f"load average before verify: {load_before:.1f}, at the end: {os.getloadavg()[0]:.1f}")
     print()
     print("| measurement | wall s | keys/s (wall) | CPU s | keys per CPU s |")
