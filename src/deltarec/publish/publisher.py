@@ -41,6 +41,20 @@ log = logging.getLogger(__name__)
 
 MODES = ("direct", "staged")
 DEFAULT_BATCH_BYTES = 8 << 20
+STORE_BATCH_BYTES = {"sqlite": 16 << 20, "postgres": 16 << 20}
+"""Default bytes per transaction by store kind (others: :data:`DEFAULT_BATCH_BYTES`). A SQL
+batch in random key order rewrites most pages it touches, so fewer, larger transactions are
+faster (SQLite, 1M rows of dim 64 in random order on a 2-core VM: 8-16 MB batches 80-120k
+rows/s, 64 MB ~200k), but a publish holds about five batches at its peak (2M rows: 285 MB
+peak RSS with 16 MB batches, 349 MB with 32 MB, 496 MB with 64 MB): 16 MB stays within the
+300 MB budget. Pass ``batch_bytes`` to trade memory for speed."""
+
+
+def default_batch_bytes(store: Store) -> int:
+    """The default bytes per transaction for ``store`` (:data:`STORE_BATCH_BYTES`)."""
+    return STORE_BATCH_BYTES.get(store.kind, DEFAULT_BATCH_BYTES)
+
+
 _PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch sizing
 
 
@@ -75,7 +89,8 @@ class DumpPublisher:
         root: the artifact root (read for rows not in memory, and for GENERATION.json).
         run: the run name.
         mode: ``direct`` (into the live views) or ``staged`` (the generation's staging views).
-        batch_bytes: target encoded bytes per store transaction.
+        batch_bytes: target encoded bytes per store transaction (default: by store kind,
+            :func:`default_batch_bytes`).
         retry: the retry policy for transient store errors.
         metrics: Prometheus metrics to update (default: a private registry).
         after_batch: optional hook after each committed batch (progress output, tests).
@@ -87,11 +102,13 @@ class DumpPublisher:
         root: ArtifactRoot,
         run: str,
         mode: str = "direct",
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        batch_bytes: int | None = None,
         retry: RetryPolicy | None = None,
         metrics: PublishMetrics | None = None,
         after_batch: BatchHook | None = None,
     ) -> None:
+        if batch_bytes is None:
+            batch_bytes = default_batch_bytes(store)
         if mode not in MODES:
             raise ConfigError(f"publish mode {mode!r}: expected one of {MODES}")
         if mode == "staged" and not store.capabilities.staging:
