@@ -35,6 +35,14 @@ _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of sever
 _READ_CHUNK = 10000
 _COPY_CHUNK = 8 << 20
 _BATCH = {"bytea": "deltarec_batch_bytea", "float4[]": "deltarec_batch_float4"}
+FILLFACTOR = 50
+"""Live views leave half of each page free, so a row's new version fits in its page (a HOT
+update: no new index entry). Updating every key of 1M rows of dim 64 merges ~2x faster than
+in full pages; the table takes about twice the space."""
+_SESSION = ("SET temp_buffers = '160MB'", "SET work_mem = '64MB'")
+"""Per-session memory: the batch table of a 64 MB batch stays in memory (PostgreSQL's default
+8 MB of temp buffers spills it to files), and the merge's hash and sort steps do not spill.
+Durability settings are left as the server has them."""
 _TRANSIENT = (
     psycopg.OperationalError,  # connection refused/reset, admin shutdown, query canceled
     pgerrors.SerializationFailure,
@@ -98,6 +106,8 @@ class PostgresStore(RelationalStore):
             schema = quote(c.schema_name)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             conn.execute(f"SET search_path TO {schema}")
+            for setting in _SESSION:  # before the session's first temp table
+                conn.execute(setting)
             for layout, table in _BATCH.items():
                 emb = "BYTEA" if layout == "bytea" else "REAL[]"
                 conn.execute(
@@ -163,10 +173,11 @@ class PostgresStore(RelationalStore):
     def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
         emb = "BYTEA" if self.layout == "bytea" else "REAL[]"
         op = ", op SMALLINT NOT NULL" if staging else ""
+        fill = "" if staging else f" WITH (fillfactor = {FILLFACTOR})"
         return [
             f"CREATE TABLE IF NOT EXISTS {quote(name)} (key BIGINT PRIMARY KEY, "
             f"embedding {emb} NOT NULL, version BIGINT NOT NULL, "
-            f"updated_at TIMESTAMPTZ NOT NULL DEFAULT now(){op})"
+            f"updated_at TIMESTAMPTZ NOT NULL DEFAULT now(){op}){fill}"
         ]
 
     def _drop_view_sql(self, name: str) -> str:
@@ -196,6 +207,14 @@ class PostgresStore(RelationalStore):
                     "WHERE name = %s AND has_tombstones = 0",
                     (view.name,),
                 )
+        if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
+            order = np.argsort(keys)  # merged in key order: the index is walked, not probed
+            keys, embedding, versions, ops = (
+                keys[order],
+                embedding[order],
+                versions[order],
+                ops[order],
+            )
         payload = batch_payload(keys, embedding, versions, ops, self.layout) if len(keys) else b""
         with self._tx() as cur:
             floor, tombstones = self._view_state(cur, view.name, " FOR SHARE")
@@ -204,7 +223,9 @@ class PostgresStore(RelationalStore):
                 if stage:
                     self._merge_into_stage(cur, view, floor)
                 else:
-                    self._merge_batch(cur, view.name, _BATCH[self.layout], floor, tombstones)
+                    self._merge_batch(
+                        cur, view.name, _BATCH[self.layout], floor, tombstones, sort=False
+                    )
                     if has_deletes:
                         self._apply_deletes(cur, view.name, _BATCH[self.layout], floor)
             if mark is not None:
@@ -221,8 +242,12 @@ class PostgresStore(RelationalStore):
                 cp.write(view[start : start + _COPY_CHUNK])
 
     @staticmethod
-    def _merge_batch(cur: Any, name: str, source: str, floor: int, tombstones: bool) -> int:
+    def _merge_batch(
+        cur: Any, name: str, source: str, floor: int, tombstones: bool, sort: bool = True
+    ) -> int:
+        """Versioned upsert of ``source``'s rows; ``sort=False`` when they are in key order."""
         q = quote(name)
+        order = " ORDER BY s.key" if sort else ""
         guard = ""
         params: tuple[Any, ...] = (floor,)
         if tombstones:
@@ -234,7 +259,7 @@ class PostgresStore(RelationalStore):
         cur.execute(
             f"INSERT INTO {q} AS v (key, embedding, version, updated_at) "
             f"SELECT s.key, s.embedding, s.version, now() FROM {source} s "
-            f"WHERE s.op = 0 AND s.version >= %s{guard} ORDER BY s.key "
+            f"WHERE s.op = 0 AND s.version >= %s{guard}{order} "
             "ON CONFLICT (key) DO UPDATE SET embedding = EXCLUDED.embedding, "
             "version = EXCLUDED.version, updated_at = EXCLUDED.updated_at "
             "WHERE v.version <= EXCLUDED.version",
