@@ -46,9 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-mb",
         type=float,
-        default=8.0,
+        default=None,
         metavar="MB",
-        help="encoded megabytes per store transaction (default: 8)",
+        help="encoded megabytes per store transaction (default: by store kind, 16 for SQLite "
+        "and PostgreSQL, 8 otherwise)",
     )
     parser.add_argument(
         "--retry-deadline",
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
     from deltarec.stores import open_store, redact_url
 
-    if args.batch_mb <= 0:
+    if args.batch_mb is not None and args.batch_mb <= 0:
         raise BadInputError(f"--batch-mb must be positive, got {args.batch_mb}")
     ranks = _ranks(args.ranks)
     root = ArtifactRoot(args.artifacts)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             root,
             args.run,
             mode=args.mode,
-            batch_bytes=int(args.batch_mb * (1 << 20)),
+            batch_bytes=None if args.batch_mb is None else int(args.batch_mb * (1 << 20)),
             retry=retry,
             metrics=metrics,
             after_batch=progress.batch,

@@ -21,7 +21,7 @@ from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import Manifest
 from deltarec.errors import DeltarecError, StoreError
 from deltarec.publish.metrics import PublishMetrics
-from deltarec.publish.publisher import DEFAULT_BATCH_BYTES, DumpPublisher, PartResult
+from deltarec.publish.publisher import DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
 from deltarec.stores.base import Store
 from deltarec.stores.registry import open_store
@@ -55,7 +55,8 @@ class BackgroundPublisher:
         world_size: the number of ranks.
         mode: ``direct`` (live views) or ``staged`` (the generation's staging views).
         max_queue_bytes: bytes of rows allowed to wait; ``submit`` blocks beyond that.
-        batch_bytes: target bytes per store transaction.
+        batch_bytes: target bytes per store transaction (default: by store kind, see
+            :func:`~deltarec.publish.publisher.default_batch_bytes`).
         retry: the retry policy for transient store errors.
         metrics: Prometheus metrics (default: a private registry).
         metrics_port: serve the metrics over HTTP on this port (None: do not serve).
@@ -71,7 +72,7 @@ class BackgroundPublisher:
         mode: str = "direct",
         *,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        batch_bytes: int | None = None,
         retry: RetryPolicy | None = None,
         metrics: PublishMetrics | None = None,
         metrics_port: int | None = None,
