@@ -43,6 +43,18 @@ class ShardRows:
         return int(self.keys.shape[0])
 
     @classmethod
+    def concat(cls, parts: list[ShardRows]) -> ShardRows:
+        """The rows of ``parts`` (at least one) one after the other; one part is returned as is."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            keys=np.concatenate([p.keys for p in parts]),
+            embedding=np.concatenate([p.embedding for p in parts]),
+            ops=np.concatenate([p.ops for p in parts]),
+            steps=np.concatenate([p.steps for p in parts]),
+        )
+
+    @classmethod
     def from_arrow(cls, table: pa.Table | pa.RecordBatch, dtype: DType) -> ShardRows:
         """Split a shard table into numpy columns."""
         return cls(
@@ -454,9 +466,4 @@ def read_shard(
             np.empty(0, np.int8),
             np.empty(0, np.int64),
         )
-    return ShardRows(
-        keys=np.concatenate([p.keys for p in parts]),
-        embedding=np.concatenate([p.embedding for p in parts]),
-        ops=np.concatenate([p.ops for p in parts]),
-        steps=np.concatenate([p.steps for p in parts]),
-    )
+    return ShardRows.concat(parts)

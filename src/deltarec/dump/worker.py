@@ -316,7 +316,7 @@ class DumpWorker:
         if self.on_commit is not None:
             kept = None
             if state.kept_bytes >= 0:
-                kept = {t: _concat(parts) for t, parts in state.kept.items()}
+                kept = {t: ShardRows.concat(parts) for t, parts in state.kept.items()}
             self.on_commit(manifest, kept)
 
     def _commit(self, end: EndOfDump, state: _DumpState) -> Manifest:
@@ -380,14 +380,3 @@ class DumpWorker:
             except Exception:
                 log.warning("could not remove a temporary shard of dump %s", self._dump.seq)
         self._dump.writers.clear()
-
-
-def _concat(parts: list[ShardRows]) -> ShardRows:
-    if len(parts) == 1:
-        return parts[0]
-    return ShardRows(
-        keys=np.concatenate([p.keys for p in parts]),
-        embedding=np.concatenate([p.embedding for p in parts]),
-        ops=np.concatenate([p.ops for p in parts]),
-        steps=np.concatenate([p.steps for p in parts]),
-    )

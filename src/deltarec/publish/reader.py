@@ -13,7 +13,6 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -54,24 +53,13 @@ def iter_shard_rows(
                 parts.append(part)
                 held += len(part)
                 if held >= batch_rows:
-                    yield _join(parts)
+                    yield ShardRows.concat(parts)
                     parts, held = [], 0
             if parts:
-                yield _join(parts)
+                yield ShardRows.concat(parts)
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
     if seen != shard.rows:
         raise ChecksumError(root.url(path), f"holds {seen} rows, the manifest says {shard.rows}")
-
-
-def _join(parts: list[ShardRows]) -> ShardRows:
-    if len(parts) == 1:
-        return parts[0]
-    return ShardRows(
-        keys=np.concatenate([p.keys for p in parts]),
-        embedding=np.concatenate([p.embedding for p in parts]),
-        ops=np.concatenate([p.ops for p in parts]),
-        steps=np.concatenate([p.steps for p in parts]),
-    )
