@@ -45,7 +45,7 @@ from deltarec.artifacts.types import TableSpec
 from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
 from deltarec.stores.base import Store
 from deltarec.stores.config import FeatureStoreConfig
-from deltarec.stores.rows import check_batch
+from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,
@@ -213,8 +213,7 @@ class FeatureStoreStore(Store):
         if staging_generation:
             raise self._unsupported("staging views")
         view_info = self._spec(table)
-        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
-        check_batch(table, view_info.dtype, view_info.dim, keys, embedding, ops, versions)
+        keys, ops, versions = checked_arrays(table, view_info, keys, embedding, ops, versions)
         values = codec.decode(embedding, view_info.dtype, view_info.dim).astype(np.float32)
         view = self._ensure_view()
         n = int(keys.shape[0])

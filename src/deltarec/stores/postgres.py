@@ -28,7 +28,7 @@ from deltarec.stores.config import PostgresConfig
 from deltarec.stores.naming import quote
 from deltarec.stores.pgcopy import batch_payload, decode_float4_array
 from deltarec.stores.relational import RelationalStore
-from deltarec.stores.rows import check_batch
+from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
@@ -197,8 +197,7 @@ class PostgresStore(RelationalStore):
         """See :meth:`Store.write`: COPY, versioned merge and mark in one transaction."""
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
-        check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+        keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
         has_deletes = bool(stage == 0 and (ops == 1).any())
         if has_deletes:  # own small transaction first: avoids lock upgrades between ranks
             with self._tx() as cur:

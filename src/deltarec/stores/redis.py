@@ -308,12 +308,11 @@ class RedisStore(Store):
         staging_generation: int | None = None,
     ) -> int:
         """See :meth:`Store.write`: one MULTI/EXEC of version-guarded scripts and the mark."""
-        from deltarec.stores.rows import check_batch
+        from deltarec.stores.rows import checked_arrays
 
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
-        check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+        keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
         n = int(keys.shape[0])
         row_width = embedding.shape[1] * embedding.itemsize
         records = np.empty(n, np.dtype([("v", "<i8"), ("e", np.void, row_width)]))

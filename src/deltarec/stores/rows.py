@@ -13,8 +13,26 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableKind
 from deltarec.errors import InvalidRowError
+from deltarec.stores.types import ViewInfo
 
 _MIN_KEY = -1
+
+
+def checked_arrays(
+    table: str,
+    view: ViewInfo,
+    keys: np.ndarray,
+    embedding: np.ndarray,
+    ops: np.ndarray,
+    versions: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``keys, ops, versions`` as arrays, after :func:`check_batch` against ``view``.
+
+    The first step of every backend's ``write``: nothing is written unless this passes.
+    """
+    keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
+    check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+    return keys, ops, versions
 
 
 def check_batch(

@@ -27,7 +27,7 @@ from deltarec.errors import StoreError, StoreUnavailableError
 from deltarec.stores.config import SqliteConfig
 from deltarec.stores.naming import quote
 from deltarec.stores.relational import RelationalStore
-from deltarec.stores.rows import check_batch
+from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
 
 _READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
@@ -157,8 +157,7 @@ class SqliteStore(RelationalStore):
         """See :meth:`Store.write`."""
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        keys, ops, versions = (np.asarray(a) for a in (keys, ops, versions))
-        check_batch(table, view.dtype, view.dim, keys, embedding, ops, versions)
+        keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
         now = time.time()
         with self._tx() as cur:
             floor, tombstones = self._view_state(cur, view.name)
