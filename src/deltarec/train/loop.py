@@ -3,9 +3,10 @@
 Call it on every rank inside an initialized default process group (``deltarec train`` does
 that under torchrun; tests do it through :mod:`deltarec.testing.multiprocess`). Per step:
 
-1. data agreement: one ``all_reduce`` of a ``[world_size]`` flag vector tells every rank which
-   ranks still have a batch; if some do and some don't, every rank raises
-   :class:`~deltarec.train.errors.DataExhaustedError`; if none do, training ends normally;
+1. data agreement: every rank knows every rank's stream length from the (identical) config,
+   so without any collective each rank sees which ranks still have a batch; if some do and
+   some don't, every rank raises :class:`~deltarec.train.errors.DataExhaustedError`; if none
+   do, training ends normally;
 2. forward, backward (the fused optimizer updates embedding rows here), dense optimizer step;
 3. ``hook.after_step(step)`` for every hook (steps count from 1);
 4. every ``eval_every`` steps an evaluation (hooks' ``before_eval``/``after_eval`` around it),
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from deltarec.model.config import DataConfig
 from deltarec.model.data import EVAL_STREAM, TRAIN_STREAM, ClickStream
 from deltarec.model.sharding import ShardedModel, build_sharded_model
 from deltarec.train.checkpoint import CheckpointManager, Progress
@@ -142,13 +144,15 @@ def _restore(
     return TrainResult(step=progress.step, start_step=progress.step, restored_from=step)
 
 
-def _agree_on_data(has_batch: bool, step: int, device: torch.device) -> bool:
-    """True if every rank has a batch for ``step``, False if none has; else raise everywhere."""
+def _agree_on_data(data: DataConfig, index: int, step: int) -> bool:
+    """True if every rank has batch ``index``, False if none has; else raise on every rank.
+
+    Every rank evaluates the same lengths from the same config, so all ranks decide alike
+    without a collective on the per-step path.
+    """
     world = dist.get_world_size()
-    flags = torch.zeros(world, dtype=torch.int32, device=device)
-    flags[dist.get_rank()] = int(has_batch)
-    dist.all_reduce(flags)
-    have = flags.tolist()
+    lengths = [data.length_for(r) for r in range(world)]
+    have = [n is None or index < n for n in lengths]
     if all(have):
         return True
     if not any(have):
@@ -174,7 +178,7 @@ def _train(
     window_t, window_step = t0, result.step
     loss: torch.Tensor | None = None
     while result.step < config.steps:
-        if not _agree_on_data(stream.has(result.step), result.step + 1, sm.device):
+        if not _agree_on_data(config.data, result.step, result.step + 1):
             result.data_exhausted = True
             if rank == 0:
                 log.info("every rank ran out of data after step %d; stopping", result.step)
