@@ -9,7 +9,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableKind, TableSpec
 from deltarec.errors import BadInputError, InvalidRowError, ViewMismatchError
 from deltarec.ids import make_version
-from deltarec.stores import FreshnessRecord, ProgressMark, open_store
+from deltarec.stores import FreshnessRecord, ProgressMark, RowBatch, open_store
 
 T = "sparse.ebc.user_id"
 Z = "sparse.zch.ad_id"
@@ -197,3 +197,73 @@ def test_scan_rows_returns_every_live_row_with_its_version(store):  # type: igno
     assert sorted(seen) == keys[2:].tolist()
     for i, key in enumerate(keys.tolist()[2:], start=2):
         assert seen[key] == (make_version(1, 2), emb[i].tobytes())
+
+
+def batches_of(keys, emb, version, size, ops=None):  # type: ignore[no-untyped-def]
+    ops = np.zeros(len(keys), np.int8) if ops is None else np.asarray(ops, np.int8)
+    versions = np.full(len(keys), version, np.int64)
+    return [
+        RowBatch(keys[s : s + size], emb[s : s + size], ops[s : s + size], versions[s : s + size])
+        for s in range(0, len(keys), size)
+    ]
+
+
+def test_write_batches_applies_every_batch_and_the_mark(store):  # type: ignore[no-untyped-def]
+    order = np.random.default_rng(3).permutation(1000)
+    keys, emb = rows(order.tolist())
+    keys[:3] = [2**62 + 1, 2**53 + 1, 10**15]  # beyond float precision: exact round trip
+    mark = ProgressMark("r", 1, 1, T, 0, 1000, True)
+    assert store.write_batches(T, batches_of(keys, emb, make_version(1, 1), 64), mark) == 1000
+    got = store.read(T, keys)
+    assert got.found.all() and set(got.versions.tolist()) == {make_version(1, 1)}
+    np.testing.assert_array_equal(got.embedding, emb)
+    assert [(m.rows, m.complete) for m in store.progress("r", 1)] == [(1000, True)]
+    # a second call: newer rows, older rows, deletes and upserts mixed in its batches
+    _, new = rows(order.tolist(), seed=9)
+    parts = batches_of(keys[:300], new[:300], make_version(1, 2), 50)
+    parts += batches_of(keys[300:400], new[300:400], make_version(1, 0), 50)  # older: ignored
+    parts += batches_of(keys[400:420], new[400:420], make_version(1, 2), 7, ops=[1] * 20)
+    store.write_batches(T, parts, ProgressMark("r", 1, 2, T, 0, 420, True))
+    got = store.read(T, keys)
+    np.testing.assert_array_equal(got.embedding[:300], new[:300])
+    np.testing.assert_array_equal(got.embedding[300:400], emb[300:400])
+    assert not got.found[400:420].any() and got.found[420:].all()
+    assert got.versions[:300].tolist() == [make_version(1, 2)] * 300
+    # one batch of mixed versions and ops, in random order
+    k2, e2 = keys[400:440], new[400:440]
+    ops = np.array([0, 1] * 20, np.int8)
+    versions = np.where(np.arange(40) % 3 == 0, make_version(1, 3), make_version(1, 4))
+    store.write(T, k2, e2, ops, versions)
+    got = store.read(T, k2)
+    assert got.found.tolist() == [op == 0 for op in ops.tolist()]
+    np.testing.assert_array_equal(got.embedding[ops == 0], e2[ops == 0])
+    assert got.versions[ops == 0].tolist() == versions[ops == 0].tolist()
+
+
+def test_write_batches_with_a_bad_row_writes_nothing(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(300))
+    emb[250, 1] = np.nan
+    mark = ProgressMark("r", 1, 1, T, 0, 300, True)
+    with pytest.raises(InvalidRowError, match=r"key 250.*NaN/Inf"):
+        store.write_batches(T, batches_of(keys, emb, make_version(1, 1), 100), mark)
+    assert store.progress("r", 1) == []
+    if store.kind in ("sqlite", "postgres"):  # one transaction for the whole call
+        assert not store.read(T, keys).found.any()
+    with pytest.raises(ValueError, match="no batch"):
+        store.write_batches(T, [], mark)
+
+
+def test_write_batches_into_a_staging_view(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(100))
+    write(store, T, keys, emb, make_version(1, 1))
+    store.provision(SPEC, staging_generation=2)
+    _, new = rows(range(100), seed=4)
+    parts = batches_of(keys[::-1][:60], new[::-1][:60], make_version(2, 1), 16)
+    parts += batches_of(keys[:10], new[:10], make_version(2, 1), 5, ops=[1] * 10)
+    store.write_batches(T, parts, staging_generation=2)
+    np.testing.assert_array_equal(store.read(T, keys).embedding, emb)
+    store.merge_staging("r", 2)
+    got = store.read(T, keys)
+    assert got.found.tolist() == [False] * 10 + [True] * 90
+    np.testing.assert_array_equal(got.embedding[40:], new[40:])
+    np.testing.assert_array_equal(got.embedding[10:40], emb[10:40])

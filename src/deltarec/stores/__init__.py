@@ -31,6 +31,7 @@ from deltarec.stores.types import (
     FreshnessRecord,
     ProgressMark,
     ReadResult,
+    RowBatch,
     ServingPointer,
     ViewInfo,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ProgressMark",
     "ReadResult",
     "RedisConfig",
+    "RowBatch",
     "ServingPointer",
     "SqliteConfig",
     "Store",

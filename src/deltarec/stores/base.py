@@ -12,7 +12,8 @@ Contract of every backend:
 * **Deletes.** ``op = 1`` deletes the key and leaves a tombstone with its version where
   ``capabilities.deletes``; a late older upsert never resurrects it. Elsewhere the row passed
   (the fallback row) is written like an upsert.
-* **One batch, one transaction.** ``write`` applies all of its rows and its progress mark, or
+* **One call, one transaction.** ``write`` (one batch) and ``write_batches`` (several batches
+  streamed in, memory bounded by one batch) apply all of their rows and their progress mark, or
   nothing (where ``capabilities.atomic_marks``).
 * **Errors.** Unreachable store: :class:`~deltarec.errors.StoreUnavailableError` (the caller
   retries); invalid rows: :class:`~deltarec.errors.InvalidRowError` before anything is
@@ -25,7 +26,7 @@ Stores are used from one thread at a time; backends that may be shared between t
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,6 +37,7 @@ from deltarec.stores.types import (
     FreshnessRecord,
     ProgressMark,
     ReadResult,
+    RowBatch,
     ServingPointer,
     ViewInfo,
 )
@@ -95,6 +97,36 @@ class Store(abc.ABC):
         Returns:
             The number of rows in the batch (applied or already superseded).
         """
+
+    def write_batches(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """Apply several batches as one :meth:`write`: the rows of all, and ``mark`` with them.
+
+        ``batches`` is consumed once, in order, so the caller holds one batch at a time however
+        many rows the call writes; at least one batch (it may be empty) must come. Keys are
+        unique within the whole call. The SQL backends apply everything in one transaction,
+        in key order (a B-tree takes a large write in random key order several times faster
+        sorted); the default here writes each batch as it comes (each one atomic where
+        ``capabilities.atomic_marks``) and the mark with the last one, so after a failure the
+        rows before the mark are replayed, which the versioned upsert makes harmless.
+
+        Returns:
+            The number of rows in all batches.
+        """
+        it = iter(batches)
+        batch = next(it, None)
+        if batch is None:
+            raise ValueError(f"write_batches of {table!r} got no batch")
+        total = 0
+        for following in it:
+            total += self.write(table, *batch, staging_generation=staging_generation)
+            batch = following
+        return total + self.write(table, *batch, mark=mark, staging_generation=staging_generation)
 
     @abc.abstractmethod
     def read(

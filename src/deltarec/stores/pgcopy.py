@@ -40,10 +40,14 @@ def embedding_field(embedding: np.ndarray, layout: str) -> tuple[np.ndarray, int
     return arr.view(np.dtype((np.void, width))).reshape(n), width
 
 
-def batch_payload(
+def batch_records(
     keys: np.ndarray, embedding: np.ndarray, versions: np.ndarray, ops: np.ndarray, layout: str
-) -> bytes:
-    """The COPY payload of ``(key bigint, embedding, version bigint, op smallint)`` rows."""
+) -> np.ndarray:
+    """The COPY tuples of ``(key bigint, embedding, version bigint, op smallint)`` rows.
+
+    One structured array; its buffer goes to the COPY stream between :data:`HEADER` and
+    :data:`TRAILER`.
+    """
     emb, width = embedding_field(embedding, layout)
     dt = np.dtype(
         [
@@ -64,7 +68,14 @@ def batch_payload(
     arr["e"] = emb
     arr["v"] = versions
     arr["o"] = ops
-    return HEADER + arr.tobytes() + TRAILER
+    return arr
+
+
+def batch_payload(
+    keys: np.ndarray, embedding: np.ndarray, versions: np.ndarray, ops: np.ndarray, layout: str
+) -> bytes:
+    """The whole COPY payload of one batch (:func:`batch_records` framed)."""
+    return HEADER + batch_records(keys, embedding, versions, ops, layout).tobytes() + TRAILER
 
 
 def decode_float4_array(values: list[float] | None, dim: int) -> np.ndarray:

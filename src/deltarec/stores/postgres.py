@@ -3,17 +3,19 @@
 Each view is a table ``key BIGINT PRIMARY KEY, embedding BYTEA | REAL[], version BIGINT NOT
 NULL, updated_at TIMESTAMPTZ`` in the configured schema (``bytea`` = the encoded row packed
 little-endian; ``float4[]`` = its values, for float32/float16 tables), so an outside reader gets
-a row with one plain query. A batch is one transaction: binary ``COPY`` into a per-session
-``TEMP`` table (``ON COMMIT DELETE ROWS``), then one ``INSERT ... ON CONFLICT DO UPDATE ...
-WHERE version <= EXCLUDED.version`` (and a guarded ``DELETE`` + tombstone for ``op = 1``), and
-the progress mark. A lost connection raises :class:`~deltarec.errors.StoreUnavailableError` and
-the next call reconnects; the publisher retries.
+a row with one plain query. A write (one batch, or many streamed in) is one transaction: one
+binary ``COPY`` into a per-session ``TEMP`` table (``ON COMMIT DELETE ROWS``), then one
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE version <= EXCLUDED.version`` in key order (and
+a guarded ``DELETE`` + tombstone for ``op = 1``), and the progress mark. A lost connection
+raises :class:`~deltarec.errors.StoreUnavailableError` and the next call reconnects; the
+publisher retries.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,10 +28,10 @@ from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
 from deltarec.stores.config import PostgresConfig
 from deltarec.stores.naming import quote
-from deltarec.stores.pgcopy import batch_payload, decode_float4_array
+from deltarec.stores.pgcopy import HEADER, TRAILER, batch_records, decode_float4_array
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import checked_arrays
-from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
+from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
 _READ_CHUNK = 10000
@@ -39,10 +41,11 @@ FILLFACTOR = 50
 """Live views leave half of each page free, so a row's new version fits in its page (a HOT
 update: no new index entry). Updating every key of 1M rows of dim 64 merges ~2x faster than
 in full pages; the table takes about twice the space."""
-_SESSION = ("SET temp_buffers = '160MB'", "SET work_mem = '64MB'")
-"""Per-session memory: the batch table of a 64 MB batch stays in memory (PostgreSQL's default
-8 MB of temp buffers spills it to files), and the merge's hash and sort steps do not spill.
-Durability settings are left as the server has them."""
+_SESSION = ("SET temp_buffers = '160MB'", "SET work_mem = '64MB'", "SET jit = off")
+"""Per-session settings: the batch table of a large write stays mostly in memory (PostgreSQL's
+default 8 MB of temp buffers spills it to files), the merge's sort does not spill as early, and
+no JIT compilation (it adds a fixed 0.1-0.5 s to every large merge and saves nothing on these
+simple rows). Durability settings are left as the server has them."""
 _TRANSIENT = (
     psycopg.OperationalError,  # connection refused/reset, admin shutdown, query canceled
     pgerrors.SerializationFailure,
@@ -195,50 +198,81 @@ class PostgresStore(RelationalStore):
         staging_generation: int | None = None,
     ) -> int:
         """See :meth:`Store.write`: COPY, versioned merge and mark in one transaction."""
+        batch = RowBatch(keys, embedding, ops, versions)
+        return self.write_batches(table, [batch], mark, staging_generation)
+
+    def write_batches(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write_batches`: one transaction, one COPY stream, one merge.
+
+        Each batch is sorted by key before it is sent; the merge reads the batch table in key
+        order (an ``ORDER BY`` only where the batches did not come in key order), so the view's
+        index is walked, not probed at random.
+        """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
-        has_deletes = bool(stage == 0 and (ops == 1).any())
-        if has_deletes:  # own small transaction first: avoids lock upgrades between ranks
-            with self._tx() as cur:
+        it = iter(batches)
+        first = next(it, None)
+        if first is None:
+            raise ValueError(f"write_batches of {table!r} got no batch")
+        with self._tx() as cur:
+            n, in_order, deletes = self._copy(cur, table, view, itertools.chain([first], it))
+            if deletes and not stage:  # before the share lock below: no lock upgrade
                 cur.execute(
                     "UPDATE deltarec_views SET has_tombstones = 1 "
                     "WHERE name = %s AND has_tombstones = 0",
                     (view.name,),
                 )
-        if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
-            order = np.argsort(keys)  # merged in key order: the index is walked, not probed
-            keys, embedding, versions, ops = (
-                keys[order],
-                embedding[order],
-                versions[order],
-                ops[order],
-            )
-        payload = batch_payload(keys, embedding, versions, ops, self.layout) if len(keys) else b""
-        with self._tx() as cur:
             floor, tombstones = self._view_state(cur, view.name, " FOR SHARE")
-            if payload:
-                self._copy(cur, payload)
+            if n:
+                source = _BATCH[self.layout]
                 if stage:
-                    self._merge_into_stage(cur, view, floor)
+                    self._merge_into_stage(cur, view, floor, sort=not in_order)
                 else:
-                    self._merge_batch(
-                        cur, view.name, _BATCH[self.layout], floor, tombstones, sort=False
-                    )
-                    if has_deletes:
-                        self._apply_deletes(cur, view.name, _BATCH[self.layout], floor)
+                    self._merge_batch(cur, view.name, source, floor, tombstones, not in_order)
+                    if deletes:
+                        self._apply_deletes(cur, view.name, source, floor)
             if mark is not None:
                 self._write_mark(cur, mark, stage)
-        return int(keys.shape[0])
+        return n
 
-    def _copy(self, cur: Any, payload: bytes) -> None:
-        table = _BATCH[self.layout]
-        view = memoryview(payload)
+    def _copy(
+        self, cur: Any, table: str, view: ViewInfo, batches: Iterable[RowBatch]
+    ) -> tuple[int, bool, bool]:
+        """Stream every batch into the batch table; ``(rows, all in key order, any delete)``."""
+        n, in_order, deletes, last = 0, True, False, None
         with cur.copy(
-            f"COPY {table} (key, embedding, version, op) FROM STDIN (FORMAT BINARY)"
+            f"COPY {_BATCH[self.layout]} (key, embedding, version, op) FROM STDIN (FORMAT BINARY)"
         ) as cp:
-            for start in range(0, len(view), _COPY_CHUNK):
-                cp.write(view[start : start + _COPY_CHUNK])
+            cp.write(HEADER)
+            for batch in batches:
+                keys, ops, versions = checked_arrays(table, view, *batch)
+                if not len(keys):
+                    continue
+                embedding = batch.embedding
+                if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
+                    order = np.argsort(keys)
+                    keys, embedding, versions, ops = (
+                        keys[order],
+                        embedding[order],
+                        versions[order],
+                        ops[order],
+                    )
+                in_order = in_order and (last is None or int(keys[0]) > last)
+                last = int(keys[-1])
+                n += len(keys)
+                deletes = deletes or bool((ops == 1).any())
+                records = batch_records(keys, embedding, versions, ops, self.layout)
+                data = records.view(np.uint8).data
+                for start in range(0, len(data), _COPY_CHUNK):
+                    cp.write(data[start : start + _COPY_CHUNK])
+            cp.write(TRAILER)
+        return n, in_order, deletes
 
     @staticmethod
     def _merge_batch(
@@ -283,12 +317,13 @@ class PostgresStore(RelationalStore):
         )
         return int(cur.rowcount)
 
-    def _merge_into_stage(self, cur: Any, view: ViewInfo, floor: int) -> None:
+    def _merge_into_stage(self, cur: Any, view: ViewInfo, floor: int, sort: bool) -> None:
         q = quote(view.name)
+        order = " ORDER BY s.key" if sort else ""
         cur.execute(
             f"INSERT INTO {q} AS v (key, embedding, version, updated_at, op) "
             f"SELECT s.key, s.embedding, s.version, now(), s.op FROM {_BATCH[self.layout]} s "
-            "WHERE s.version >= %s ON CONFLICT (key) DO UPDATE SET "
+            f"WHERE s.version >= %s{order} ON CONFLICT (key) DO UPDATE SET "
             "embedding = EXCLUDED.embedding, version = EXCLUDED.version, "
             "updated_at = EXCLUDED.updated_at, op = EXCLUDED.op "
             "WHERE v.version <= EXCLUDED.version",

@@ -8,6 +8,7 @@ type), identical to the parquet ``embedding`` column, so nothing is re-encoded o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,11 +68,20 @@ class ReadResult:
         return int(self.found.shape[0])
 
 
+class RowBatch(NamedTuple):
+    """One batch of rows to write: the arguments of :meth:`~deltarec.stores.Store.write`."""
+
+    keys: np.ndarray  # int64 [n]
+    embedding: np.ndarray  # [n, encoded_width] encoded rows
+    ops: np.ndarray  # int8 [n]; 0 upsert, 1 delete
+    versions: np.ndarray  # int64 [n]
+
+
 @dataclass(frozen=True)
 class ProgressMark:
     """How far one rank's shard of one table of one dump has been applied.
 
-    A shard is written in byte-sized batches; each batch carries a mark with the number of the
+    A shard is written in byte-sized transactions; each carries a mark with the number of the
     shard's rows applied so far, and the last one ``complete=True``. Marks are committed in the
     same transaction as their rows where ``Capabilities.atomic_marks`` holds.
     """
