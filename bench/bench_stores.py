@@ -1,18 +1,22 @@
 """Store write throughput: deltarec's SQLite and PostgreSQL stores vs a bare upsert baseline.
 
-1M rows of dim 64 float32 (by default), keys in random order, written in the publisher's
-default batch size for the store kind (``--batch-mb`` overrides it), one transaction per batch
-with its progress mark. For each backend, in the same run and on the same machine and server,
-the baseline is the bare version in ONE transaction for all rows:
+1M rows of dim 64 float32 (by default), keys in random order, written the way the publisher
+writes them: ``Store.write_batches`` per transaction of the publisher's default size for the
+store kind (``--batch-mb`` overrides it), fed in read chunks of the publisher's read size, each
+transaction with its progress mark. For each backend, in the same run and on the same machine
+and server, the baseline is the bare version in ONE transaction for all rows:
 
-* SQLite: ``SqliteStore.write`` (checks, versioned upsert, progress mark per batch) vs a bare
+* SQLite: ``SqliteStore.write_batches`` (checks, versioned upsert, progress mark) vs a bare
   ``executemany`` of ``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE version <=`` of the
   same rows, in the order given, into an identical table with the store's pragmas (WAL,
   synchronous NORMAL, page size, page cache, WAL checkpoint interval).
-* PostgreSQL: ``PostgresStore.write`` vs a bare binary ``COPY`` of all rows (one payload built
-  with numpy) into a temp table + one ``INSERT ... SELECT ... ON CONFLICT`` merge (same server).
+* PostgreSQL: ``PostgresStore.write_batches`` vs a bare binary ``COPY`` of all rows (one
+  payload built with numpy) into a temp table + one ``INSERT ... SELECT ... ON CONFLICT`` merge
+  (same server: production durability, fsync, synchronous commit and full-page writes on;
+  ``shared_buffers`` 1 GB).
 
-Each is measured twice: loading an empty view, then updating every key at a newer version.
+Each is measured ``--repeat`` times (fresh stores each time): loading an empty view, then
+updating every key at a newer version; the table shows every run.
 
 Run: ``.venv/bin/python bench/bench_stores.py [--rows N] [--dim D] [--skip-postgres]
 [--batch-mb MB] [--dir DIR]``
@@ -33,13 +37,14 @@ import numpy as np
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.ids import make_version
-from deltarec.publish.publisher import STORE_BATCH_BYTES
-from deltarec.stores import ProgressMark, open_store
+from deltarec.publish.publisher import READ_BYTES, STORE_BATCH_BYTES
+from deltarec.stores import ProgressMark, RowBatch, open_store
 from deltarec.stores.pgcopy import batch_payload
 from deltarec.stores.sqlite import PAGE_SIZE
 from deltarec.testing.servers import PostgresServer
 
 TABLE = "sparse.ebc.item_id"
+PG_SETTINGS = {"shared_buffers": "1GB"}
 
 
 def make_rows(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -48,24 +53,26 @@ def make_rows(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return keys, rng.standard_normal((n, dim), dtype=np.float32)
 
 
-def batches(n: int, dim: int, batch_bytes: int) -> list[tuple[int, int]]:
-    size = max(1, batch_bytes // (4 * dim + 24))
-    return [(s, min(n, s + size)) for s in range(0, n, size)]
+def spans(start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    return [(s, min(stop, s + size)) for s in range(start, stop, size)]
 
 
 def run_store(url: str, keys: np.ndarray, emb: np.ndarray, seq: int, batch_bytes: int) -> float:
     n, dim = emb.shape
+    per_row = 4 * dim + 24  # as the publisher sizes them
     store = open_store(url)
     store.provision({TABLE: TableSpec(dim=dim)})
     version = make_version(1, seq)
     ops = np.zeros(n, np.int8)
     versions = np.full(n, version, np.int64)
     start = time.perf_counter()
-    done = 0
-    for i, (s, e) in enumerate(bench_batches := batches(n, dim, batch_bytes)):
-        done += e - s
-        mark = ProgressMark("bench", 1, seq, TABLE, 0, done, i == len(bench_batches) - 1)
-        store.write(TABLE, keys[s:e], emb[s:e], ops[s:e], versions[s:e], mark=mark)
+    for lo, hi in spans(0, n, max(1, batch_bytes // per_row)):
+        mark = ProgressMark("bench", 1, seq, TABLE, 0, hi, hi == n)
+        chunks = (
+            RowBatch(keys[s:e], emb[s:e], ops[s:e], versions[s:e])
+            for s, e in spans(lo, hi, max(1, READ_BYTES // per_row))
+        )
+        store.write_batches(TABLE, chunks, mark=mark)
     elapsed = time.perf_counter() - start
     store.close()
     return n / elapsed
@@ -103,8 +110,8 @@ def bare_sqlite(path: str, keys: np.ndarray, emb: np.ndarray, seq: int, cache_mb
         ),
     )
     conn.execute("COMMIT")
+    conn.close()  # as the store's time includes its close (a WAL checkpoint)
     elapsed = time.perf_counter() - start
-    conn.close()
     return n / elapsed
 
 
@@ -147,11 +154,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--skip-postgres", action="store_true")
-    parser.add_argument("--cache-mb", type=int, default=64, help="SQLite page cache (both)")
+    parser.add_argument("--cache-mb", type=int, default=16, help="SQLite page cache (both)")
     parser.add_argument("--dir", default=None, help="where the SQLite files go (default: /tmp)")
     parser.add_argument(
         "--batch-mb", type=int, default=None, help="bytes per transaction (default: publisher's)"
     )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement")
     args = parser.parse_args()
     sizes = {k: (args.batch_mb << 20 if args.batch_mb else v) for k, v in STORE_BATCH_BYTES.items()}
     keys, emb = make_rows(args.rows, args.dim)
@@ -161,31 +169,34 @@ def main() -> None:
         f"machine: {platform.node()} ({os.cpu_count()} cores, {platform.machine()}, load "
         f"average {os.getloadavg()[0]:.1f} at start); "
         f"{args.rows:,} rows, dim {args.dim}, float32, random key order; deltarec writes "
-        f"batches of {sizes['sqlite'] >> 20} MB (SQLite) / {sizes['postgres'] >> 20} MB "
-        "(PostgreSQL), a transaction each; the baselines write all rows in one transaction",
+        f"transactions of up to {sizes['sqlite'] >> 20} MB (SQLite) / "
+        f"{sizes['postgres'] >> 20} MB (PostgreSQL) in {READ_BYTES >> 20} MB read chunks; the "
+        "baselines write all rows in one transaction",
         "",
         "| backend | phase | deltarec rows/s | baseline rows/s | ratio |",
         "|---|---|---|---|---|",
     ]
-    with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        url = f"sqlite:///{d}/ours.db?cache_mb={args.cache_mb}"
-        b = sizes["sqlite"]
-        ours = [run_store(url, keys, emb, 1, b), run_store(url, keys2, emb2, 2, b)]
-        base = [
-            bare_sqlite(f"{d}/bare.db", keys, emb, 1, args.cache_mb),
-            bare_sqlite(f"{d}/bare.db", keys2, emb2, 2, args.cache_mb),
-        ]
-        where = f", files in {args.dir}" if args.dir else ""
-        name = f"SQLite, {args.cache_mb} MB cache{where} (vs bare executemany upsert)"
-        lines.append(row(name, "load", ours[0], base[0]))
-        lines.append(row(name, "update", ours[1], base[1]))
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory(dir=args.dir) as d:
+            url = f"sqlite:///{d}/ours.db?cache_mb={args.cache_mb}"
+            b = sizes["sqlite"]
+            ours = [run_store(url, keys, emb, 1, b), run_store(url, keys2, emb2, 2, b)]
+            base = [
+                bare_sqlite(f"{d}/bare.db", keys, emb, 1, args.cache_mb),
+                bare_sqlite(f"{d}/bare.db", keys2, emb2, 2, args.cache_mb),
+            ]
+            where = f", files in {args.dir}" if args.dir else ""
+            name = f"SQLite, {args.cache_mb} MB cache{where} (vs bare executemany upsert)"
+            lines.append(row(name, "load", ours[0], base[0]))
+            lines.append(row(name, "update", ours[1], base[1]))
     if not args.skip_postgres:
-        with PostgresServer(fsync=True) as pg:
-            b = sizes["postgres"]
-            ours = [run_store(pg.url, keys, emb, 1, b), run_store(pg.url, keys2, emb2, 2, b)]
-            base = [bare_postgres(pg.url, keys, emb, 1), bare_postgres(pg.url, keys2, emb2, 2)]
-        lines.append(row("PostgreSQL (vs bare COPY + merge)", "load", ours[0], base[0]))
-        lines.append(row("PostgreSQL (vs bare COPY + merge)", "update", ours[1], base[1]))
+        for _ in range(args.repeat):
+            with PostgresServer(fsync=True, settings=PG_SETTINGS) as pg:
+                b = sizes["postgres"]
+                ours = [run_store(pg.url, keys, emb, 1, b), run_store(pg.url, keys2, emb2, 2, b)]
+                base = [bare_postgres(pg.url, keys, emb, 1), bare_postgres(pg.url, keys2, emb2, 2)]
+            lines.append(row("PostgreSQL (vs bare COPY + merge)", "load", ours[0], base[0]))
+            lines.append(row("PostgreSQL (vs bare COPY + merge)", "update", ours[1], base[1]))
     print("\n".join(lines))
 
 

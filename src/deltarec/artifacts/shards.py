@@ -42,6 +42,15 @@ class ShardRows:
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
+    def slice(self, start: int, stop: int) -> ShardRows:
+        """Rows ``start:stop`` (views, no copies)."""
+        return ShardRows(
+            self.keys[start:stop],
+            self.embedding[start:stop],
+            self.ops[start:stop],
+            self.steps[start:stop],
+        )
+
     @classmethod
     def concat(cls, parts: list[ShardRows]) -> ShardRows:
         """The rows of ``parts`` (at least one) one after the other; one part is returned as is."""

@@ -6,9 +6,10 @@ For one dump and one rank, :meth:`DumpPublisher.publish_dump`
 2. checks every row of the rank's part first (NaN/Inf, width, keys, ops), so a bad row fails
    with :class:`~deltarec.errors.InvalidRowError` naming table, dump and key and nothing of the
    dump is applied;
-3. writes the rows in batches sized by bytes, each with a progress mark in the same
-   transaction (``rows`` applied so far; ``complete`` on the last), retrying transient errors
-   with backoff; after a crash the next run resumes after the last committed mark;
+3. writes the rows in transactions sized by bytes, each with a progress mark in the same
+   transaction (``rows`` applied so far; ``complete`` on the last), streaming each one to the
+   store in read chunks, and retrying transient errors with backoff; after a crash the next run
+   resumes after the last committed mark;
 4. completes a snapshot (removes the keys it lacks) once every rank's part is in;
 5. records freshness: the manifest's commit time and the time the rows became visible.
 
@@ -35,19 +36,22 @@ from deltarec.publish.reader import iter_shard_rows
 from deltarec.publish.retry import RetryPolicy
 from deltarec.stores.base import Store
 from deltarec.stores.rows import check_batch
-from deltarec.stores.types import FreshnessRecord, ProgressMark
+from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 
 log = logging.getLogger(__name__)
 
 MODES = ("direct", "staged")
 DEFAULT_BATCH_BYTES = 8 << 20
-STORE_BATCH_BYTES = {"sqlite": 16 << 20, "postgres": 16 << 20}
-"""Default bytes per transaction by store kind (others: :data:`DEFAULT_BATCH_BYTES`). A SQL
-batch in random key order rewrites most pages it touches, so fewer, larger transactions are
-faster (SQLite, 1M rows of dim 64 in random order on a 2-core VM: 8-16 MB batches 80-120k
-rows/s, 64 MB ~200k), but a publish holds about five batches at its peak (2M rows: 285 MB
-peak RSS with 16 MB batches, 349 MB with 32 MB, 496 MB with 64 MB): 16 MB stays within the
-300 MB budget. Pass ``batch_bytes`` to trade memory for speed."""
+STORE_BATCH_BYTES = {"sqlite": 512 << 20, "postgres": 512 << 20}
+"""Default bytes per store transaction by store kind (others: :data:`DEFAULT_BATCH_BYTES`).
+
+A transaction is also the unit of the progress marks: a crash loses at most one. Rows reach
+the store in read chunks of :data:`READ_BYTES` however large a transaction is, so memory does
+not grow with it; the SQL stores take a large transaction sorted by key in one pass, several
+times faster than many small ones in random key order (SQLite, 1M rows of dim 64 in random
+order on a 2-core VM: 16 MB transactions ~100k rows/s, one transaction 400-600k)."""
+READ_BYTES = 8 << 20
+"""Rows read from the artifacts (and handed to the store) at a time."""
 
 
 def default_batch_bytes(store: Store) -> int:
@@ -78,7 +82,7 @@ class PartResult:
 
 
 BatchHook = Callable[[ProgressMark, int], None]
-"""Called after each committed batch with its mark and its row count."""
+"""Called after each committed transaction with its mark and its row count."""
 
 
 class DumpPublisher:
@@ -89,11 +93,11 @@ class DumpPublisher:
         root: the artifact root (read for rows not in memory, and for GENERATION.json).
         run: the run name.
         mode: ``direct`` (into the live views) or ``staged`` (the generation's staging views).
-        batch_bytes: target encoded bytes per store transaction (default: by store kind,
-            :func:`default_batch_bytes`).
+        batch_bytes: target encoded bytes per store transaction and progress mark (default: by
+            store kind, :func:`default_batch_bytes`); memory does not grow with it.
         retry: the retry policy for transient store errors.
         metrics: Prometheus metrics to update (default: a private registry).
-        after_batch: optional hook after each committed batch (progress output, tests).
+        after_batch: optional hook after each committed transaction (progress output, tests).
     """
 
     def __init__(
@@ -237,8 +241,14 @@ class DumpPublisher:
         return todo
 
     def _batch_rows(self, spec: TableSpec) -> int:
+        """Rows per store transaction."""
         per_row = codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD
         return max(1, self.batch_bytes // per_row)
+
+    @staticmethod
+    def _read_rows(spec: TableSpec) -> int:
+        """Rows per read chunk."""
+        return max(1, READ_BYTES // (codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD))
 
     def _rows(
         self,
@@ -250,22 +260,19 @@ class DumpPublisher:
         skip: int,
         verify: bool = False,
     ) -> Iterator[ShardRows]:
-        """The rank's rows of ``table`` in batches, without the first ``skip`` rows.
+        """The rank's rows of ``table`` in chunks, without the first ``skip`` rows.
 
-        ``verify`` checks each shard's sha256 before reading it (the first pass does).
+        Rows in memory come as views of up to one transaction each (no copies); rows from the
+        artifacts in read chunks. ``verify`` checks each shard's sha256 before reading it (the
+        first pass does).
         """
-        size = self._batch_rows(spec)
         if memory is not None and table in memory:
             data = memory[table]
+            size = self._batch_rows(spec)
             for start in range(skip, len(data), size):
-                stop = start + size
-                yield ShardRows(
-                    data.keys[start:stop],
-                    data.embedding[start:stop],
-                    data.ops[start:stop],
-                    data.steps[start:stop],
-                )
+                yield data.slice(start, start + size)
             return
+        size = min(self._read_rows(spec), self._batch_rows(spec))
         dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
         for shard in manifest.shards_of(table):
             if shard.rank != rank:
@@ -280,11 +287,14 @@ class DumpPublisher:
                     continue
                 cut = max(0, skip - seen)
                 seen += n
-                if cut:
-                    batch = ShardRows(
-                        batch.keys[cut:], batch.embedding[cut:], batch.ops[cut:], batch.steps[cut:]
-                    )
-                yield batch
+                yield batch.slice(cut, n) if cut else batch
+
+    def _part_rows(
+        self, manifest: Manifest, rank: int, table: str, memory: Mapping[str, ShardRows] | None
+    ) -> int:
+        if memory is not None and table in memory:
+            return len(memory[table])
+        return sum(s.rows for s in manifest.shards_of(table) if s.rank == rank)
 
     def _publish_table(
         self,
@@ -299,67 +309,61 @@ class DumpPublisher:
         stage = manifest.generation if self.mode == "staged" else None
         if memory is not None and table in memory:
             skip = 0  # rows in memory are replayed whole: their order need not match the shard
-        done = skip
-        pending: ShardRows | None = None
-        for batch in self._rows(manifest, rank, table, spec, memory, skip):
-            if pending is not None:
-                done = self._write(manifest, rank, table, pending, done, False, stage, result)
-            pending = batch
-        if pending is None:  # empty part (or all applied): a complete mark, no rows
-            pending = ShardRows(
-                np.empty(0, np.int64),
-                np.empty(
-                    (0, codec.encoded_width(spec.dtype, spec.dim)), codec.element_type(spec.dtype)
-                ),
-                np.empty(0, np.int8),
-                np.empty(0, np.int64),
+        total = self._part_rows(manifest, rank, table, memory)
+        reader = _PartReader(
+            lambda start: self._rows(manifest, rank, table, spec, memory, start),
+            codec.encoded_width(spec.dtype, spec.dim),
+            codec.element_type(spec.dtype),
+        )
+        done = min(skip, total)
+        step = self._batch_rows(spec)
+        while True:
+            end = min(total, done + step)
+            mark = ProgressMark(
+                self.run,
+                manifest.generation,
+                manifest.seq,
+                table,
+                rank,
+                end,
+                end == total,
+                stage or 0,
             )
-        self._write(manifest, rank, table, pending, done, True, stage, result)
+            self._write(manifest, reader, mark, done, stage)
+            n = end - done
+            nbytes = n * codec.row_bytes(spec.dtype, spec.dim)
+            result.rows += n
+            result.bytes += nbytes
+            self.metrics.rows.labels(table, self.mode).inc(n)
+            self.metrics.bytes.labels(table, self.mode).inc(nbytes)
+            if self.after_batch is not None:
+                self.after_batch(mark, n)
+            done = end
+            if done >= total:
+                return
 
     def _write(
         self,
         manifest: Manifest,
-        rank: int,
-        table: str,
-        batch: ShardRows,
-        done: int,
-        last: bool,
+        reader: _PartReader,
+        mark: ProgressMark,
+        start: int,
         stage: int | None,
-        result: PartResult,
-    ) -> int:
-        n = len(batch)
-        mark = ProgressMark(
-            self.run,
-            manifest.generation,
-            manifest.seq,
-            table,
-            rank,
-            done + n,
-            last,
-            stage or 0,
-        )
-        versions = np.full(n, manifest.version, np.int64)
+    ) -> None:
+        """One transaction: rows ``start .. mark.rows`` of the part, and ``mark``."""
+
+        def batches() -> Iterator[RowBatch]:
+            for rows in reader.take(start, mark.rows - start):
+                versions = np.full(len(rows), manifest.version, np.int64)
+                yield RowBatch(rows.keys, rows.embedding, rows.ops, versions)
+
         self._call(
-            lambda: self.store.write(
-                table,
-                batch.keys,
-                batch.embedding,
-                batch.ops,
-                versions,
-                mark=mark,
-                staging_generation=stage,
+            lambda: self.store.write_batches(
+                mark.table, batches(), mark=mark, staging_generation=stage
             ),
-            f"write {n} rows of {table!r} (generation {manifest.generation} dump "
-            f"{manifest.seq} rank {rank})",
+            f"write rows {start}..{mark.rows} of {mark.table!r} (generation "
+            f"{manifest.generation} dump {manifest.seq} rank {mark.rank})",
         )
-        nbytes = int(batch.embedding.nbytes)
-        result.rows += n
-        result.bytes += nbytes
-        self.metrics.rows.labels(table, self.mode).inc(n)
-        self.metrics.bytes.labels(table, self.mode).inc(nbytes)
-        if self.after_batch is not None:
-            self.after_batch(mark, n)
-        return done + n
 
     def _finish_snapshot(self, manifest: Manifest) -> None:
         stage = manifest.generation if self.mode == "staged" else None
@@ -428,3 +432,45 @@ class DumpPublisher:
             if manifest.kind is DumpKind.SNAPSHOT:
                 self._finish_snapshot(manifest)
         return results
+
+
+class _PartReader:
+    """One rank's rows of one table, read forward once across its transactions.
+
+    :meth:`take` continues where the previous one stopped; after a write that failed part-way
+    (its rows were read but not committed) it reopens the rows at the transaction's start.
+    """
+
+    def __init__(
+        self, open_at: Callable[[int], Iterator[ShardRows]], width: int, element: np.dtype
+    ) -> None:
+        self._open_at = open_at
+        self._width = width
+        self._element = element
+        self._rows: Iterator[ShardRows] = iter(())
+        self._position = -1
+        self._carry: ShardRows | None = None
+
+    def take(self, start: int, count: int) -> Iterator[ShardRows]:
+        """Rows ``start .. start + count`` in chunks (one empty chunk when ``count`` is 0)."""
+        if self._position != start:
+            self._rows, self._position, self._carry = self._open_at(start), start, None
+        left, sent = count, False
+        while left > 0:
+            chunk = self._carry if self._carry is not None else next(self._rows, None)
+            self._carry = None
+            if chunk is None:
+                break
+            if len(chunk) > left:
+                chunk, self._carry = chunk.slice(0, left), chunk.slice(left, len(chunk))
+            self._position += len(chunk)
+            left -= len(chunk)
+            sent = True
+            yield chunk
+        if not sent:
+            yield ShardRows(
+                np.empty(0, np.int64),
+                np.empty((0, self._width), self._element),
+                np.empty(0, np.int8),
+                np.empty(0, np.int64),
+            )

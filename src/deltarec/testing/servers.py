@@ -63,13 +63,18 @@ class PostgresServer:
 
     Args:
         port: TCP port (default: a free one).
-        fsync: keep PostgreSQL's fsync (benchmarks that want production durability).
+        fsync: production durability (benchmarks): fsync, synchronous commit and full-page
+            writes on.
+        settings: more server settings (``name -> value``), e.g. ``shared_buffers``.
     """
 
-    def __init__(self, port: int | None = None, fsync: bool = False) -> None:
+    def __init__(
+        self, port: int | None = None, fsync: bool = False, settings: dict[str, str] | None = None
+    ) -> None:
         self.bindir = postgres_bindir()
         self.port = port or free_port()
         self.fsync = fsync
+        self.settings = {"shared_buffers": "128MB", "max_wal_size": "2GB", **(settings or {})}
         self.as_root = os.geteuid() == 0
         self.base = tempfile.mkdtemp(prefix="deltarec-pg-")
         self.datadir = os.path.join(self.base, "data")
@@ -101,11 +106,11 @@ class PostgresServer:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start (or restart after :meth:`stop`) on the same port and data."""
+        durable = "on" if self.fsync else "off"
         opts = (
-            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
-            f"-c fsync={'on' if self.fsync else 'off'} -c synchronous_commit="
-            f"{'on' if self.fsync else 'off'} -c full_page_writes=off -c max_connections=50 "
-            "-c shared_buffers=128MB -c max_wal_size=2GB"
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync={durable} "
+            f"-c synchronous_commit={durable} -c full_page_writes={durable} "
+            "-c max_connections=50 " + " ".join(f"-c {k}={v}" for k, v in self.settings.items())
         )
         self._run(
             f"{self.bindir}/pg_ctl -D {self.datadir} -l {self.logfile} -w -t "
