@@ -48,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="MB",
-        help="encoded megabytes per store transaction (default: by store kind, 16 for SQLite "
-        "and PostgreSQL, 8 otherwise)",
+        help="encoded megabytes per store transaction and progress mark (default: by store "
+        "kind, 512 for SQLite and PostgreSQL, 8 otherwise); rows are read in 8 MB chunks "
+        "whatever this is",
     )
     parser.add_argument(
         "--retry-deadline",
