@@ -35,9 +35,7 @@ def test_concurrent_insert_of_a_new_key_is_merged_not_lost(postgres_server):  # 
     try:
         started = time.monotonic()
         mark = ProgressMark("r", 1, 2, T, 0, 10, True)
-        store.write(
-            T, keys, emb, np.zeros(10, np.int8), np.full(10, make_version(1, 2)), mark=mark
-        )
+        store.write(T, keys, emb, np.zeros(10, np.int8), np.full(10, make_version(1, 2)), mark=mark)
         assert time.monotonic() - started >= 0.4  # it did wait for the other writer
     finally:
         commit.join()
