@@ -49,7 +49,7 @@ A transaction is also the unit of the progress marks: a crash loses at most one.
 the store in read chunks of :data:`READ_BYTES` however large a transaction is, so memory does
 not grow with it; the SQL stores take a large transaction sorted by key in one pass, several
 times faster than many small ones in random key order (SQLite, 1M rows of dim 64 in random
-order on a 2-core VM: 16 MB transactions ~100k rows/s, one transaction 400-600k)."""
+order on a 2-core VM: 16 MB transactions 65-138k rows/s, one transaction 360-460k)."""
 READ_BYTES = 8 << 20
 """Rows read from the artifacts (and handed to the store) at a time."""
 
