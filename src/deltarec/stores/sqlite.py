@@ -191,6 +191,13 @@ class SqliteStore(RelationalStore):
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
         except sqlite3.Error as e:
             raise StoreError(f"sqlite store {path!r}: cannot open: {e}") from e
+        try:
+            self._conn.execute("SELECT count(*) FROM json_each('[1]')")
+        except sqlite3.OperationalError as e:
+            raise StoreError(
+                f"sqlite store {path!r}: this SQLite ({sqlite3.sqlite_version}) has no JSON "
+                f"functions ({e}); deltarec needs SQLite 3.38+ or a build with JSON1"
+            ) from e
         self._create_registry()
 
     def describe(self) -> str:
