@@ -43,9 +43,7 @@ class FlakyWrites:
         return self._store.write_batches(table, batches, mark, staging_generation)
 
 
-def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(
-    tmp_path, monkeypatch
-):  # type: ignore[no-untyped-def]
+def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(publisher_module, "READ_BYTES", 37 * 56)  # chunks of 37 rows
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
