@@ -145,6 +145,35 @@ def bare_postgres(url: str, keys: np.ndarray, emb: np.ndarray, seq: int) -> floa
     return n / elapsed
 
 
+def copy_ceiling(url: str, keys: np.ndarray, emb: np.ndarray) -> float:
+    """Rows/s of a plain binary COPY of the rows, sorted, into a fresh table with its primary
+    key: no staging, no merge, no version guard. Not a baseline to compare against (it cannot
+    upsert); what this server can ingest at best."""
+    import psycopg
+
+    n = emb.shape[0]
+    order = np.argsort(keys)
+    payload = batch_payload(
+        keys[order], emb[order], np.ones(n, np.int64), np.zeros(n, np.int8), "bytea"
+    )
+    conn = psycopg.connect(url, autocommit=True)
+    conn.execute(
+        "CREATE TABLE ceiling_t (key BIGINT PRIMARY KEY, embedding BYTEA NOT NULL, "
+        "version BIGINT NOT NULL, op SMALLINT) WITH (fillfactor = 50)"
+    )
+    start = time.perf_counter()
+    with (
+        conn.transaction(),
+        conn.cursor() as cur,
+        cur.copy("COPY ceiling_t FROM STDIN (FORMAT BINARY)") as cp,
+    ):
+        cp.write(payload)
+    elapsed = time.perf_counter() - start
+    conn.execute("DROP TABLE ceiling_t")
+    conn.close()
+    return n / elapsed
+
+
 def row(name: str, phase: str, ours: float, base: float) -> str:
     return f"| {name} | {phase} | {ours:,.0f} | {base:,.0f} | {ours / base:.2f} |"
 
@@ -154,6 +183,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument("--skip-sqlite", action="store_true")
     parser.add_argument("--cache-mb", type=int, default=16, help="SQLite page cache (both)")
     parser.add_argument("--dir", default=None, help="where the SQLite files go (default: /tmp)")
     parser.add_argument(
@@ -176,7 +206,7 @@ def main() -> None:
         "| backend | phase | deltarec rows/s | baseline rows/s | ratio |",
         "|---|---|---|---|---|",
     ]
-    for _ in range(args.repeat):
+    for _ in range(0 if args.skip_sqlite else args.repeat):
         with tempfile.TemporaryDirectory(dir=args.dir) as d:
             url = f"sqlite:///{d}/ours.db?cache_mb={args.cache_mb}"
             b = sizes["sqlite"]
@@ -190,13 +220,21 @@ def main() -> None:
             lines.append(row(name, "load", ours[0], base[0]))
             lines.append(row(name, "update", ours[1], base[1]))
     if not args.skip_postgres:
+        ceilings: list[float] = []
         for _ in range(args.repeat):
             with PostgresServer(fsync=True, settings=PG_SETTINGS) as pg:
                 b = sizes["postgres"]
                 ours = [run_store(pg.url, keys, emb, 1, b), run_store(pg.url, keys2, emb2, 2, b)]
                 base = [bare_postgres(pg.url, keys, emb, 1), bare_postgres(pg.url, keys2, emb2, 2)]
+                ceilings.append(copy_ceiling(pg.url, keys, emb))
             lines.append(row("PostgreSQL (vs bare COPY + merge)", "load", ours[0], base[0]))
             lines.append(row("PostgreSQL (vs bare COPY + merge)", "update", ours[1], base[1]))
+        lines.append(
+            "\nPostgreSQL ingest ceiling (plain COPY of the rows, sorted, into a fresh table "
+            "with its primary key; no merge): "
+            + ", ".join(f"{c:,.0f}" for c in ceilings)
+            + " rows/s"
+        )
     print("\n".join(lines))
 
 
