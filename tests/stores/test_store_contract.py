@@ -267,3 +267,21 @@ def test_write_batches_into_a_staging_view(store):  # type: ignore[no-untyped-de
     assert got.found.tolist() == [False] * 10 + [True] * 90
     np.testing.assert_array_equal(got.embedding[40:], new[40:])
     np.testing.assert_array_equal(got.embedding[10:40], emb[10:40])
+
+
+def test_write_batches_in_key_order_then_out_of_order(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(1000))
+    write(store, T, keys[:50], emb[:50], make_version(1, 1))
+    _, new = rows(range(1000), seed=6)
+    ops = np.zeros(1000, np.int8)
+    ops[[10, 20, 730]] = 1  # deletes in an in-order batch and in a later, reordered one
+    parts = batches_of(keys, new, make_version(1, 2), 100, ops=ops)
+    parts[5], parts[7] = parts[7], parts[5]  # from here on not in key order
+    parts.insert(2, RowBatch(keys[:0], new[:0], ops[:0], np.zeros(0, np.int64)))  # empty
+    assert store.write_batches(T, parts, ProgressMark("r", 1, 2, T, 0, 1000, True)) == 1000
+    got = store.read(T, keys)
+    deleted = ops == 1
+    assert got.found.tolist() == (~deleted).tolist()
+    np.testing.assert_array_equal(got.embedding[~deleted], new[~deleted])
+    assert set(got.versions[~deleted].tolist()) == {make_version(1, 2)}
+    assert sum(len(k) for k in store.scan_keys(T)) == 997

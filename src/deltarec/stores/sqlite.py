@@ -266,8 +266,10 @@ class SqliteStore(RelationalStore):
     ) -> int:
         """See :meth:`Store.write_batches`: one ``BEGIN IMMEDIATE`` transaction.
 
-        One batch is applied in key order straight away; several go through :data:`_PART`
-        first and are applied in one key-ordered pass.
+        A single batch is sorted and applied at once. Of several, those that come in key order
+        (each sorted and after the one before, as a dump of a plain table is) are applied as
+        they come; from the first that is not, the rest go through :data:`_PART` and are
+        applied in one key-ordered pass at the end.
         """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
@@ -280,10 +282,10 @@ class SqliteStore(RelationalStore):
             floor, tombstones = self._view_state(cur, view.name)
             second = next(it, None)
             if second is None:
-                n = self._write_one(cur, table, view, first, floor, tombstones, now)
+                n, _ = self._write_one(cur, table, view, first, floor, tombstones, now, True)
             else:
                 rest = itertools.chain([first, second], it)
-                n = self._write_through_part(cur, table, view, rest, floor, tombstones, now)
+                n = self._write_many(cur, table, view, rest, floor, tombstones, now)
             if mark is not None:
                 self._write_mark(cur, mark, stage)
         return n
@@ -297,14 +299,17 @@ class SqliteStore(RelationalStore):
         floor: int,
         tombstones: bool,
         now: float,
-    ) -> int:
+        sort: bool,
+    ) -> tuple[int, bool]:
+        """Apply one batch (``sort``: put it in key order first); ``(rows, tombstones)``."""
         keys, ops, versions = checked_arrays(table, view, *batch)
         embedding = batch.embedding
         keep = versions >= floor
         if view.staging_generation:
             sql = upsert_sql(view.name, _json_rows(True), "", "", False, with_op=True)
-            _insert_rows(cur, sql, keys[keep], embedding[keep], versions[keep], ops[keep], now)
-            return int(keys.shape[0])
+            rows = (keys[keep], embedding[keep], versions[keep], ops[keep])
+            _insert_rows(cur, sql, *rows, now, sort)
+            return int(keys.shape[0]), tombstones
         dels = keep & (ops == 1)
         if dels.any():
             tombstones = self._note_tombstones(cur, view, tombstones)
@@ -314,12 +319,12 @@ class SqliteStore(RelationalStore):
         else:  # the usual batch: no copies
             keep_keys, up_versions = keys, versions
         sql = upsert_sql(view.name, _json_rows(False), "j.value", "?4", tombstones)
-        _insert_rows(cur, sql, keep_keys, embedding, up_versions, None, now)
+        _insert_rows(cur, sql, keep_keys, embedding, up_versions, None, now, sort)
         if dels.any():
             self._delete(cur, view.name, keys[dels].tolist(), versions[dels].tolist())
-        return int(keys.shape[0])
+        return int(keys.shape[0]), tombstones
 
-    def _write_through_part(
+    def _write_many(
         self,
         cur: sqlite3.Cursor,
         table: str,
@@ -329,15 +334,24 @@ class SqliteStore(RelationalStore):
         tombstones: bool,
         now: float,
     ) -> int:
-        cur.execute(
-            f"CREATE TABLE IF NOT EXISTS {_PART} (key INTEGER NOT NULL, "
-            "embedding BLOB NOT NULL, version INTEGER NOT NULL, updated_at REAL NOT NULL, "
-            "op INTEGER NOT NULL)"
-        )
-        stage = view.staging_generation
         into = f"INSERT INTO {_PART} (key, embedding, version, updated_at, op) {_json_rows(True)}"
-        n, deletes = 0, False
+        n, last, staged, deletes = 0, None, False, False
         for batch in batches:
+            keys = np.asarray(batch.keys)
+            if not staged and _follows(keys, last):
+                count, tombstones = self._write_one(
+                    cur, table, view, batch, floor, tombstones, now, False
+                )
+                n += count
+                last = int(keys[-1]) if len(keys) else last
+                continue
+            if not staged:
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_PART} (key INTEGER NOT NULL, "
+                    "embedding BLOB NOT NULL, version INTEGER NOT NULL, "
+                    "updated_at REAL NOT NULL, op INTEGER NOT NULL)"
+                )
+                staged = True
             keys, ops, versions = checked_arrays(table, view, *batch)
             n += int(keys.shape[0])
             keep = versions >= floor
@@ -346,8 +360,16 @@ class SqliteStore(RelationalStore):
                 batch = batch._replace(embedding=batch.embedding[keep])
             deletes = deletes or bool((ops == 1).any())
             _insert_rows(cur, into, keys, batch.embedding, versions, ops, now, False)
+        if staged:
+            self._apply_part(cur, view, tombstones, deletes)
+        return n
+
+    def _apply_part(
+        self, cur: sqlite3.Cursor, view: ViewInfo, tombstones: bool, deletes: bool
+    ) -> None:
+        """Apply the rows in :data:`_PART` to ``view`` in one key-ordered pass; empty it."""
         order = " ORDER BY p.key, p.rowid"  # rowid: a later batch wins a tie, as in write()
-        if stage:
+        if view.staging_generation:
             source = f"SELECT p.key, p.embedding, p.version, p.updated_at, p.op FROM {_PART} AS p"
             cur.execute(upsert_sql(view.name, source, "", "", False, tail=order, with_op=True))
         else:
@@ -362,7 +384,6 @@ class SqliteStore(RelationalStore):
                 pairs = cur.fetchall()
                 self._delete(cur, view.name, [k for k, _ in pairs], [v for _, v in pairs])
         cur.execute(f"DELETE FROM {_PART}")
-        return n
 
     def _note_tombstones(self, cur: sqlite3.Cursor, view: ViewInfo, tombstones: bool) -> bool:
         """Mark ``view`` as holding tombstones (its upserts check them from now on)."""
@@ -560,6 +581,14 @@ def _one_run(keys: np.ndarray, versions: np.ndarray) -> bool:
     """Whether sorted unique ``keys`` are ``lo..hi`` at one version."""
     n = len(keys)
     return n > 0 and int(keys[-1]) - int(keys[0]) + 1 == n and bool((versions == versions[0]).all())
+
+
+def _follows(keys: np.ndarray, last: int | None) -> bool:
+    """Whether ``keys`` are strictly ascending and all after ``last``."""
+    if not len(keys):
+        return True
+    ascending = len(keys) == 1 or bool((keys[1:] > keys[:-1]).all())
+    return ascending and (last is None or int(keys[0]) > last)
 
 
 def _map_error(where: str, e: sqlite3.Error) -> Exception:
