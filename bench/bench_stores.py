@@ -190,15 +190,23 @@ def main() -> None:
         "--batch-mb", type=int, default=None, help="bytes per transaction (default: publisher's)"
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement")
+    parser.add_argument(
+        "--key-order",
+        choices=("random", "sorted"),
+        default="random",
+        help="order of the rows given to both sides (sorted: as a dump of a plain table)",
+    )
     args = parser.parse_args()
     sizes = {k: (args.batch_mb << 20 if args.batch_mb else v) for k, v in STORE_BATCH_BYTES.items()}
     keys, emb = make_rows(args.rows, args.dim)
     keys2, emb2 = keys[::-1].copy(), make_rows(args.rows, args.dim, seed=1)[1]
+    if args.key_order == "sorted":
+        keys, keys2 = np.sort(keys), np.sort(keys2)
     lines = [
         f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
         f"machine: {platform.node()} ({os.cpu_count()} cores, {platform.machine()}, load "
         f"average {os.getloadavg()[0]:.1f} at start); "
-        f"{args.rows:,} rows, dim {args.dim}, float32, random key order; deltarec writes "
+        f"{args.rows:,} rows, dim {args.dim}, float32, {args.key_order} key order; deltarec writes "
         f"transactions of up to {sizes['sqlite'] >> 20} MB (SQLite) / "
         f"{sizes['postgres'] >> 20} MB (PostgreSQL) in {READ_BYTES >> 20} MB read chunks; the "
         "baselines write all rows in one transaction",
