@@ -285,3 +285,19 @@ def test_write_batches_in_key_order_then_out_of_order(store):  # type: ignore[no
     np.testing.assert_array_equal(got.embedding[~deleted], new[~deleted])
     assert set(got.versions[~deleted].tolist()) == {make_version(1, 2)}
     assert sum(len(k) for k in store.scan_keys(T)) == 997
+
+
+def test_wide_rows_in_one_large_batch(store):  # type: ignore[no-untyped-def]
+    # 1500 rows of 8 KB (12 MB): SQLite cuts them into statements of 512 rows, PostgreSQL's COPY
+    # into pieces of about 8 MB, both in key order
+    wide = "sparse.ebc.wide"
+    store.provision({wide: TableSpec(dim=2048)})
+    keys, emb = rows(np.random.default_rng(1).permutation(1500).tolist(), dim=2048)
+    ops = np.zeros(1500, np.int8)
+    write(store, wide, keys, emb, make_version(1, 1))
+    ops[:5] = 1
+    _, new = rows(keys.tolist(), dim=2048, seed=8)
+    write(store, wide, keys, new, make_version(1, 2), ops=ops)
+    got = store.read(wide, keys)
+    assert got.found.tolist() == [False] * 5 + [True] * 1495
+    np.testing.assert_array_equal(got.embedding[5:], new[5:])

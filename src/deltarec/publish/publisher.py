@@ -184,7 +184,8 @@ class DumpPublisher:
         todo = self._todo(manifest, info, rank, done, result)
         where = f"run {self.run!r} generation {g} dump {s} rank {rank}"
         for table, spec in todo:
-            for batch in self._rows(manifest, rank, table, spec, rows, skip=0, verify=True):
+            chunk = self._read_rows(spec)  # rows in memory too: bounded temporaries
+            for batch in self._rows(manifest, rank, table, spec, rows, 0, True, chunk):
                 check_batch(
                     table,
                     spec.dtype,
@@ -259,16 +260,17 @@ class DumpPublisher:
         memory: Mapping[str, ShardRows] | None,
         skip: int,
         verify: bool = False,
+        memory_rows: int | None = None,
     ) -> Iterator[ShardRows]:
         """The rank's rows of ``table`` in chunks, without the first ``skip`` rows.
 
-        Rows in memory come as views of up to one transaction each (no copies); rows from the
-        artifacts in read chunks. ``verify`` checks each shard's sha256 before reading it (the
-        first pass does).
+        Rows in memory come as views (no copies) of ``memory_rows`` rows each (default: one
+        transaction); rows from the artifacts in read chunks. ``verify`` checks each shard's
+        sha256 before reading it (the first pass does).
         """
         if memory is not None and table in memory:
             data = memory[table]
-            size = self._batch_rows(spec)
+            size = memory_rows or self._batch_rows(spec)
             for start in range(skip, len(data), size):
                 yield data.slice(start, start + size)
             return

@@ -254,23 +254,21 @@ class PostgresStore(RelationalStore):
                 keys, ops, versions = checked_arrays(table, view, *batch)
                 if not len(keys):
                     continue
-                embedding = batch.embedding
-                if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
-                    order = np.argsort(keys)
-                    keys, embedding, versions, ops = (
-                        keys[order],
-                        embedding[order],
-                        versions[order],
-                        ops[order],
-                    )
-                in_order = in_order and (last is None or int(keys[0]) > last)
-                last = int(keys[-1])
+                ascending = len(keys) == 1 or bool((keys[1:] > keys[:-1]).all())
+                order = np.arange(len(keys)) if ascending else np.argsort(keys)
+                first, final = int(keys[order[0]]), int(keys[order[-1]])
+                in_order = in_order and (last is None or first > last)
+                last = final
                 n += len(keys)
                 deletes = deletes or bool((ops == 1).any())
-                records = batch_records(keys, embedding, versions, ops, self.layout)
-                data = records.view(np.uint8).data
-                for start in range(0, len(data), _COPY_CHUNK):
-                    cp.write(data[start : start + _COPY_CHUNK])
+                width = batch.embedding.shape[1] * batch.embedding.itemsize
+                step = max(1, _COPY_CHUNK // (width + 40))  # one chunk's rows copied at a time
+                for start in range(0, len(order), step):
+                    o = order[start : start + step]
+                    records = batch_records(
+                        keys[o], batch.embedding[o], versions[o], ops[o], self.layout
+                    )
+                    cp.write(records.view(np.uint8).data)
             cp.write(TRAILER)
         return n, in_order, deletes
 

@@ -45,6 +45,8 @@ a 2-core machine, 20-30% faster than none)."""
 TEMP_CACHE_MB = 8
 """Page cache of the temporary database (:data:`_PART`): its rows are appended and read once
 in order, so a small cache is enough."""
+STATEMENT_BYTES = 4 << 20
+"""At most this many bytes of rows per statement (wide rows: fewer rows)."""
 STATEMENT_ROWS = 8192
 """Rows per ``INSERT ... SELECT ... FROM json_each(?)`` statement. A statement takes its keys
 as one JSON array and its rows as one blob that SQL slices (``substr``), so no Python object
@@ -102,26 +104,34 @@ def upsert_sql(
 
 
 def _statements(
-    keys: np.ndarray, versions: np.ndarray, ops: np.ndarray | None, in_key_order: bool
+    keys: np.ndarray,
+    versions: np.ndarray,
+    ops: np.ndarray | None,
+    in_key_order: bool,
+    select: np.ndarray | None,
+    per_statement: int,
 ) -> Iterator[np.ndarray]:
     """Row indices per statement.
 
-    At most :data:`STATEMENT_ROWS` rows sharing one version (and op), each run in key order
-    when ``in_key_order``.
+    The rows ``select`` picks (all if None) in runs sharing one version (and op), each run in
+    key order when ``in_key_order``, cut into statements of at most ``per_statement`` rows.
     """
-    idx = np.argsort(keys, kind="stable") if in_key_order else np.arange(len(keys))
-    pairs = versions if ops is None else np.stack([versions, ops.astype(np.int64)], axis=1)
-    if len(keys) and not (pairs == pairs[0]).all():
-        codes = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)[idx]
+    idx = np.arange(len(keys)) if select is None else select
+    if in_key_order:
+        idx = idx[np.argsort(keys[idx], kind="stable")]
+    pairs = versions[idx]
+    if ops is not None:
+        pairs = np.stack([pairs, ops[idx].astype(np.int64)], axis=1)
+    if len(idx) and not (pairs == pairs[0]).all():
+        codes = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
         grouped = np.argsort(codes, kind="stable")
         idx, codes = idx[grouped], codes[grouped]
-        cuts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
-        runs = np.split(idx, cuts)
+        runs = np.split(idx, np.flatnonzero(codes[1:] != codes[:-1]) + 1)
     else:
         runs = [idx]
     for run in runs:
-        for start in range(0, len(run), STATEMENT_ROWS):
-            yield run[start : start + STATEMENT_ROWS]
+        for start in range(0, len(run), per_statement):
+            yield run[start : start + per_statement]
 
 
 def _insert_rows(
@@ -132,11 +142,17 @@ def _insert_rows(
     versions: np.ndarray,
     ops: np.ndarray | None,
     now: float,
-    in_key_order: bool = True,
+    in_key_order: bool,
+    select: np.ndarray | None = None,
 ) -> None:
-    """Run ``sql`` (its source :func:`_json_rows`) over the rows, statement by statement."""
+    """Run ``sql`` (its source :func:`_json_rows`) over rows, statement by statement.
+
+    The rows are those ``select`` picks (all if None); only one statement's rows are ever
+    copied.
+    """
     width = embedding.shape[1] * embedding.itemsize if embedding.ndim == 2 else 0
-    for idx in _statements(keys, versions, ops, in_key_order):
+    per_statement = max(1, min(STATEMENT_ROWS, STATEMENT_BYTES // max(1, width)))
+    for idx in _statements(keys, versions, ops, in_key_order, select, per_statement):
         params: tuple[Any, ...] = (
             json.dumps(keys[idx].tolist()),
             embedding[idx].tobytes(),
@@ -307,19 +323,16 @@ class SqliteStore(RelationalStore):
         keep = versions >= floor
         if view.staging_generation:
             sql = upsert_sql(view.name, _json_rows(True), "", "", False, with_op=True)
-            rows = (keys[keep], embedding[keep], versions[keep], ops[keep])
-            _insert_rows(cur, sql, *rows, now, sort)
+            picked = None if keep.all() else np.flatnonzero(keep)
+            _insert_rows(cur, sql, keys, embedding, versions, ops, now, sort, picked)
             return int(keys.shape[0]), tombstones
         dels = keep & (ops == 1)
         if dels.any():
             tombstones = self._note_tombstones(cur, view, tombstones)
         up = keep & (ops == 0)
-        if not up.all():
-            keep_keys, embedding, up_versions = keys[up], embedding[up], versions[up]
-        else:  # the usual batch: no copies
-            keep_keys, up_versions = keys, versions
+        picked = None if up.all() else np.flatnonzero(up)  # indices, not copies of the rows
         sql = upsert_sql(view.name, _json_rows(False), "j.value", "?4", tombstones)
-        _insert_rows(cur, sql, keep_keys, embedding, up_versions, None, now, sort)
+        _insert_rows(cur, sql, keys, embedding, versions, None, now, sort, picked)
         if dels.any():
             self._delete(cur, view.name, keys[dels].tolist(), versions[dels].tolist())
         return int(keys.shape[0]), tombstones
@@ -355,11 +368,9 @@ class SqliteStore(RelationalStore):
             keys, ops, versions = checked_arrays(table, view, *batch)
             n += int(keys.shape[0])
             keep = versions >= floor
-            if not keep.all():
-                keys, ops, versions = keys[keep], ops[keep], versions[keep]
-                batch = batch._replace(embedding=batch.embedding[keep])
-            deletes = deletes or bool((ops == 1).any())
-            _insert_rows(cur, into, keys, batch.embedding, versions, ops, now, False)
+            picked = None if keep.all() else np.flatnonzero(keep)
+            deletes = deletes or bool((keep & (ops == 1)).any())
+            _insert_rows(cur, into, keys, batch.embedding, versions, ops, now, False, picked)
         if staged:
             self._apply_part(cur, view, tombstones, deletes)
         return n
