@@ -42,6 +42,16 @@ class ShardRows:
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
+    @classmethod
+    def empty(cls, dtype: DType, dim: int) -> ShardRows:
+        """No rows, with the column types of a table of ``dtype`` and ``dim``."""
+        return cls(
+            np.empty(0, np.int64),
+            np.empty((0, codec.encoded_width(dtype, dim)), codec.element_type(dtype)),
+            np.empty(0, np.int8),
+            np.empty(0, np.int64),
+        )
+
     def slice(self, start: int, stop: int) -> ShardRows:
         """Rows ``start:stop`` (views, no copies)."""
         return ShardRows(
@@ -468,11 +478,5 @@ def read_shard(
     """Read a whole shard into memory (see :func:`iter_shard`)."""
     parts = list(iter_shard(root, dump_dir, shard, dtype, batch_rows=1 << 20, verify=verify))
     if not parts:
-        width = codec.encoded_width(dtype, 0)
-        return ShardRows(
-            np.empty(0, np.int64),
-            np.empty((0, width), codec.element_type(dtype)),
-            np.empty(0, np.int8),
-            np.empty(0, np.int64),
-        )
+        return ShardRows.empty(dtype, 0)
     return ShardRows.concat(parts)

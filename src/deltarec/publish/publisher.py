@@ -62,6 +62,11 @@ def default_batch_bytes(store: Store) -> int:
 _PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch sizing
 
 
+def _rows_in(nbytes: int, spec: TableSpec) -> int:
+    """How many rows of ``spec`` make about ``nbytes`` (at least one)."""
+    return max(1, nbytes // (codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD))
+
+
 @dataclass
 class PartResult:
     """What publishing one rank's part of one dump did."""
@@ -243,13 +248,12 @@ class DumpPublisher:
 
     def _batch_rows(self, spec: TableSpec) -> int:
         """Rows per store transaction."""
-        per_row = codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD
-        return max(1, self.batch_bytes // per_row)
+        return _rows_in(self.batch_bytes, spec)
 
     @staticmethod
     def _read_rows(spec: TableSpec) -> int:
         """Rows per read chunk."""
-        return max(1, READ_BYTES // (codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD))
+        return _rows_in(READ_BYTES, spec)
 
     def _rows(
         self,
@@ -314,8 +318,7 @@ class DumpPublisher:
         total = self._part_rows(manifest, rank, table, memory)
         reader = _PartReader(
             lambda start: self._rows(manifest, rank, table, spec, memory, start),
-            codec.encoded_width(spec.dtype, spec.dim),
-            codec.element_type(spec.dtype),
+            ShardRows.empty(spec.dtype, spec.dim),
         )
         done = min(skip, total)
         step = self._batch_rows(spec)
@@ -443,12 +446,9 @@ class _PartReader:
     (its rows were read but not committed) it reopens the rows at the transaction's start.
     """
 
-    def __init__(
-        self, open_at: Callable[[int], Iterator[ShardRows]], width: int, element: np.dtype
-    ) -> None:
+    def __init__(self, open_at: Callable[[int], Iterator[ShardRows]], empty: ShardRows) -> None:
         self._open_at = open_at
-        self._width = width
-        self._element = element
+        self._empty = empty
         self._rows: Iterator[ShardRows] = iter(())
         self._position = -1
         self._carry: ShardRows | None = None
@@ -470,9 +470,4 @@ class _PartReader:
             sent = True
             yield chunk
         if not sent:
-            yield ShardRows(
-                np.empty(0, np.int64),
-                np.empty((0, self._width), self._element),
-                np.empty(0, np.int8),
-                np.empty(0, np.int64),
-            )
+            yield self._empty

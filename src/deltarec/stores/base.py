@@ -118,10 +118,7 @@ class Store(abc.ABC):
         Returns:
             The number of rows in all batches.
         """
-        it = iter(batches)
-        batch = next(it, None)
-        if batch is None:
-            raise ValueError(f"write_batches of {table!r} got no batch")
+        batch, it = first_batch(table, batches)
         total = 0
         for following in it:
             total += self.write(table, *batch, staging_generation=staging_generation)
@@ -256,3 +253,12 @@ __all__ = [
     "Store",
     "ViewInfo",
 ]
+
+
+def first_batch(table: str, batches: Iterable[RowBatch]) -> tuple[RowBatch, Iterator[RowBatch]]:
+    """The first of ``batches`` and an iterator over the rest (``write_batches`` needs one)."""
+    it = iter(batches)
+    batch = next(it, None)
+    if batch is None:
+        raise ValueError(f"write_batches of {table!r} got no batch")
+    return batch, it

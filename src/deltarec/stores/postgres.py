@@ -26,11 +26,12 @@ from psycopg import errors as pgerrors
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
+from deltarec.stores.base import first_batch
 from deltarec.stores.config import PostgresConfig
 from deltarec.stores.naming import quote
 from deltarec.stores.pgcopy import HEADER, TRAILER, batch_records, decode_float4_array
 from deltarec.stores.relational import RelationalStore
-from deltarec.stores.rows import checked_arrays
+from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
@@ -187,20 +188,6 @@ class PostgresStore(RelationalStore):
         return f"DROP TABLE IF EXISTS {quote(name)}"
 
     # ---- rows ----------------------------------------------------------------------------
-    def write(
-        self,
-        table: str,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        ops: np.ndarray,
-        versions: np.ndarray,
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write`: COPY, versioned merge and mark in one transaction."""
-        batch = RowBatch(keys, embedding, ops, versions)
-        return self.write_batches(table, [batch], mark, staging_generation)
-
     def write_batches(
         self,
         table: str,
@@ -216,10 +203,7 @@ class PostgresStore(RelationalStore):
         """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        it = iter(batches)
-        first = next(it, None)
-        if first is None:
-            raise ValueError(f"write_batches of {table!r} got no batch")
+        first, it = first_batch(table, batches)
         with self._tx() as cur:
             n, in_order, deletes = self._copy(cur, table, view, itertools.chain([first], it))
             if deletes and not stage:  # before the share lock below: no lock upgrade
@@ -254,8 +238,7 @@ class PostgresStore(RelationalStore):
                 keys, ops, versions = checked_arrays(table, view, *batch)
                 if not len(keys):
                     continue
-                ascending = len(keys) == 1 or bool((keys[1:] > keys[:-1]).all())
-                order = np.arange(len(keys)) if ascending else np.argsort(keys)
+                order = np.arange(len(keys)) if ascending(keys) else np.argsort(keys)
                 first, final = int(keys[order[0]]), int(keys[order[-1]])
                 in_order = in_order and (last is None or first > last)
                 last = final

@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
+
+import numpy as np
 
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, ViewMismatchError
 from deltarec.ids import make_version, validate_run
 from deltarec.stores.base import Store
 from deltarec.stores.naming import staging_prefix, view_names
-from deltarec.stores.types import FreshnessRecord, ProgressMark, ServingPointer, ViewInfo
+from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch, ServingPointer, ViewInfo
 
 REGISTRY_DDL = (
     """CREATE TABLE IF NOT EXISTS deltarec_views (
@@ -112,6 +114,31 @@ class RelationalStore(Store):
     def _rows(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._exec(cur, sql, params)
         return list(cur.fetchall())
+
+    # ---- rows ----------------------------------------------------------------------------
+    def write(
+        self,
+        table: str,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write`: a :meth:`write_batches` of one batch."""
+        batch = RowBatch(keys, embedding, ops, versions)
+        return self.write_batches(table, [batch], mark, staging_generation)
+
+    @abc.abstractmethod
+    def write_batches(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write_batches`: one transaction (subclass)."""
 
     def _create_registry(self) -> None:
         with self._tx() as cur:

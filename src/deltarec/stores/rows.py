@@ -129,3 +129,8 @@ def _finite_rows(embedding: np.ndarray, dtype: DType, dim: int) -> np.ndarray:
         tail = np.ascontiguousarray(embedding[:, dim : dim + 4]).view("<f2")
         return np.isfinite(tail).all(axis=1)  # type: ignore[no-any-return]
     return np.isfinite(embedding).all(axis=1)  # type: ignore[no-any-return]
+
+
+def ascending(keys: np.ndarray) -> bool:
+    """Whether ``keys`` are strictly ascending (the order a B-tree takes fastest)."""
+    return len(keys) < 2 or bool((keys[1:] > keys[:-1]).all())

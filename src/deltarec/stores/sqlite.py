@@ -25,10 +25,11 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import StoreError, StoreUnavailableError
+from deltarec.stores.base import first_batch
 from deltarec.stores.config import SqliteConfig
 from deltarec.stores.naming import quote
 from deltarec.stores.relational import RelationalStore
-from deltarec.stores.rows import checked_arrays
+from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
@@ -259,20 +260,6 @@ class SqliteStore(RelationalStore):
         return f"DROP TABLE IF EXISTS {quote(name)}"
 
     # ---- rows ----------------------------------------------------------------------------
-    def write(
-        self,
-        table: str,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        ops: np.ndarray,
-        versions: np.ndarray,
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write`."""
-        batch = RowBatch(keys, embedding, ops, versions)
-        return self.write_batches(table, [batch], mark, staging_generation)
-
     def write_batches(
         self,
         table: str,
@@ -289,10 +276,7 @@ class SqliteStore(RelationalStore):
         """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        it = iter(batches)
-        first = next(it, None)
-        if first is None:
-            raise ValueError(f"write_batches of {table!r} got no batch")
+        first, it = first_batch(table, batches)
         now = time.time()
         with self._tx() as cur:
             floor, tombstones = self._view_state(cur, view.name)
@@ -598,8 +582,7 @@ def _follows(keys: np.ndarray, last: int | None) -> bool:
     """Whether ``keys`` are strictly ascending and all after ``last``."""
     if not len(keys):
         return True
-    ascending = len(keys) == 1 or bool((keys[1:] > keys[:-1]).all())
-    return ascending and (last is None or int(keys[0]) > last)
+    return ascending(keys) and (last is None or int(keys[0]) > last)
 
 
 def _map_error(where: str, e: sqlite3.Error) -> Exception:
