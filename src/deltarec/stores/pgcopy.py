@@ -41,33 +41,37 @@ def embedding_field(embedding: np.ndarray, layout: str) -> tuple[np.ndarray, int
 
 
 def batch_records(
-    keys: np.ndarray, embedding: np.ndarray, versions: np.ndarray, ops: np.ndarray, layout: str
+    keys: np.ndarray,
+    embedding: np.ndarray,
+    versions: np.ndarray,
+    ops: np.ndarray | None,
+    layout: str,
 ) -> np.ndarray:
-    """The COPY tuples of ``(key bigint, embedding, version bigint, op smallint)`` rows.
+    """The COPY tuples of ``(key bigint, embedding, version bigint[, op smallint])`` rows.
 
     One structured array; its buffer goes to the COPY stream between :data:`HEADER` and
-    :data:`TRAILER`.
+    :data:`TRAILER`. Without ``ops`` the tuples have three fields (a view's own columns).
     """
     emb, width = embedding_field(embedding, layout)
-    dt = np.dtype(
-        [
-            ("nf", ">i2"),
-            ("kl", ">i4"),
-            ("k", ">i8"),
-            ("el", ">i4"),
-            ("e", np.void, width),
-            ("vl", ">i4"),
-            ("v", ">i8"),
-            ("ol", ">i4"),
-            ("o", ">i2"),
-        ]
-    )
-    arr = np.empty(keys.shape[0], dt)
-    arr["nf"], arr["kl"], arr["el"], arr["vl"], arr["ol"] = 4, 8, width, 8, 2
+    fields = [
+        ("nf", ">i2"),
+        ("kl", ">i4"),
+        ("k", ">i8"),
+        ("el", ">i4"),
+        ("e", np.void, width),
+        ("vl", ">i4"),
+        ("v", ">i8"),
+    ]
+    if ops is not None:
+        fields += [("ol", ">i4"), ("o", ">i2")]
+    arr = np.empty(keys.shape[0], np.dtype(fields))
+    arr["nf"], arr["kl"], arr["el"], arr["vl"] = (3 if ops is None else 4), 8, width, 8
     arr["k"] = keys
     arr["e"] = emb
     arr["v"] = versions
-    arr["o"] = ops
+    if ops is not None:
+        arr["ol"] = 2
+        arr["o"] = ops
     return arr
 
 
