@@ -1,0 +1,201 @@
+"""PostgreSQL's write paths: new keys copied straight into a view, the rest merged.
+
+Which path a write took is seen through ``PostgresStore._copy_direct`` (wrapped to record
+whether each group went in); what the view holds afterwards is checked in full.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.types import TableSpec
+from deltarec.ids import make_version
+from deltarec.stores import ProgressMark, RowBatch, open_store
+from deltarec.stores import postgres as pgstore
+
+T = "sparse.ebc.user_id"
+DIM = 4
+_SCHEMAS = itertools.count()
+
+
+@pytest.fixture
+def store(postgres_server):  # type: ignore[no-untyped-def]
+    s = open_store(f"{postgres_server.url}?schema=writes{next(_SCHEMAS)}")
+    s.provision({T: TableSpec(dim=DIM)})
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def direct(monkeypatch):  # type: ignore[no-untyped-def]
+    """Each batch its own COPY group; records ``went in`` per group."""
+    calls: list[bool] = []
+    real = pgstore.PostgresStore._copy_direct
+
+    def spy(self, *args: Any) -> Any:  # type: ignore[no-untyped-def]
+        result = real(self, *args)
+        calls.append(result[0])
+        return result
+
+    monkeypatch.setattr(pgstore, "_DIRECT_BYTES", 1)
+    monkeypatch.setattr(pgstore.PostgresStore, "_copy_direct", spy)
+    return calls
+
+
+def rows(keys: Any, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    values = np.random.default_rng(seed).normal(size=(len(keys), DIM)).astype(np.float32)
+    return np.asarray(keys, np.int64), codec.encode(values, codec.DType.FLOAT32)
+
+
+def batch(keys: np.ndarray, emb: np.ndarray, version: int, ops: Any = 0) -> RowBatch:
+    n = len(keys)
+    return RowBatch(keys, emb, np.full(n, ops, np.int8), np.full(n, version, np.int64))
+
+
+def test_new_keys_go_straight_in_until_a_group_holds_a_key_the_view_has(store, direct):  # type: ignore[no-untyped-def]
+    held, held_emb = rows(range(500, 600), seed=1)
+    store.write_batches(T, [batch(held, held_emb, make_version(1, 5))])
+    assert direct == [True]  # an empty view: straight in
+    direct.clear()
+    keys, emb = rows(range(800), seed=2)  # row i is key i
+    shuffle = np.random.default_rng(0).permutation
+    parts = [shuffle(np.arange(a, b)) for a, b in ((0, 150), (150, 300), (300, 800), (800, 800))]
+    old = make_version(1, 3)  # older than the held rows, which must not change
+    mark = ProgressMark("r", 1, 3, T, 0, 800, True)
+    assert store.write_batches(T, [batch(keys[p], emb[p], old) for p in parts], mark) == 800
+    # the first two groups went straight in; the third holds keys 500-599 and was merged
+    assert direct == [True, True, False]
+    got = store.read(T, keys)
+    assert got.found.all()
+    is_held = (keys >= 500) & (keys < 600)
+    np.testing.assert_array_equal(got.embedding[is_held], held_emb)
+    np.testing.assert_array_equal(got.embedding[~is_held], emb[~is_held])
+    assert set(got.versions[is_held].tolist()) == {make_version(1, 5)}
+    assert set(got.versions[~is_held].tolist()) == {old}
+    assert [m.rows for m in store.progress("r", 1)] == [800]
+
+
+def test_a_failed_group_is_undone_and_the_write_goes_on(store, direct):  # type: ignore[no-untyped-def]
+    """A group that fails on its last row is undone whole, and merged."""
+    keys, emb = rows(range(300), seed=3)
+    store.write(T, keys[299:], emb[299:], np.zeros(1, np.int8), np.full(1, make_version(1, 1)))
+    direct.clear()
+    new = make_version(1, 2)
+    store.write_batches(T, [batch(keys[:100], emb[:100], new), batch(keys[100:], emb[100:], new)])
+    assert direct == [True, False]  # keys 100-298 went in first, then 299 failed the group
+    got = store.read(T, keys)
+    assert got.found.all() and set(got.versions.tolist()) == {new}
+    np.testing.assert_array_equal(got.embedding, emb)
+
+
+def test_deletes_go_to_the_merge_and_tombstones_stop_copies_straight_in(store, direct):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(40), seed=4)
+    v1, v2 = make_version(1, 1), make_version(1, 2)
+    ops = np.array([0, 1] * 20, np.int8)  # deletes of keys the view never held
+    store.write_batches(T, [RowBatch(keys, emb, ops, np.full(40, v1, np.int64))])
+    assert direct == [True]  # the upserts; the deletes were merged (tombstones)
+    got = store.read(T, keys)
+    assert got.found.tolist() == (ops == 0).tolist()
+    np.testing.assert_array_equal(got.embedding[ops == 0], emb[ops == 0])
+    direct.clear()
+    # the view has tombstones now: no write copies straight in (the guard needs the merge)
+    store.write_batches(T, [batch(keys[1:2], emb[1:2], make_version(1, 0))])  # older: refused
+    store.write_batches(T, [batch(np.array([100]), emb[:1], v2)])
+    assert direct == []
+    assert store.read(T, keys[1:2]).found.tolist() == [False]
+    assert store.read(T, np.array([100])).found.tolist() == [True]
+
+
+def test_rows_below_the_floor_are_not_copied_in(store, direct):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(10), seed=5)
+    snap = make_version(2, 0)
+    mark = ProgressMark("r", 2, 0, T, 0, 5, True)
+    store.write(T, keys[:5], emb[:5], np.zeros(5, np.int8), np.full(5, snap), mark=mark)
+    assert store.finish_snapshot("r", 2, 0, T, world_size=1)
+    direct.clear()
+    late = np.array([make_version(1, 9)] * 3 + [make_version(2, 1)] * 2, np.int64)
+    store.write_batches(T, [RowBatch(keys[5:], emb[5:], np.zeros(5, np.int8), late)])
+    assert direct == [True]
+    assert store.read(T, keys[5:]).found.tolist() == [False] * 3 + [True] * 2
+
+
+def test_groups_copied_straight_in_per_write_are_bounded(store, direct, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(pgstore, "_DIRECT_SAVEPOINTS", 2)
+    keys, emb = rows(range(500), seed=6)
+    v = make_version(1, 1)
+    store.write_batches(
+        T, [batch(keys[s : s + 100], emb[s : s + 100], v) for s in range(0, 500, 100)]
+    )
+    assert direct == [True, True]  # the other three batches went through the batch table
+    got = store.read(T, keys)
+    assert got.found.all()
+    np.testing.assert_array_equal(got.embedding, emb)
+
+
+def test_a_staging_view_takes_new_rows_and_tombstones_straight_in(store, direct):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(20), seed=7)
+    store.write(T, keys, emb, np.zeros(20, np.int8), np.full(20, make_version(1, 1)))
+    store.provision({T: TableSpec(dim=DIM)}, staging_generation=2)
+    direct.clear()
+    ops = np.array([1] * 5 + [0] * 15, np.int8)
+    _, new = rows(range(20), seed=8)
+    store.write_batches(
+        T, [RowBatch(keys, new, ops, np.full(20, make_version(2, 1)))], staging_generation=2
+    )
+    assert direct == [True]
+    store.merge_staging("r", 2)
+    got = store.read(T, keys)
+    assert got.found.tolist() == [False] * 5 + [True] * 15
+    np.testing.assert_array_equal(got.embedding[5:], new[5:])
+
+
+def _other_writer(url: str, schema: str) -> psycopg.Connection[Any]:
+    other = psycopg.connect(url)  # another writer, mid-transaction
+    other.execute(f"SET search_path TO {schema}")
+    return other
+
+
+@pytest.mark.parametrize("view_holds_a_key", [False, True], ids=["copy", "merge"])
+def test_concurrent_insert_of_a_new_key_is_applied_not_lost(postgres_server, view_holds_a_key):  # type: ignore[no-untyped-def]
+    """Another session inserts key 3 and commits while this write waits on it.
+
+    ``copy``: the view is empty, the COPY straight in waits on key 3 and fails on it; the rows
+    are merged. ``merge``: the view holds key 0, so the COPY fails at once and the MERGE waits
+    on key 3 and fails on it; the rows are applied by ``INSERT ... ON CONFLICT``.
+    """
+    schema = f"concurrent{next(_SCHEMAS)}"
+    store = open_store(f"{postgres_server.url}?schema={schema}")
+    view = store.provision({T: TableSpec(dim=DIM)})[T]
+    keys, emb = rows(range(10), seed=9)
+    new = make_version(1, 2)
+    if view_holds_a_key:
+        store.write(T, keys[:1], emb[:1], np.zeros(1, np.int8), np.full(1, make_version(1, 1)))
+    other = _other_writer(postgres_server.url, schema)
+    other.execute(
+        f'INSERT INTO "{view.name}" (key, embedding, version) VALUES (3, %s, %s)',
+        (b"\0" * 16, make_version(1, 1)),
+    )
+    commit = threading.Timer(0.5, other.commit)  # while this write waits on key 3
+    commit.start()
+    try:
+        started = time.monotonic()
+        mark = ProgressMark("r", 1, 2, T, 0, 10, True)
+        store.write(T, keys, emb, np.zeros(10, np.int8), np.full(10, new), mark=mark)
+        assert time.monotonic() - started >= 0.4  # it did wait for the other writer
+    finally:
+        commit.join()
+        other.close()
+    got = store.read(T, keys)
+    assert got.found.all()
+    assert set(got.versions.tolist()) == {new}  # key 3 too: the newer version won
+    np.testing.assert_array_equal(got.embedding, emb)
+    assert [m.rows for m in store.progress("r", 1)] == [10]
+    store.close()
