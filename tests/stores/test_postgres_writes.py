@@ -17,6 +17,7 @@ import pytest
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
+from deltarec.errors import StoreUnavailableError
 from deltarec.ids import make_version
 from deltarec.stores import ProgressMark, RowBatch, open_store
 from deltarec.stores import postgres as pgstore
@@ -199,3 +200,44 @@ def test_concurrent_insert_of_a_new_key_is_applied_not_lost(postgres_server, vie
     np.testing.assert_array_equal(got.embedding, emb)
     assert [m.rows for m in store.progress("r", 1)] == [10]
     store.close()
+
+
+def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgres_server):  # type: ignore[no-untyped-def]
+    """Both hold the registry row's share lock, then both set ``has_tombstones``: PostgreSQL
+    aborts one as a deadlock, which is transient (the publisher retries); the other commits."""
+    schema = f"tombstones{next(_SCHEMAS)}"
+    url = f"{postgres_server.url}?schema={schema}"
+    stores = [open_store(url), open_store(url)]
+    stores[0].provision({T: TableSpec(dim=DIM)})
+    keys, emb = rows(range(20), seed=10)
+    v = make_version(1, 1)
+    stores[0].write(T, keys, emb, np.zeros(20, np.int8), np.full(20, v))
+    both_locked = threading.Barrier(2, timeout=10)
+
+    def deletes(part: slice) -> Any:  # consumed after the share lock is taken
+        both_locked.wait()
+        yield batch(keys[part], emb[part], make_version(1, 2), ops=1)
+
+    outcome: list[Any] = [None, None]
+
+    def run(i: int) -> None:
+        try:
+            outcome[i] = stores[i].write_batches(T, deletes(slice(10 * i, 10 * i + 10)))
+        except Exception as e:  # the outcome is checked below
+            outcome[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    failed = [o for o in outcome if isinstance(o, Exception)]
+    assert len(failed) == 1 and outcome.count(10) == 1, outcome
+    assert isinstance(failed[0], StoreUnavailableError) and "Deadlock" in str(failed[0])
+    loser = outcome.index(failed[0])
+    both_locked = threading.Barrier(1)
+    part = slice(10 * loser, 10 * loser + 10)
+    assert stores[loser].write_batches(T, deletes(part)) == 10  # the retry
+    assert not stores[1].read(T, keys).found.any()
+    for s in stores:
+        s.close()

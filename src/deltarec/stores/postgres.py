@@ -1,4 +1,4 @@
-"""PostgreSQL (and wire-compatible Hologres) store: COPY into a staging table, versioned merge.
+"""PostgreSQL (and wire-compatible Hologres) store: COPY, new keys straight in, versioned merge.
 
 Each view is a table ``key BIGINT PRIMARY KEY, embedding BYTEA | REAL[], version BIGINT NOT
 NULL, updated_at TIMESTAMPTZ`` in the configured schema (``bytea`` = the encoded row packed
