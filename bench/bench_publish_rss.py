@@ -2,17 +2,19 @@
 
 Writes a generation with :class:`~deltarec.artifacts.ShardWriter` (2 ranks, one table, row
 groups of 64k rows, one delta dump), then runs ``deltarec publish`` into a fresh SQLite store
-as a child process and reads its peak RSS (``ru_maxrss`` of that child, from ``wait4``).
+(or, with ``--store postgres``, a PostgreSQL server this script starts) as a child process and
+reads its peak RSS (``VmHWM``, which the child reports).
 Baseline, in the same run: the peak RSS of a child that only imports what ``deltarec
 publish`` imports (interpreter + numpy + pyarrow + deltarec), so the difference is what
 publishing the rows costs.
 
-Run: ``.venv/bin/python bench/bench_publish_rss.py [--rows N] [--dim D]``
+Run: ``.venv/bin/python bench/bench_publish_rss.py [--rows N] [--dim D] [--store postgres]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -25,7 +27,9 @@ import numpy as np
 
 from deltarec.artifacts import ArtifactRoot, ShardRows, ShardWriter
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec
+from deltarec.testing.servers import PostgresServer
 
+PG_SETTINGS = {"shared_buffers": "1GB"}  # as bench_stores.py
 TABLE = "sparse.ebc.item_id"
 GROUP = 65536
 
@@ -106,14 +110,24 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--workdir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.workdir) as d:
+    with contextlib.ExitStack() as stack:
+        d = stack.enter_context(tempfile.TemporaryDirectory(dir=args.workdir))
+        if args.store == "postgres":
+            url = stack.enter_context(PostgresServer(fsync=True, settings=PG_SETTINGS)).url
+            name = "PostgreSQL"
+        else:
+            url, name = f"sqlite:///{d}/store.db", "SQLite"
         root = ArtifactRoot(f"{d}/art")
         t = time.perf_counter()
         manifest = write_generation(root, args.rows, args.dim)
         gen_s = time.perf_counter() - t
         data_mb = sum(s.bytes for s in manifest.shards) / 1e6
-        imports = "import numpy, pyarrow, pyarrow.parquet, deltarec.publish, deltarec.stores.sqlite"
+        imports = (
+            "import numpy, pyarrow, pyarrow.parquet, deltarec.publish, "
+            f"deltarec.stores.{args.store}"
+        )
         base_mb, _ = child_peak_rss_mb(imports, [])
         body = "from deltarec.cli import main\nrc = main(sys.argv[1:])\nassert rc == 0, rc"
         cli = [
@@ -123,7 +137,7 @@ def main() -> None:
             "--run",
             "big",
             "--store",
-            f"sqlite:///{d}/store.db",
+            url,
             "--json",
             f"{d}/out.json",
         ]
@@ -134,7 +148,7 @@ def main() -> None:
         f"generation: {args.rows:,} rows, dim "
         f"{args.dim} float32, 2 ranks, {data_mb:,.0f} MB of parquet (written in {gen_s:.0f}s)\n\n"
         "| measure | peak RSS (MB) |\n|---|---|\n"
-        f"| `deltarec publish` into SQLite ({wall:.0f}s, {args.rows / wall:,.0f} rows/s) "
+        f"| `deltarec publish` into {name} ({wall:.0f}s, {args.rows / wall:,.0f} rows/s) "
         f"| {peak_mb:.0f} |\n"
         f"| baseline: interpreter + the same imports | {base_mb:.0f} |\n"
         f"| ratio publish / baseline | {peak_mb / base_mb:.2f} |\n"

@@ -222,7 +222,10 @@ class PostgresStore(RelationalStore):
             floor, tombstones = self._view_state(cur, view.name, " FOR SHARE")
             sent = _Sent()
             rows = _sorted_rows(table, view, itertools.chain([first], it), sent)
-            self._copy(cur, view, rows, floor, bool(stage) or not tombstones, sent)
+            # Straight in only on PostgreSQL 15+ (as MERGE): wire-compatible stores that
+            # report older versions get the plain path, without savepoints.
+            direct = self._has_merge(cur) and (bool(stage) or not tombstones)
+            self._copy(cur, view, rows, floor, direct, sent)
             if sent.deletes and not stage and not tombstones:
                 # The first tombstones of a view. Two writers doing this at once each wait for
                 # the other's share lock: PostgreSQL aborts one (a deadlock, transient), and the
