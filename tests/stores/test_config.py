@@ -98,10 +98,14 @@ def test_postgres_float4_array_layout_round_trips_and_refuses_int8(postgres_serv
             [(scanned, rows)] = list(store.scan_rows(table))
             assert scanned.tolist() == [7, 8]
             np.testing.assert_array_equal(rows.embedding, emb)
+            # keys 7 and 8 are there now: this write goes through the batch table and merge
+            newer = emb[::-1].copy()
+            store.write(table, keys, newer, np.zeros(2, np.int8), np.full(2, make_version(1, 2)))
+            np.testing.assert_array_equal(store.read(table, keys).embedding, newer)
         with pytest.raises(ConfigError, match="float4"):
             store.provision({"t.q": TableSpec(dim=3, dtype=DType.INT8_ROWWISE)})
     import psycopg
 
     with psycopg.connect(postgres_server.url) as conn:
-        row = conn.execute("SELECT embedding FROM arrays.emb_t_f32 WHERE key = 7").fetchone()
+        row = conn.execute("SELECT embedding FROM arrays.emb_t_f32 WHERE key = 8").fetchone()
     assert row == ([1.5, -2.0, 3.25],)  # a plain query sees float4[] values
