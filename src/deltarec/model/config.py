@@ -122,8 +122,9 @@ class ModelConfig(_Strict):
     dense_lr: float = Field(default=0.01, gt=0)
     """Learning rate of the dense optimizer (Adagrad), also for data-parallel tables."""
     zch_optimizer: Literal["adagrad", "sgd", "rowwise_adagrad"] = "adagrad"
-    """Fused optimizer of the ZCH table. ``rowwise_adagrad`` works on CUDA only: on CPU the
-    first MCH admission fails in ``fbgemm::reset_weight_momentum`` (no CPU kernel)."""
+    """Fused optimizer of the ZCH table. For ``rowwise_adagrad`` on CPU, ``build_sharded_model``
+    installs :func:`deltarec.tracking.zch_cpu.install_cpu_eviction_reset` (fbgemm's
+    ``reset_weight_momentum``, called at each MCH admission, has no CPU kernel)."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

@@ -50,6 +50,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from deltarec.model.click_model import HISTORY, ZCH_TABLE, ClickModel
 from deltarec.model.config import ModelConfig, ShardingName
 from deltarec.model.tables import TableInfo, model_tables
+from deltarec.tracking.zch_cpu import install_cpu_eviction_reset
 
 
 @dataclass
@@ -177,6 +178,7 @@ def build_sharded_model(
         ManagedCollisionEmbeddingBagCollectionSharder(),
     ]
     dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=cast(Any, sharders))
+    install_cpu_eviction_reset(dmp)  # fused RowWiseAdagrad ZCH on CPU (a no-op otherwise)
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     optimizer = CombinedOptimizer(
         [
