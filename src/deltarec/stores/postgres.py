@@ -353,7 +353,11 @@ class PostgresStore(RelationalStore):
         Then the merge reads the batch table as it was copied (each batch in key order):
         walking the view in key order saves page reads only where pages are read from disk,
         and sorting a large batch table costs about a second per million rows of dim 64.
+        Servers that report versions before 15 (wire-compatible stores among them) are not
+        asked: False.
         """
+        if not PostgresStore._has_merge(cur):
+            return False
         cur.execute(
             "SELECT pg_total_relation_size(%s::regclass) "
             "< pg_size_bytes(current_setting('shared_buffers'))",
