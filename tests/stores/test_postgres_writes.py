@@ -241,3 +241,29 @@ def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgre
     assert not stores[1].read(T, keys).found.any()
     for s in stores:
         s.close()
+
+
+def test_servers_before_15_take_the_plain_path(store, direct, monkeypatch):  # type: ignore[no-untyped-def]
+    """Wire-compatible stores that report older versions: no savepoints, no MERGE."""
+    monkeypatch.setattr(pgstore.PostgresStore, "_has_merge", staticmethod(lambda cur: False))
+    keys, emb = rows(range(200), seed=11)
+    _, new = rows(range(200), seed=12)
+    shuffle = np.random.default_rng(1).permutation(200)
+    v1, v2 = make_version(1, 1), make_version(1, 2)
+    store.write_batches(
+        T,
+        [batch(keys[shuffle[s : s + 50]], emb[shuffle[s : s + 50]], v1) for s in range(0, 200, 50)],
+    )
+    parts = [
+        batch(keys[:100], new[:100], v2),
+        batch(keys[100:150], new[100:150], make_version(1, 0)),
+    ]
+    parts.append(batch(keys[150:160], new[150:160], v2, ops=1))
+    store.write_batches(T, parts, ProgressMark("r", 1, 2, T, 0, 160, True))
+    assert direct == []
+    got = store.read(T, keys)
+    np.testing.assert_array_equal(got.embedding[:100], new[:100])
+    np.testing.assert_array_equal(got.embedding[100:150], emb[100:150])  # older: ignored
+    assert got.found.tolist() == [True] * 150 + [False] * 10 + [True] * 40
+    np.testing.assert_array_equal(got.embedding[160:], emb[160:])
+    assert [m.rows for m in store.progress("r", 1)] == [160]
