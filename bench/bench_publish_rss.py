@@ -25,11 +25,12 @@ import time
 
 import numpy as np
 
+# the same server settings as the write benchmark (bench/ is on the path of a bench script)
+from bench_stores import PG_SETTINGS
 from deltarec.artifacts import ArtifactRoot, ShardRows, ShardWriter
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec
 from deltarec.testing.servers import PostgresServer
 
-PG_SETTINGS = {"shared_buffers": "1GB"}  # as bench_stores.py
 TABLE = "sparse.ebc.item_id"
 GROUP = 65536
 

@@ -4,13 +4,13 @@ Each view is a table ``key BIGINT PRIMARY KEY, embedding BYTEA | REAL[], version
 NULL, updated_at TIMESTAMPTZ`` in the configured schema (``bytea`` = the encoded row packed
 little-endian; ``float4[]`` = its values, for float32/float16 tables), so an outside reader gets
 a row with one plain query. A write (one batch, or many streamed in) is one transaction: rows
-of keys the view does not hold yet are copied straight into it (binary ``COPY``, one savepoint
-per batch); the others are copied into a per-session ``TEMP`` table (``ON COMMIT DELETE
-ROWS``) and applied by one versioned merge (``MERGE``, or ``INSERT ... ON CONFLICT DO UPDATE
-... WHERE version <= EXCLUDED.version``) in key order (and a guarded ``DELETE`` + tombstone
-for ``op = 1``); then the progress mark. A lost connection
-raises :class:`~deltarec.errors.StoreUnavailableError` and the next call reconnects; the
-publisher retries.
+of keys the view does not hold yet are copied straight into it (binary ``COPY``, in groups of
+up to 32 MB, each in a savepoint); the others are copied into a per-session ``TEMP`` table
+(``ON COMMIT DELETE ROWS``) and applied by one versioned merge (``MERGE``, or ``INSERT ... ON
+CONFLICT DO UPDATE ... WHERE version <= EXCLUDED.version``) in key order (and a guarded
+``DELETE`` + tombstone for ``op = 1``); then the progress mark. A lost connection raises
+:class:`~deltarec.errors.StoreUnavailableError` and the next call reconnects; the publisher
+retries.
 """
 
 from __future__ import annotations
