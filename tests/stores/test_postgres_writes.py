@@ -1,7 +1,8 @@
 """PostgreSQL's write paths: new keys copied straight into a view, the rest merged.
 
 Which path a write took is seen through ``PostgresStore._copy_direct`` (wrapped to record
-whether each group went in); what the view holds afterwards is checked in full.
+whether each group went in) and ``PostgresStore._merge_batch`` (whether the merge walked both
+indexes by a merge join); what the view holds afterwards is checked in full.
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ def direct(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(pgstore, "_DIRECT_BYTES", 1)
     monkeypatch.setattr(pgstore.PostgresStore, "_copy_direct", spy)
     return calls
+
+
+@pytest.fixture
+def walks(monkeypatch):  # type: ignore[no-untyped-def]
+    """Merge joins for merges of any size; records ``walk`` per merge."""
+    calls: list[bool] = []
+    real = pgstore.PostgresStore._merge_batch
+
+    def spy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
+        calls.append(bool(kwargs.get("walk", args[6] if len(args) > 6 else False)))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pgstore, "_WALK_MIN_BYTES", 0)
+    monkeypatch.setattr(pgstore.PostgresStore, "_merge_batch", spy)
+    return calls
+
+
+def _batch_index(store: Any) -> Any:
+    """The batch table's key index in the store's own session, or None."""
+    with store._tx() as cur:
+        cur.execute("SELECT to_regclass('pg_temp.deltarec_batch_bytea_key')")
+        return cur.fetchone()[0]
 
 
 def rows(keys: Any, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -164,14 +187,22 @@ def _other_writer(url: str, schema: str) -> psycopg.Connection[Any]:
     return other
 
 
-@pytest.mark.parametrize("view_holds_a_key", [False, True], ids=["copy", "merge"])
-def test_concurrent_insert_of_a_new_key_is_applied_not_lost(postgres_server, view_holds_a_key):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("view_holds_a_key", "walk"),
+    [(False, False), (True, False), (True, True)],
+    ids=["copy", "merge", "merge-join"],
+)
+def test_concurrent_insert_of_a_new_key_is_applied_not_lost(
+    postgres_server, monkeypatch, view_holds_a_key, walk
+):  # type: ignore[no-untyped-def]
     """Another session inserts key 3 and commits while this write waits on it.
 
     ``copy``: the view is empty, the COPY straight in waits on key 3 and fails on it; the rows
     are merged. ``merge``: the view holds key 0, so the COPY fails at once and the MERGE waits
     on key 3 and fails on it; the rows are applied by ``INSERT ... ON CONFLICT``.
+    ``merge-join``: the same, with the MERGE by a merge join.
     """
+    monkeypatch.setattr(pgstore, "_WALK_MIN_BYTES", 0 if walk else 1 << 60)
     schema = f"concurrent{next(_SCHEMAS)}"
     store = open_store(f"{postgres_server.url}?schema={schema}")
     view = store.provision({T: TableSpec(dim=DIM)})[T]
@@ -267,3 +298,111 @@ def test_servers_before_15_take_the_plain_path(store, direct, monkeypatch):  # t
     assert got.found.tolist() == [True] * 150 + [False] * 10 + [True] * 40
     np.testing.assert_array_equal(got.embedding[160:], emb[160:])
     assert [m.rows for m in store.progress("r", 1)] == [160]
+
+
+def test_a_merge_of_a_large_share_of_the_view_walks_both_indexes(store, direct, walks, monkeypatch):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(3000), seed=13)
+    v1, v2, v3 = make_version(1, 1), make_version(1, 2), make_version(1, 3)
+    store.write(T, keys[:2000], emb[:2000], np.zeros(2000, np.int8), np.full(2000, v2))
+    assert walks == []  # new keys: straight in
+    _, new = rows(range(3000), seed=14)
+    # keys 0-999 newer, 1000-1499 older (refused), 1500-1699 deleted, 2000-2999 new keys
+    pick = np.concatenate([np.arange(0, 1700), np.arange(2000, 3000)])
+    versions = np.where((pick >= 1000) & (pick < 1500), v1, v3)
+    ops = ((pick >= 1500) & (pick < 1700)).astype(np.int8)
+    order = np.random.default_rng(2).permutation(len(pick))
+    parts = [order[s : s + 500] for s in range(0, len(order), 500)]
+    store.write_batches(
+        T,
+        [RowBatch(keys[pick[p]], new[pick[p]], ops[p], versions[p]) for p in parts],
+        ProgressMark("r", 1, 3, T, 0, len(pick), True),
+    )
+    assert walks == [True]
+    assert _batch_index(store) is None  # dropped: later COPYs do not maintain it
+    got = store.read(T, keys)
+    expect_found = np.ones(3000, bool)
+    expect_found[1500:1700] = False
+    expect_found[1700:2000] = True  # not written: as before
+    assert got.found.tolist() == expect_found.tolist()
+    fresh = np.r_[0:1000, 2000:3000]
+    np.testing.assert_array_equal(got.embedding[fresh], new[fresh])
+    assert set(got.versions[fresh].tolist()) == {v3}
+    kept = np.r_[1000:1500, 1700:2000]
+    np.testing.assert_array_equal(got.embedding[kept], emb[kept])
+    assert set(got.versions[kept].tolist()) == {v2}
+    assert [m.rows for m in store.progress("r", 1)] == [len(pick)]
+    # the view has tombstones now: the guard holds on this path too
+    monkeypatch.setattr(pgstore, "_WALK", 1000)  # 200 rows: a merge join all the same
+    walks.clear()
+    back = np.r_[1500:1600]  # older than their tombstones: refused
+    again = np.r_[1600:1700]  # newer: back in
+    both = np.concatenate([back, again])
+    store.write_batches(
+        T,
+        [
+            RowBatch(
+                keys[both],
+                emb[both],
+                np.zeros(200, np.int8),
+                np.where(both < 1600, v1, make_version(1, 4)),
+            )
+        ],
+    )
+    assert walks == [True]
+    got = store.read(T, keys[both])
+    assert got.found.tolist() == [False] * 100 + [True] * 100
+
+
+def test_small_merges_into_a_large_view_keep_the_nested_loop(store, walks):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(4000), seed=15)
+    store.write(T, keys, emb, np.zeros(4000, np.int8), np.full(4000, make_version(1, 1)))
+    _, new = rows(range(20), seed=16)
+    store.write(T, keys[:20], new, np.zeros(20, np.int8), np.full(20, make_version(1, 2)))
+    assert walks == [False]
+    np.testing.assert_array_equal(store.read(T, keys[:20]).embedding, new)
+
+
+def test_a_failed_merge_join_write_leaves_nothing_behind(store, walks, monkeypatch):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(100), seed=17)
+    v1, v2 = make_version(1, 1), make_version(1, 2)
+    store.write(T, keys, emb, np.zeros(100, np.int8), np.full(100, v1))
+    _, new = rows(range(100), seed=18)
+    ops = np.zeros(100, np.int8)
+    ops[:10] = 1
+
+    def broken(*args: Any) -> int:
+        raise RuntimeError("lost between the merge and the deletes")
+
+    with monkeypatch.context() as m:
+        m.setattr(pgstore.PostgresStore, "_apply_deletes", staticmethod(broken))
+        with pytest.raises(RuntimeError, match="lost between"):
+            store.write(
+                T, keys, new, ops, np.full(100, v2), mark=ProgressMark("r", 1, 2, T, 0, 100, True)
+            )
+    assert walks == [True]
+    assert _batch_index(store) is None  # rolled back with the rest
+    got = store.read(T, keys)
+    assert got.found.all() and set(got.versions.tolist()) == {v1}  # nothing half-applied
+    np.testing.assert_array_equal(got.embedding, emb)
+    assert store.progress("r", 1) == []
+    store.write(T, keys, new, ops, np.full(100, v2))  # the retry: the index is made anew
+    got = store.read(T, keys)
+    assert got.found.tolist() == [False] * 10 + [True] * 90
+    np.testing.assert_array_equal(got.embedding[10:], new[10:])
+
+
+def test_promote_merges_a_large_staging_view_by_a_merge_join(store, walks):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(200), seed=19)
+    store.write(T, keys, emb, np.zeros(200, np.int8), np.full(200, make_version(2, 5)))
+    store.provision({T: TableSpec(dim=DIM)}, staging_generation=2)
+    _, new = rows(range(200), seed=20)
+    ops = np.array([1] * 20 + [0] * 180, np.int8)
+    versions = np.array([make_version(2, 6)] * 100 + [make_version(2, 4)] * 100, np.int64)
+    store.write_batches(T, [RowBatch(keys, new, ops, versions)], staging_generation=2)
+    walks.clear()
+    store.merge_staging("r", 2)
+    assert walks == [True]
+    got = store.read(T, keys)
+    assert got.found.tolist() == [False] * 20 + [True] * 180
+    np.testing.assert_array_equal(got.embedding[20:100], new[20:100])  # newer
+    np.testing.assert_array_equal(got.embedding[100:], emb[100:])  # older: refused

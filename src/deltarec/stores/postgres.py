@@ -50,6 +50,16 @@ memory; past that, other sessions' snapshots look them up on disk while the writ
 publisher's transactions (up to 512 MB: 16 groups) stay well under this; the rest of a longer
 write goes through the merge."""
 _BATCH = {"bytea": "deltarec_batch_bytea", "float4[]": "deltarec_batch_float4"}
+_WALK = 4
+"""A merge of at least 1/4 of the view's size (by the tables' files) goes by a merge join:
+the batch table gets an index on its keys (a sort of keys only), and both indexes are read once
+in key order. Below that, a nested loop descends the view's index per row, which is cheaper
+than reading all of the view. Updating 1M keys of a 1M-row view: ~14 % faster (median of 3
+runs), 500k of 2M: ~15 %; 250k of 2M: ~20 % slower, 100k of 2M: 2x slower (nested loop kept).
+A view at fillfactor 50 takes about twice its rows' bytes, so 1/4 by size is 1/4 to 1/2 of
+its rows."""
+_WALK_MIN_BYTES = 16 << 20
+"""Smaller merges keep the nested loop: no index is made and dropped for them."""
 FILLFACTOR = 50
 """Live views leave half of each page free, so a row's new version fits in its page (a HOT
 update: no new index entry). Updating every key of 1M rows of dim 64 merges ~2x faster than
@@ -238,13 +248,19 @@ class PostgresStore(RelationalStore):
                 tombstones = True
             if sent.staged:
                 source = _BATCH[self.layout]
-                sort = not sent.in_order and not self._cached(cur, view.name)
                 if stage:
+                    sort = not sent.in_order and not self._cached(cur, view.name)
                     self._merge_into_stage(cur, view, floor, sort)
                 else:
-                    self._merge_batch(cur, view.name, source, floor, tombstones, sort)
+                    walk = self._walks(cur, view.name, source)
+                    if walk:  # both sides read in key order through an index (see _WALK)
+                        cur.execute(f"CREATE INDEX {source}_key ON {source} (key)")
+                    sort = not (walk or sent.in_order or self._cached(cur, view.name))
+                    self._merge_batch(cur, view.name, source, floor, tombstones, sort, walk)
                     if sent.deletes:
                         self._apply_deletes(cur, view.name, source, floor)
+                    if walk:  # the next write's COPY goes faster without it
+                        cur.execute(f"DROP INDEX {source}_key")
             if mark is not None:
                 self._write_mark(cur, mark, stage)
         return sent.rows
@@ -365,20 +381,45 @@ class PostgresStore(RelationalStore):
         )
         return bool(cur.fetchone()[0])
 
+    @staticmethod
+    def _walks(cur: Any, name: str, source: str) -> bool:
+        """Whether to merge ``source`` into view ``name`` by a merge join (see :data:`_WALK`).
+
+        Only where the server has ``MERGE``, and ``source`` is at least
+        :data:`_WALK_MIN_BYTES`; the sizes are those of the tables' files.
+        """
+        if not PostgresStore._has_merge(cur):
+            return False
+        cur.execute(
+            "SELECT pg_relation_size(%s::regclass) AS s, pg_relation_size(%s::regclass) AS v",
+            (source, quote(name)),
+        )
+        source_bytes, view_bytes = cur.fetchone()
+        return bool(source_bytes >= _WALK_MIN_BYTES and source_bytes * _WALK >= view_bytes)
+
     def _merge_batch(
-        self, cur: Any, name: str, source: str, floor: int, tombstones: bool, sort: bool = True
+        self,
+        cur: Any,
+        name: str,
+        source: str,
+        floor: int,
+        tombstones: bool,
+        sort: bool = True,
+        walk: bool = False,
     ) -> int:
         """Versioned upsert of ``source``'s rows; ``sort=False`` when they are in key order.
 
-        Where the server has ``MERGE`` (PostgreSQL 15+), a ``MERGE`` walking the view's index
-        in key order (a nested loop: the rows are not hashed) applies new keys as plain
+        Where the server has ``MERGE`` (PostgreSQL 15+), a ``MERGE`` applies new keys as plain
         inserts, 1.2-2x faster than ``INSERT ... ON CONFLICT``, whose every insert is a
-        speculative one. ``MERGE`` is not safe against another session inserting one of the
-        same new keys at the same time: that fails it with a unique violation, and the rows
-        are then applied with ``INSERT ... ON CONFLICT`` in the same transaction instead.
+        speculative one. It finds each row's key in the view by a nested loop over the view's
+        index (the rows are not hashed), or with ``walk`` (``source`` has an index on ``key``)
+        by a merge join: both indexes read once in key order, no descent of the view's index
+        per row. ``MERGE`` is not safe against another session inserting one of the same new
+        keys at the same time: that fails it with a unique violation, and the rows are then
+        applied with ``INSERT ... ON CONFLICT`` in the same transaction instead.
         """
         q = quote(name)
-        order = " ORDER BY s.key" if sort else ""
+        order = " ORDER BY s.key" if sort and not walk else ""
         guard = ""
         params: tuple[Any, ...] = (floor,)
         if tombstones:
@@ -389,8 +430,9 @@ class PostgresStore(RelationalStore):
             params = (floor, name)
         rows = f"SELECT s.* FROM {source} s WHERE s.op = 0 AND s.version >= %s{guard}{order}"
         if self._has_merge(cur):
-            cur.execute("SET LOCAL enable_hashjoin = off")
-            cur.execute("SET LOCAL enable_mergejoin = off")
+            off = ("hashjoin", "nestloop", "sort") if walk else ("hashjoin", "mergejoin")
+            for plan in off:
+                cur.execute(f"SET LOCAL enable_{plan} = off")
             try:
                 with cur.connection.transaction():  # a savepoint
                     cur.execute(
@@ -546,7 +588,9 @@ class PostgresStore(RelationalStore):
             (live.name,),
         )
         floor, tombstones = self._view_state(cur, live.name, " FOR UPDATE")
-        merged = self._merge_batch(cur, live.name, quote(stage.name), floor, tombstones)
+        source = quote(stage.name)  # its primary key is the index a merge join walks
+        walk = self._walks(cur, live.name, source)
+        merged = self._merge_batch(cur, live.name, source, floor, tombstones, walk=walk)
         return merged + self._apply_deletes(cur, live.name, quote(stage.name), floor)
 
     def merge_staging(self, run: str, generation: int) -> int:
