@@ -85,8 +85,22 @@ def test_view_names_follow_the_spec_and_long_ones_get_a_hash():  # type: ignore[
         view_name("bad table!")
 
 
-def test_postgres_float4_array_layout_round_trips_and_refuses_int8(postgres_server):  # type: ignore[no-untyped-def]
-    url = f"{postgres_server.url}?schema=arrays&layout=float4[]"
+@pytest.mark.parametrize("walk", [False, True], ids=["nested-loop", "merge-join"])
+def test_postgres_float4_array_layout_round_trips_and_refuses_int8(
+    postgres_server, monkeypatch, walk
+):  # type: ignore[no-untyped-def]
+    from deltarec.stores import postgres as pgstore
+
+    monkeypatch.setattr(pgstore, "_WALK_MIN_BYTES", 0 if walk else 1 << 60)
+    walked: list[bool] = []
+    real = pgstore.PostgresStore._walks
+    monkeypatch.setattr(
+        pgstore.PostgresStore,
+        "_walks",
+        staticmethod(lambda *args: walked.append(real(*args)) or walked[-1]),
+    )
+    schema = "arrays_walk" if walk else "arrays"
+    url = f"{postgres_server.url}?schema={schema}&layout=float4[]"
     with open_store(url) as store:
         store.provision({"t.f32": TableSpec(dim=3), "t.f16": TableSpec(dim=3, dtype=DType.FLOAT16)})
         for table, dtype in (("t.f32", DType.FLOAT32), ("t.f16", DType.FLOAT16)):
@@ -102,10 +116,11 @@ def test_postgres_float4_array_layout_round_trips_and_refuses_int8(postgres_serv
             newer = emb[::-1].copy()
             store.write(table, keys, newer, np.zeros(2, np.int8), np.full(2, make_version(1, 2)))
             np.testing.assert_array_equal(store.read(table, keys).embedding, newer)
+        assert walked == [walk, walk]  # the two merges
         with pytest.raises(ConfigError, match="float4"):
             store.provision({"t.q": TableSpec(dim=3, dtype=DType.INT8_ROWWISE)})
     import psycopg
 
     with psycopg.connect(postgres_server.url) as conn:
-        row = conn.execute("SELECT embedding FROM arrays.emb_t_f32 WHERE key = 8").fetchone()
+        row = conn.execute(f"SELECT embedding FROM {schema}.emb_t_f32 WHERE key = 8").fetchone()
     assert row == ([1.5, -2.0, 3.25],)  # a plain query sees float4[] values
