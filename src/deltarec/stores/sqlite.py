@@ -14,10 +14,12 @@ import itertools
 import json
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -40,26 +42,14 @@ than 4 KB pages (fewer B-tree pages to split, search and write). ``checkpoint_pa
 4 KB units, so the WAL checkpoint interval in bytes does not depend on the page size."""
 
 
-SORTER_THREADS = 2
-"""Helper threads SQLite's sorter may use to sort a large write (about 10-20% faster than 1 on
-a 2-core machine, 20-30% faster than none)."""
-TEMP_CACHE_MB = 8
-"""Page cache of the temporary database (:data:`_PART`): its rows are appended and read once
-in order, so a small cache is enough."""
 STATEMENT_BYTES = 4 << 20
 """At most this many bytes of rows per statement (wide rows: fewer rows)."""
 STATEMENT_ROWS = 8192
 """Rows per ``INSERT ... SELECT ... FROM json_each(?)`` statement. A statement takes its keys
 as one JSON array and its rows as one blob that SQL slices (``substr``), so no Python object
 is made per row: about a third of the CPU of an ``executemany`` with one tuple per row."""
-
-_PART = "temp.deltarec_part"
-"""A per-connection temporary table that holds the rows of a :meth:`SqliteStore.write_batches`
-call of several batches until all are in, each batch appended in key order; they are then
-applied in one key-ordered pass (a B-tree takes sorted rows several times faster). Memory does
-not grow with the call: the rows wait in SQLite's temporary files, and the key order comes
-from an index built at the end (:data:`_PART_KEY`, a sort of keys only)."""
-_PART_KEY = "temp.deltarec_part_key"
+SPILL_READ_BYTES = 8 << 20
+"""Rows read back from a write's spill file (:class:`_Spill`) at a time, in key order."""
 
 
 def _json_rows(with_op: bool) -> str:
@@ -202,9 +192,6 @@ class SqliteStore(RelationalStore):
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {config.synchronous}")
             self._conn.execute(f"PRAGMA cache_size = {-1024 * config.cache_mb}")
-            self._conn.execute(f"PRAGMA temp.page_size = {PAGE_SIZE}")  # before its first use
-            self._conn.execute(f"PRAGMA temp.cache_size = {-1024 * TEMP_CACHE_MB}")
-            self._conn.execute(f"PRAGMA threads = {SORTER_THREADS}")
             page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
             checkpoint = max(1, config.checkpoint_pages * 4096 // page)  # same WAL bytes
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
@@ -273,8 +260,8 @@ class SqliteStore(RelationalStore):
 
         A single batch is sorted and applied at once. Of several, those that come in key order
         (each sorted and after the one before, as a dump of a plain table is) are applied as
-        they come; from the first that is not, the rest go through :data:`_PART` (each sorted)
-        and are applied in one key-ordered pass at the end.
+        they come; from the first that is not, the rest wait in a spill file (:class:`_Spill`,
+        each batch sorted) and are applied in one key-ordered pass at the end.
         """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
@@ -305,23 +292,44 @@ class SqliteStore(RelationalStore):
     ) -> tuple[int, bool]:
         """Apply one batch (``sort``: put it in key order first); ``(rows, tombstones)``."""
         keys, ops, versions = checked_arrays(table, view, *batch)
-        embedding = batch.embedding
         keep = versions >= floor
+        tombstones = self._apply(
+            cur, view, keys, batch.embedding, versions, ops, keep, tombstones, now, sort
+        )
+        return int(keys.shape[0]), tombstones
+
+    def _apply(
+        self,
+        cur: sqlite3.Cursor,
+        view: ViewInfo,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        versions: np.ndarray,
+        ops: np.ndarray,
+        keep: np.ndarray | None,
+        tombstones: bool,
+        now: float,
+        sort: bool,
+    ) -> bool:
+        """Apply checked rows (those ``keep`` marks; None: all): upserts, then deletes.
+
+        Returns whether the view has tombstones now.
+        """
         if view.staging_generation:
             sql = upsert_sql(view.name, _json_rows(True), "", "", False, with_op=True)
-            picked = None if keep.all() else np.flatnonzero(keep)
+            picked = None if keep is None or keep.all() else np.flatnonzero(keep)
             _insert_rows(cur, sql, keys, embedding, versions, ops, now, sort, picked)
-            return int(keys.shape[0]), tombstones
-        dels = keep & (ops == 1)
+            return tombstones
+        dels = ops == 1 if keep is None else keep & (ops == 1)
         if dels.any():
             tombstones = self._note_tombstones(cur, view, tombstones)
-        up = keep & (ops == 0)
+        up = ops == 0 if keep is None else keep & (ops == 0)
         picked = None if up.all() else np.flatnonzero(up)  # indices, not copies of the rows
         sql = upsert_sql(view.name, _json_rows(False), "j.value", "?4", tombstones)
         _insert_rows(cur, sql, keys, embedding, versions, None, now, sort, picked)
         if dels.any():
             self._delete(cur, view.name, keys[dels].tolist(), versions[dels].tolist())
-        return int(keys.shape[0]), tombstones
+        return tombstones
 
     def _write_many(
         self,
@@ -333,58 +341,31 @@ class SqliteStore(RelationalStore):
         tombstones: bool,
         now: float,
     ) -> int:
-        into = f"INSERT INTO {_PART} (key, embedding, version, updated_at, op) {_json_rows(True)}"
-        n, last, staged, deletes = 0, None, False, False
-        for batch in batches:
-            keys = np.asarray(batch.keys)
-            if not staged and _follows(keys, last):
-                count, tombstones = self._write_one(
-                    cur, table, view, batch, floor, tombstones, now, False
-                )
-                n += count
-                last = int(keys[-1]) if len(keys) else last
-                continue
-            if not staged:
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_PART} (key INTEGER NOT NULL, "
-                    "embedding BLOB NOT NULL, version INTEGER NOT NULL, "
-                    "updated_at REAL NOT NULL, op INTEGER NOT NULL)"
-                )
-                staged = True
-            keys, ops, versions = checked_arrays(table, view, *batch)
-            n += int(keys.shape[0])
-            keep = versions >= floor
-            picked = None if keep.all() else np.flatnonzero(keep)
-            deletes = deletes or bool((keep & (ops == 1)).any())
-            _insert_rows(cur, into, keys, batch.embedding, versions, ops, now, True, picked)
-        if staged:
-            self._apply_part(cur, view, tombstones, deletes)
+        n, last = 0, None
+        with ExitStack() as stack:
+            spill: _Spill | None = None
+            for batch in batches:
+                keys = np.asarray(batch.keys)
+                if spill is None and _follows(keys, last):
+                    count, tombstones = self._write_one(
+                        cur, table, view, batch, floor, tombstones, now, False
+                    )
+                    n += count
+                    last = int(keys[-1]) if len(keys) else last
+                    continue
+                if spill is None:
+                    spill = stack.enter_context(_Spill())
+                keys, ops, versions = checked_arrays(table, view, *batch)
+                n += int(keys.shape[0])
+                keep = versions >= floor
+                spill.add(keys, batch.embedding, versions, ops, None if keep.all() else keep)
+            if spill is not None:
+                # In key order, a later batch after an earlier one for the same key (as the
+                # batches came). A key's rows may straddle two read chunks: the version guard
+                # and the tombstones make the outcome the same as in one.
+                for rows in spill.rows():
+                    tombstones = self._apply(cur, view, *rows, None, tombstones, now, False)
         return n
-
-    def _apply_part(
-        self, cur: sqlite3.Cursor, view: ViewInfo, tombstones: bool, deletes: bool
-    ) -> None:
-        """Apply the rows in :data:`_PART` to ``view`` in one key-ordered pass; empty it."""
-        # An index of the keys (a sort of keys and rowids only) gives the key order; walking it
-        # reads each batch's rows (appended in key order) as one sequential stream.
-        cur.execute(f"CREATE INDEX IF NOT EXISTS {_PART_KEY} ON deltarec_part (key)")
-        order = " ORDER BY p.key, p.rowid"  # rowid: a later batch wins a tie, as in write()
-        if view.staging_generation:
-            source = f"SELECT p.key, p.embedding, p.version, p.updated_at, p.op FROM {_PART} AS p"
-            cur.execute(upsert_sql(view.name, source, "", "", False, tail=order, with_op=True))
-        else:
-            source = f"SELECT p.key, p.embedding, p.version, p.updated_at FROM {_PART} AS p"
-            if deletes:
-                tombstones = self._note_tombstones(cur, view, tombstones)
-            cur.execute(
-                upsert_sql(view.name, source, "p.key", "p.version", tombstones, "p.op = 0", order)
-            )
-            if deletes:
-                cur.execute(f"SELECT key, version FROM {_PART} WHERE op = 1 ORDER BY rowid")
-                pairs = cur.fetchall()
-                self._delete(cur, view.name, [k for k, _ in pairs], [v for _, v in pairs])
-        cur.execute(f"DELETE FROM {_PART}")
-        cur.execute(f"DROP INDEX IF EXISTS {_PART_KEY}")  # appends go faster without it
 
     def _note_tombstones(self, cur: sqlite3.Cursor, view: ViewInfo, tombstones: bool) -> bool:
         """Mark ``view`` as holding tombstones (its upserts check them from now on)."""
@@ -582,6 +563,94 @@ def _one_run(keys: np.ndarray, versions: np.ndarray) -> bool:
     """Whether sorted unique ``keys`` are ``lo..hi`` at one version."""
     n = len(keys)
     return n > 0 and int(keys[-1]) - int(keys[0]) + 1 == n and bool((versions == versions[0]).all())
+
+
+class _Spill:
+    """The rows of one write that wait in a file until all have come, then come back in key order.
+
+    Each batch is appended sorted by key, as records (version, op, row); only the keys stay in
+    memory (8 bytes a row). A bulk upsert into SQLite's B-tree is several times faster in key
+    order. Reading back, a chunk of consecutive keys holds one contiguous range of each batch,
+    so it takes one read per batch. The file is unlinked from the start (it goes to
+    ``SQLITE_TMPDIR``, else Python's temporary directory) and needs about the write's size.
+    """
+
+    def __init__(self) -> None:
+        tmp = os.environ.get("SQLITE_TMPDIR") or None
+        self._file = tempfile.TemporaryFile(dir=tmp)  # noqa: SIM115 (closed by __exit__)
+        self._keys: list[np.ndarray] = []
+        self._record: np.dtype | None = None
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._file.close()
+
+    def add(
+        self,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        versions: np.ndarray,
+        ops: np.ndarray,
+        keep: np.ndarray | None,
+    ) -> None:
+        """Append the rows ``keep`` marks (None: all), sorted by key (a stable sort)."""
+        rows = np.arange(len(keys)) if keep is None else np.flatnonzero(keep)
+        rows = rows[np.argsort(keys[rows], kind="stable")]
+        if self._record is None:  # the rows of one view: one width, one dtype
+            self._record = np.dtype(
+                [("version", "<i8"), ("op", "i1"), ("row", embedding.dtype, embedding.shape[1:])]
+            )
+        record = self._record
+        step = max(1, SPILL_READ_BYTES // record.itemsize)
+        for start in range(0, len(rows), step):
+            part = rows[start : start + step]
+            out = np.empty(len(part), record)
+            out["version"], out["op"], out["row"] = versions[part], ops[part], embedding[part]
+            self._file.write(out.view(np.uint8).data)
+        self._keys.append(keys[rows])
+
+    def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """``(keys, rows, versions, ops)`` of every row added, in key order, a chunk at a time.
+
+        Rows of one key keep the order in which they were added.
+        """
+        if self._record is None:
+            return
+        self._file.flush()
+        keys = np.concatenate(self._keys)
+        self._keys = []
+        order = np.argsort(keys, kind="stable")
+        if len(order) < 2**31:
+            order = order.astype(np.int32)
+        size = self._record.itemsize
+        step = max(1, SPILL_READ_BYTES // size)
+        for start in range(0, len(order), step):
+            take = order[start : start + step]
+            at = np.sort(take)  # positions in the file: one contiguous range per batch
+            buf = np.empty(len(at), self._record)
+            raw = buf.view(np.uint8).data
+            bounds = np.concatenate([[0], np.flatnonzero(np.diff(at) != 1) + 1, [len(at)]])
+            for a, b in itertools.pairwise(bounds.tolist()):
+                _read_exactly(self._file.fileno(), raw[a * size : b * size], int(at[a]) * size)
+            got = buf[np.searchsorted(at, take)]
+            yield keys[take], got["row"], got["version"], got["op"]
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int) -> None:
+    """Fill ``into`` from file ``fd`` at ``offset``."""
+    done = 0
+    while done < len(into):
+        n = os.preadv(fd, [into[done:]], offset + done)
+        if n <= 0:
+            raise StoreError(f"spill file ended early: {done} of {len(into)} bytes at {offset}")
+        done += n
 
 
 def _follows(keys: np.ndarray, last: int | None) -> bool:

@@ -1,0 +1,176 @@
+"""SQLite's write of several batches out of key order: spilled, then applied in key order.
+
+The spill reads its rows back a few at a time here (``SPILL_READ_BYTES`` made tiny), so rows
+of one key straddle read chunks. What a write leaves is compared with the same batches written
+one at a time, each its own transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.types import TableSpec
+from deltarec.errors import InvalidRowError
+from deltarec.ids import make_version
+from deltarec.stores import ProgressMark, RowBatch, open_store
+from deltarec.stores import sqlite as sqlitestore
+
+T = "sparse.ebc.user_id"
+DIM = 4
+
+
+@pytest.fixture
+def small_reads(monkeypatch):  # type: ignore[no-untyped-def]
+    """Read chunks of 3 rows; records the chunk sizes read back."""
+    sizes: list[int] = []
+    real = sqlitestore._Spill.rows
+
+    def spy(self: Any) -> Any:
+        for chunk in real(self):
+            sizes.append(len(chunk[0]))
+            yield chunk
+
+    record = 8 + 1 + DIM * 4
+    monkeypatch.setattr(sqlitestore, "SPILL_READ_BYTES", 3 * record)
+    monkeypatch.setattr(sqlitestore._Spill, "rows", spy)
+    return sizes
+
+
+def open_at(path: Any) -> Any:
+    store = open_store(f"sqlite:///{path}")
+    store.provision({T: TableSpec(dim=DIM)})
+    return store
+
+
+def state(store: Any, keys: np.ndarray) -> tuple[list[bool], list[int], np.ndarray]:
+    got = store.read(T, keys)
+    return got.found.tolist(), got.versions[got.found].tolist(), got.embedding[got.found]
+
+
+def test_a_spilled_write_ends_as_its_batches_written_one_by_one(tmp_path, small_reads):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    key_space = np.arange(60, dtype=np.int64)
+    base = rng.normal(size=(60, DIM)).astype(np.float32)
+    batches = []
+    versions = rng.permutation(np.arange(1, 400))  # no two rows share a version ...
+    for i in range(8):
+        keys = rng.choice(key_space, size=40, replace=False)  # keys repeat across batches
+        emb = codec.encode(rng.normal(size=(40, DIM)).astype(np.float32), codec.DType.FLOAT32)
+        ops = (rng.random(40) < 0.2).astype(np.int8)
+        v = np.array([make_version(1, int(x)) for x in versions[i * 40 : i * 40 + 40]])
+        batches.append(RowBatch(keys, emb, ops, v))
+    # ... except 5 keys of the first batch, written again by the last at the same versions,
+    # newer than any other row: the later batch wins
+    top = np.array([make_version(1, 500 + i) for i in range(5)])
+    first = batches[0]
+    ops0 = first.ops.copy()
+    ops0[:5] = 0
+    batches[0] = RowBatch(first.keys, first.embedding, ops0, np.r_[top, first.versions[5:]])
+    again = codec.encode(base[:5] + 7, codec.DType.FLOAT32)
+    batches.append(RowBatch(first.keys[:5], again, np.zeros(5, np.int8), top))
+    spilled, one_by_one = open_at(tmp_path / "a.db"), open_at(tmp_path / "b.db")
+    for store in (spilled, one_by_one):
+        store.write(
+            T,
+            key_space,
+            codec.encode(base, codec.DType.FLOAT32),
+            np.zeros(60, np.int8),
+            np.full(60, make_version(1, 200)),
+        )
+    mark = ProgressMark("r", 1, 5, T, 0, 325, True)
+    assert spilled.write_batches(T, batches, mark) == 325
+    for batch in batches:
+        one_by_one.write_batches(T, [batch])
+    assert len(small_reads) > 50 and max(small_reads) == 3  # many chunks: keys straddle them
+    a, b = state(spilled, key_space), state(one_by_one, key_space)
+    assert a[0] == b[0] and a[1] == b[1]
+    np.testing.assert_array_equal(a[2], b[2])
+    assert 0 < sum(a[0]) < 60  # some keys deleted, some not
+    np.testing.assert_array_equal(spilled.read(T, first.keys[:5]).embedding, again)
+    assert [m.rows for m in spilled.progress("r", 1)] == [325]
+    spilled.close()
+    one_by_one.close()
+
+
+def test_a_spilled_write_skips_rows_below_the_floor(tmp_path, small_reads):  # type: ignore[no-untyped-def]
+    store = open_at(tmp_path / "s.db")
+    keys = np.arange(10, dtype=np.int64)
+    emb = codec.encode(np.ones((10, DIM), np.float32), codec.DType.FLOAT32)
+    snap = make_version(2, 0)
+    mark = ProgressMark("r", 2, 0, T, 0, 5, True)
+    store.write(T, keys[:5], emb[:5], np.zeros(5, np.int8), np.full(5, snap), mark=mark)
+    assert store.finish_snapshot("r", 2, 0, T, world_size=1)
+    late = np.array([make_version(1, 9), make_version(2, 1)] * 5, np.int64)
+    order = np.array([9, 3, 7, 1, 5, 8, 0, 6, 2, 4])
+    parts = [
+        RowBatch(
+            keys[order[s : s + 2]], emb[order[s : s + 2]], np.zeros(2, np.int8), late[s : s + 2]
+        )
+        for s in range(0, 10, 2)
+    ]
+    assert store.write_batches(T, parts) == 10
+    got = store.read(T, keys)
+    newer = {int(k) for k, v in zip(keys[order], late, strict=True) if v == make_version(2, 1)}
+    assert got.found.tolist() == [k < 5 or k in newer for k in range(10)]
+    store.close()
+
+
+def test_a_spilled_write_into_a_staging_view_keeps_deletes_as_rows(tmp_path, small_reads):  # type: ignore[no-untyped-def]
+    store = open_at(tmp_path / "g.db")
+    keys = np.arange(20, dtype=np.int64)
+    emb = codec.encode(np.ones((20, DIM), np.float32), codec.DType.FLOAT32)
+    store.write(T, keys, emb, np.zeros(20, np.int8), np.full(20, make_version(1, 1)))
+    store.provision({T: TableSpec(dim=DIM)}, staging_generation=2)
+    new = codec.encode(np.full((20, DIM), 2.0, np.float32), codec.DType.FLOAT32)
+    ops = (keys < 5).astype(np.int8)
+    parts = [
+        RowBatch(keys[s::4], new[s::4], ops[s::4], np.full(5, make_version(2, 1))) for s in range(4)
+    ]
+    store.write_batches(T, parts[::-1], staging_generation=2)
+    assert small_reads  # spilled
+    np.testing.assert_array_equal(store.read(T, keys).embedding, emb)  # live view untouched
+    store.merge_staging("r", 2)
+    got = store.read(T, keys)
+    assert got.found.tolist() == [False] * 5 + [True] * 15
+    np.testing.assert_array_equal(got.embedding[5:], new[5:])
+    store.close()
+
+
+def test_a_bad_row_in_a_later_batch_leaves_nothing_and_no_spill_file(
+    tmp_path, small_reads, monkeypatch
+):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("SQLITE_TMPDIR", str(tmp_path / "spill"))
+    (tmp_path / "spill").mkdir()
+    made: list[Any] = []
+    real = sqlitestore.tempfile.TemporaryFile
+
+    def temporary_file(**kwargs: Any) -> Any:
+        made.append(kwargs.get("dir"))
+        return real(**kwargs)
+
+    monkeypatch.setattr(sqlitestore.tempfile, "TemporaryFile", temporary_file)
+    store = open_at(tmp_path / "n.db")
+    keys = np.arange(30, dtype=np.int64)[::-1].copy()
+    values = np.ones((30, DIM), np.float32)
+    values[25, 2] = np.inf
+    emb = codec.encode(values, codec.DType.FLOAT32)
+    parts = [
+        RowBatch(
+            keys[s : s + 10],
+            emb[s : s + 10],
+            np.zeros(10, np.int8),
+            np.full(10, make_version(1, 1)),
+        )
+        for s in range(0, 30, 10)
+    ]
+    with pytest.raises(InvalidRowError, match="key 4"):
+        store.write_batches(T, parts, ProgressMark("r", 1, 1, T, 0, 30, True))
+    assert not store.read(T, keys).found.any()
+    assert store.progress("r", 1) == []
+    assert made == [str(tmp_path / "spill")]  # the spill went where SQLITE_TMPDIR says
+    assert list((tmp_path / "spill").iterdir()) == []  # and left nothing there
+    store.close()
