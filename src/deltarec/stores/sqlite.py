@@ -580,6 +580,7 @@ class _Spill:
         self._file = tempfile.TemporaryFile(dir=tmp)  # noqa: SIM115 (closed by __exit__)
         self._keys: list[np.ndarray] = []
         self._record: np.dtype | None = None
+        self._buffer: np.ndarray[Any, Any] = np.empty(0)  # reused records, sized on first use
 
     def __enter__(self) -> _Spill:
         return self
@@ -607,12 +608,12 @@ class _Spill:
             self._record = np.dtype(
                 [("version", "<i8"), ("op", "i1"), ("row", embedding.dtype, embedding.shape[1:])]
             )
-        record = self._record
-        step = max(1, SPILL_READ_BYTES // record.itemsize)
-        for start in range(0, len(rows), step):
-            part = rows[start : start + step]
-            out = np.empty(len(part), record)
-            out["version"], out["op"], out["row"] = versions[part], ops[part], embedding[part]
+            self._buffer = np.empty(max(1, SPILL_READ_BYTES // self._record.itemsize), self._record)
+        for start in range(0, len(rows), len(self._buffer)):
+            part = rows[start : start + len(self._buffer)]
+            out = self._buffer[: len(part)]
+            out["version"], out["op"] = versions[part], ops[part]
+            np.take(embedding, part, axis=0, out=out["row"], mode="clip")  # part is in range
             self._file.write(out.view(np.uint8).data)
         self._keys.append(keys[rows])
 
@@ -630,11 +631,10 @@ class _Spill:
         if len(order) < 2**31:
             order = order.astype(np.int32)
         size = self._record.itemsize
-        step = max(1, SPILL_READ_BYTES // size)
-        for start in range(0, len(order), step):
-            take = order[start : start + step]
+        for start in range(0, len(order), len(self._buffer)):
+            take = order[start : start + len(self._buffer)]
             at = np.sort(take)  # positions in the file: one contiguous range per batch
-            buf = np.empty(len(at), self._record)
+            buf = self._buffer[: len(at)]
             raw = buf.view(np.uint8).data
             bounds = np.concatenate([[0], np.flatnonzero(np.diff(at) != 1) + 1, [len(at)]])
             for a, b in itertools.pairwise(bounds.tolist()):
