@@ -53,7 +53,7 @@ class SqliteConfig(_Config):
     """SQLite ``PRAGMA synchronous`` (WAL mode: NORMAL is durable across process crashes)."""
     cache_mb: int = Field(16, gt=0)
     """Page cache per connection (MB). Writes reach the B-tree in key order, so a small cache
-    is enough; it also bounds each in-memory run of SQLite's sorter."""
+    is enough."""
     checkpoint_pages: int = Field(65536, gt=0)
     """WAL pages before an automatic checkpoint (64k pages = 256 MB of WAL at most): rarer
     checkpoints merge more writes to the same page (about 1.7x faster bulk publishing)."""
