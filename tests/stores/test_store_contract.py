@@ -154,6 +154,20 @@ def test_staged_rows_become_live_only_after_merge(store):  # type: ignore[no-unt
     assert set(store.views()) == {T, Z}
 
 
+def test_dropped_staging_views_never_reach_live(store):  # type: ignore[no-untyped-def]
+    keys, emb = rows(range(4))
+    write(store, T, keys, emb, make_version(1, 1))
+    store.provision(SPEC, staging_generation=2)
+    _, new = rows(range(4), seed=7)
+    write(store, T, keys, new, make_version(2, 1), staging_generation=2)
+    assert store.drop_staging("r", 2) == len(SPEC)
+    assert store.drop_staging("r", 2) == 0
+    np.testing.assert_array_equal(store.read(T, keys).embedding, emb)
+    with pytest.raises(BadInputError, match="not provisioned"):
+        store.read(T, keys, staging_generation=2)
+    assert set(store.views()) == {T, Z}
+
+
 def test_staging_merges_from_a_store_opened_later(store, backend):  # type: ignore[no-untyped-def]
     # promote runs in another process than the publisher: its store object has no view cache
     keys, emb = rows(range(3))

@@ -225,6 +225,19 @@ class Store(abc.ABC):
             NotImplementedError: the backend has no staging (names it).
         """
 
+    def drop_staging(self, run: str, generation: int) -> int:
+        """Drop ``generation``'s staging views unmerged (a staged generation that failed verify).
+
+        Nothing of the generation reaches the live views; dropping again is a no-op.
+
+        Returns:
+            How many staging views were dropped.
+
+        Raises:
+            NotImplementedError: the backend has no staging (names it).
+        """
+        raise self._unsupported("staging views (drop_staging)")
+
     # ---- lifecycle -----------------------------------------------------------------------
     @abc.abstractmethod
     def close(self) -> None:

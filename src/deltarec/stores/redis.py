@@ -486,6 +486,17 @@ class RedisStore(Store):
         self._views_cache.clear()
         return merged
 
+    def drop_staging(self, run: str, generation: int) -> int:
+        """See :meth:`Store.drop_staging`."""
+        validate_run(run)
+        stages = [v for v in self._all_views() if v.staging_generation == generation]
+        for stage in stages:
+            with self._errors():
+                self._client.delete(stage.name)
+                self._client.hdel(self._reg("views"), f"{stage.table}|{generation}")
+        self._views_cache.clear()
+        return len(stages)
+
     # ---- registry ------------------------------------------------------------------------
     def _set_gen_field(self, run: str, generation: int, field: str, value: float) -> None:
         key = self._reg("gens", run)

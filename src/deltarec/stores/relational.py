@@ -308,6 +308,17 @@ class RelationalStore(Store):
         self._views_cache.clear()
         return merged
 
+    def drop_staging(self, run: str, generation: int) -> int:
+        """See :meth:`Store.drop_staging` (one transaction)."""
+        validate_run(run)
+        stages = [v for v in self._all_views() if v.staging_generation == generation]
+        with self._tx() as cur:
+            for stage in stages:
+                self._exec(cur, self._drop_view_sql(stage.name))
+                self._exec(cur, "DELETE FROM deltarec_views WHERE name = ?", (stage.name,))
+        self._views_cache.clear()
+        return len(stages)
+
     # ---- registry ------------------------------------------------------------------------
     def register_generation(self, run: str, generation: int) -> None:
         """See :meth:`Store.register_generation`."""
