@@ -7,9 +7,6 @@ import os
 
 from deltarec.errors import CheckFailedError
 
-NAME = "demo"
-HELP = "run the whole pipeline locally on the example model (SQLite, 2 CPU ranks)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's flags."""

@@ -13,9 +13,6 @@ from typing import Any
 from deltarec.cli.common import add_location_arguments
 from deltarec.errors import BadInputError
 
-NAME = "inspect"
-HELP = "list generations, dumps, tables, rows and bytes under an artifact root"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec inspect`` (SPEC §7a)."""

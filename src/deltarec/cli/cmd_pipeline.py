@@ -23,9 +23,6 @@ import os
 
 from deltarec.errors import BadInputError, CheckFailedError
 
-NAME = "pipeline"
-HELP = "compile, submit or locally run the Kubeflow pipeline"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``compile``, ``submit`` and ``run`` sub-commands."""

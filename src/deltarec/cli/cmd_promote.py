@@ -8,9 +8,6 @@ from rich.console import Console
 
 from deltarec.cli.common import add_location_arguments
 
-NAME = "promote"
-HELP = "record a verified generation as serving's current one"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec promote``."""

@@ -14,9 +14,6 @@ from typing import Any
 
 from deltarec.cli.common import add_location_arguments
 
-NAME = "provision"
-HELP = "create the store views for the tables of a generation"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``provision`` flags."""

@@ -16,9 +16,6 @@ from typing import Any
 
 from deltarec.cli.common import add_location_arguments
 
-NAME = "publish"
-HELP = "publish the committed dumps of a generation that the store does not hold yet"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``publish`` flags."""

@@ -8,9 +8,6 @@ from rich.console import Console
 
 from deltarec.cli.common import add_location_arguments
 
-NAME = "rollback"
-HELP = "restore serving to a promoted generation"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec rollback``."""

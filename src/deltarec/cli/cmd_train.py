@@ -16,9 +16,6 @@ from typing import Any
 
 from deltarec.errors import ConfigError
 
-NAME = "train"
-HELP = "train the example model with delta dumps (under torchrun for several ranks)"
-
 log = logging.getLogger("deltarec.train")
 
 

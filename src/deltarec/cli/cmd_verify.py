@@ -13,9 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from deltarec.cli.common import add_location_arguments
 from deltarec.errors import BadInputError, CheckFailedError
 
-NAME = "verify"
-HELP = "read rows back from the store and compare them with the artifacts"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec verify`` (SPEC §7a, plus optional extras)."""
