@@ -23,6 +23,7 @@ FROZEN_FLAGS = {
     "--eval-batches",
     "--eval-every",
     "--export-tables",
+    "--lease-ttl",
     "--log-every",
     "--model-config",
     "--no-final-checkpoint",

@@ -124,6 +124,16 @@ class ArtifactRoot:
                 f.write(data)
         self.publish_file(tmp, final)
 
+    def replace_bytes(self, path: str, data: bytes) -> None:
+        """Replace the whole object at ``path`` (one PUT on object stores; a rename locally).
+
+        Readers see the old content or the new one, never a mix.
+        """
+        if self.is_local:
+            self.write_bytes_atomic(path, data)
+        else:
+            self.fs.pipe_file(path, data)
+
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` only if it does not exist. Returns False if it already existed."""
         self.makedirs(posixpath.dirname(path))
@@ -203,6 +213,11 @@ class ArtifactRoot:
                 self.url(path), f"describes run {info.run!r} generation {info.generation}"
             )
         return info
+
+    def newest_generation_number(self, run: str) -> int:
+        """The highest ``gen-<G>`` directory of ``run`` (0 if none): one listing, no reads."""
+        gens = self._children(self.run_dir(run), _GEN_RE)
+        return gens[-1] if gens else 0
 
     def latest_generation(self, run: str) -> int:
         """The newest generation of ``run``; raises :class:`BadInputError` if there is none."""

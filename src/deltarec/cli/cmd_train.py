@@ -157,6 +157,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="publish every committed dump to this store while training",
     )
     d.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the run's lease expires S seconds after its last renewal; a second trainer of "
+        "the run refuses to start while it is held (default: 60)",
+    )
+    d.add_argument(
         "--publish-mode",
         choices=["direct", "staged"],
         default="direct",
@@ -172,7 +180,7 @@ _FORWARD = [
     ("checkpoint_every", "--checkpoint-every"), ("resume_step", "--resume-step"),
     ("export_tables", "--export-tables"), ("artifacts", "--artifacts"), ("run", "--run"),
     ("dump_every_steps", "--dump-every-steps"), ("dump_every_minutes", "--dump-every-minutes"),
-    ("store", "--store"), ("publish_mode", "--publish-mode"),
+    ("store", "--store"), ("publish_mode", "--publish-mode"), ("lease_ttl", "--lease-ttl"),
 ]  # fmt: skip
 _FORWARD_SWITCHES = [
     ("no_final_checkpoint", "--no-final-checkpoint"),
@@ -239,6 +247,7 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         "--dump-every-minutes": args.dump_every_minutes,
         "--store": args.store,
         "--no-snapshot": args.no_snapshot or None,
+        "--lease-ttl": args.lease_ttl,
     }
     if args.artifacts is None:
         given = [flag for flag, value in dump_flags.items() if value is not None]
@@ -246,6 +255,8 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"{', '.join(given)} need(s) --artifacts ROOT")
     elif not args.run:
         raise ConfigError("--artifacts needs --run NAME")
+    if args.lease_ttl is not None and args.lease_ttl <= 0:
+        raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
 
 
 def _hooks(args: argparse.Namespace) -> list[Any]:
@@ -253,6 +264,9 @@ def _hooks(args: argparse.Namespace) -> list[Any]:
         return []
     from deltarec.dump import make_train_hook  # type: ignore[attr-defined,unused-ignore]
 
+    options: dict[str, Any] = {}
+    if args.lease_ttl is not None:
+        options["lease_ttl_s"] = args.lease_ttl
     return [
         make_train_hook(
             artifacts=args.artifacts,
@@ -262,8 +276,22 @@ def _hooks(args: argparse.Namespace) -> list[Any]:
             snapshot=not args.no_snapshot,
             store=args.store,
             publish_mode=args.publish_mode,
+            **options,
         )
     ]
+
+
+def _refuse_if_leased(args: argparse.Namespace) -> None:
+    """Before starting ranks: refuse at once if a live trainer holds the run's lease.
+
+    Only a fast path for a clear message; rank 0 acquires the lease itself atomically.
+    """
+    if args.artifacts is None:
+        return
+    from deltarec.artifacts.lease import check_free
+    from deltarec.artifacts.root import ArtifactRoot
+
+    check_free(ArtifactRoot(args.artifacts), args.run)
 
 
 def _quiet_libraries(verbose: bool) -> None:
@@ -290,11 +318,16 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None and not under_torchrun():
         if args.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+        _refuse_if_leased(args)
         return launch_torchrun(args.nproc_per_node, forwarded_argv(args))
 
     import torch.distributed as dist
 
+    from deltarec.train.launch import exit_with_parent
     from deltarec.train.loop import run_training
+
+    if under_torchrun():
+        exit_with_parent()
 
     created = init_distributed(config.device)
     try:

@@ -47,6 +47,9 @@ class DumperConfig(BaseModel):
     by default)."""
     commit_timeout_s: float = Field(default=1800.0, gt=0)
     """How long a rank waits for the other ranks at a dump's commit before failing."""
+    lease_ttl_s: float = Field(default=60.0, gt=0)
+    """The run's lease expires this many seconds after its holder's last renewal (renewed
+    every quarter of it); a second trainer of the run refuses to start while it is held."""
     time_sync_max_steps: int = Field(default=1000, ge=1)
     """With ``every_minutes``: at most this many steps between two clock agreements."""
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deltarec.artifacts.lease import LeaseHeldError, LeaseLostError, RunLease
 from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
@@ -81,6 +82,8 @@ class Dumper:
         self.generation: GenerationInfo | None = None
         self.queue = ByteBoundedQueue(config.queue_bytes, abort_check=self._check_worker)
         self._worker: DumpWorker | None = None
+        self.lease: RunLease | None = None
+        """The run's lease (rank 0 only): acquired in :meth:`start`, checked at every commit."""
         self._train_x: Exchange | None = None
         self._worker_x: Exchange | None = None
         self._cadence: Cadence | None = None
@@ -148,6 +151,7 @@ class Dumper:
             fsync=self.config.fsync,
             on_commit=self.on_commit,
             keep_rows_bytes=self.keep_rows_bytes,
+            fence=self._fence if self.lease is not None else None,
         )
         self._cadence = Cadence(
             self.config.every_steps,
@@ -188,6 +192,8 @@ class Dumper:
         outcome: tuple[str, Any]
         if self._train_x.rank == 0:
             try:
+                # the lease first: only the run's one writer may clean up and allocate
+                self.lease = RunLease.acquire(self.root, self.config.run, self.config.lease_ttl_s)
                 removed = self.root.clean_incomplete(self.config.run)
                 if removed:
                     log.info("removed %d incomplete dump directories: %s", len(removed), removed)
@@ -198,12 +204,22 @@ class Dumper:
                     tables=tables,
                     parent=parent,
                 )
-                outcome = ("ok", self.root.allocate_generation(info).to_json())
+                claimed = self.root.allocate_generation(info)
+                self.lease.set_generation(claimed.generation)
+                self.lease.start_renewing()
+                outcome = ("ok", claimed.to_json())
+            except LeaseHeldError as e:
+                outcome = ("held", str(e))
             except Exception as e:
                 outcome = ("error", f"{type(e).__name__}: {e}")
+            if outcome[0] != "ok" and self.lease is not None:
+                self.lease.release()
+                self.lease = None
         else:
             outcome = ("ok", None)
         outcome = self._train_x.broadcast(outcome, src=0)
+        if outcome[0] == "held":
+            raise LeaseHeldError(outcome[1])
         if outcome[0] != "ok":
             raise DumpError(self.config.run, 0, 0, None, f"allocating a generation: {outcome[1]}")
         path = self.root.generation_file(self.config.run, int(outcome[1]["generation"]))
@@ -219,6 +235,11 @@ class Dumper:
             if self._worker is not None:
                 stuck = not self._worker.stop(timeout)
         finally:
+            if self.lease is not None:
+                if stuck:
+                    self.lease.stop()  # the worker may still commit: let the lease expire
+                else:
+                    self.lease.release()
             for s in self.sources:
                 try:
                     s.close()
@@ -289,6 +310,38 @@ class Dumper:
         if self._seq >= 0 and self._worker.last_committed_seq() != self._seq:
             self._worker.wait_committed(self._seq, timeout)
         self._check_worker()
+
+    def check_owner(self) -> None:
+        """Collective: raise on every rank unless this trainer still owns the run.
+
+        Called before a training checkpoint, so that a superseded trainer never writes one.
+
+        Raises:
+            LeaseLostError: a newer trainer holds the run's lease.
+        """
+        self._require_started()
+        assert self._train_x is not None
+        problem = None
+        if self.lease is not None:
+            try:
+                self._fence()
+            except LeaseLostError as e:
+                problem = str(e)
+        problem = self._train_x.broadcast(problem, src=0)
+        if problem is not None:
+            raise LeaseLostError(problem)
+
+    def _fence(self) -> None:
+        """Rank 0: the lease is still ours and no newer generation exists (raises otherwise)."""
+        assert self.lease is not None and self.generation is not None
+        self.lease.check()
+        newest = self.root.newest_generation_number(self.config.run)
+        if newest > self.generation.generation:
+            raise LeaseLostError(
+                f"generation {newest} of run {self.config.run!r} was opened by another writer;"
+                f" this trainer (generation {self.generation.generation}) stops without "
+                "committing"
+            )
 
     # ---- evaluation ----------------------------------------------------------------------
     def before_eval(self) -> None:

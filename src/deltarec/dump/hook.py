@@ -115,6 +115,15 @@ class DumpHook:
         if self.dumper is not None:
             self.dumper.after_eval()
 
+    def before_checkpoint(self) -> None:
+        """Collective: stop (raise on every rank) if a newer trainer owns the run.
+
+        Raises:
+            LeaseLostError: the run's lease was taken over; no checkpoint may be written.
+        """
+        if self.dumper is not None:
+            self.dumper.check_owner()
+
     def on_end(self, step: int) -> None:
         """The final dump (every rank's last step must agree); waits until committed."""
         assert self.dumper is not None, "on_start was not called"

@@ -93,6 +93,8 @@ class DumpWorker:
         on_commit: publisher hand-off, called after each commit.
         keep_rows_bytes: keep up to this many encoded bytes of a dump in memory for
             ``on_commit``; a larger dump is handed over without rows (read from artifacts).
+        fence: called on rank 0 right before MANIFEST.json is written; if it raises (a newer
+            trainer owns the run), the dump fails on every rank and nothing is committed.
     """
 
     def __init__(
@@ -106,8 +108,10 @@ class DumpWorker:
         fsync: bool = True,
         on_commit: OnCommit | None = None,
         keep_rows_bytes: int = 0,
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
+        self.fence = fence
         self.run = run
         self.generation = generation
         self.tables = tables
@@ -350,9 +354,15 @@ class DumpWorker:
         outcome: str | None = None
         if rank == 0:
             try:
-                self.root.commit_manifest(manifest)
+                if self.fence is not None:
+                    self.fence()
             except Exception as e:
-                outcome = f"rank 0 could not write MANIFEST.json: {type(e).__name__}: {e}"
+                outcome = f"not committed: {e}"
+            else:
+                try:
+                    self.root.commit_manifest(manifest)
+                except Exception as e:
+                    outcome = f"rank 0 could not write MANIFEST.json: {type(e).__name__}: {e}"
         outcome = self.exchange.broadcast(outcome, src=0)
         if outcome is not None:
             raise DumpError(self.run, self.generation, end.seq, None, outcome)

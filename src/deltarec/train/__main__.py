@@ -2,6 +2,11 @@
 
 import sys
 
+from deltarec.train.launch import exit_with_parent, under_torchrun
+
+if under_torchrun():  # end with torchrun, however it ends (it starts ranks in own sessions)
+    exit_with_parent()
+
 from deltarec.cli import main
 
 args = sys.argv[1:]

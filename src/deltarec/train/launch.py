@@ -6,17 +6,35 @@
 ``WORLD_SIZE`` set) or as a single process, :func:`init_distributed` joins or creates the
 default process group: gloo for ``cpu``, nccl for ``cuda`` (rank ``r`` uses
 ``cuda:<LOCAL_RANK>``). CPU ranks use one intra-op thread unless ``OMP_NUM_THREADS`` is set.
+
+No orphans: torchrun starts its workers in sessions of their own, so killing the launcher's
+process group does not reach them. Every process of the chain therefore ends with its parent:
+torchrun gets the parent-death signal ``SIGKILL`` from the launcher (``prctl(PR_SET_PDEATHSIG)``
+set before exec), and each worker sets it for itself on start (:func:`exit_with_parent`),
+backed by a watchdog thread that also ends the worker when its parent changes or the launcher
+(``DELTAREC_LAUNCHER_PID``) is gone: a worker exits within about a second of its launcher,
+however the launcher died.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 from deltarec.testing.multiprocess import free_port
+
+log = logging.getLogger(__name__)
+
+LAUNCHER_PID_ENV = "DELTAREC_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+_watchdog: threading.Thread | None = None
 
 
 def under_torchrun() -> bool:
@@ -79,7 +97,63 @@ def torchrun_command(nproc_per_node: int, train_args: Sequence[str]) -> list[str
 
 
 def launch_torchrun(nproc_per_node: int, train_args: Sequence[str]) -> int:
-    """Run ``deltarec train`` under torchrun on N local ranks; return torchrun's exit code."""
+    """Run ``deltarec train`` under torchrun on N local ranks; return torchrun's exit code.
+
+    torchrun dies with this process (parent-death signal), and its workers with torchrun.
+    """
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(torchrun_command(nproc_per_node, train_args), env=env)
+    env[LAUNCHER_PID_ENV] = str(os.getpid())
+    return subprocess.call(
+        torchrun_command(nproc_per_node, train_args), env=env, preexec_fn=_die_with_parent
+    )
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: receive SIGKILL when the parent dies (Linux; else nothing)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _gone(pid: int) -> bool:
+    """True if process ``pid`` has exited (or is a zombie, exited but not reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] in ("Z", "X")
+
+
+def exit_with_parent(poll_s: float = 0.5) -> None:
+    """Make this worker end when its launcher dies, however it dies (idempotent).
+
+    Sets the parent-death signal (SIGKILL) and starts a watchdog thread that kills this
+    process when its parent changes (the parent died before the signal was set, or on
+    systems without it) or when ``DELTAREC_LAUNCHER_PID`` names a process that is gone.
+    """
+    global _watchdog
+    if _watchdog is not None:
+        return
+    parent = os.getppid()
+    _die_with_parent()
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    launcher_pid = int(launcher) if launcher and launcher.isdigit() else None
+
+    def watch() -> None:
+        while True:
+            orphaned = os.getppid() != parent
+            if orphaned or (launcher_pid is not None and _gone(launcher_pid)):
+                log.error("the launcher of this training process is gone; exiting")
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Event().wait(poll_s)
+
+    _watchdog = threading.Thread(target=watch, name="deltarec-parent-watchdog", daemon=True)
+    _watchdog.start()
