@@ -46,8 +46,8 @@ import numpy as np
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.ids import make_version
-from deltarec.publish.publisher import READ_BYTES, STORE_BATCH_BYTES
-from deltarec.stores import ProgressMark, RowBatch, open_store
+from deltarec.publish.publisher import READ_BYTES
+from deltarec.stores import ProgressMark, RowBatch, open_store, store_class
 from deltarec.stores.pgcopy import batch_payload
 from deltarec.stores.sqlite import PAGE_SIZE
 from deltarec.testing.servers import PostgresServer
@@ -237,7 +237,8 @@ def main() -> None:
         help="order of the rows given to both sides (sorted: as a dump of a plain table)",
     )
     args = parser.parse_args()
-    sizes = {k: (args.batch_mb << 20 if args.batch_mb else v) for k, v in STORE_BATCH_BYTES.items()}
+    preferred = {k: store_class(k).capabilities.batch_bytes for k in ("sqlite", "postgres")}
+    sizes = {k: (args.batch_mb << 20 if args.batch_mb else v) for k, v in preferred.items()}
     keys, emb = make_rows(args.rows, args.dim)
     keys2, emb2 = keys[::-1].copy(), make_rows(args.rows, args.dim, seed=1)[1]
     if args.key_order == "sorted":

@@ -184,7 +184,7 @@ def test_dump_published_through_the_sdk_reads_back(tmp_path, arrow):  # type: ig
     want = codec.decode(rows[Z][0].embedding, DType.INT8_ROWWISE, 4)
     back = codec.decode(z.embedding, DType.INT8_ROWWISE, 4)  # stored as float32, re-encoded
     assert (np.abs(want - back) <= 2 * codec.tolerance(DType.INT8_ROWWISE, want)[:, None]).all()
-    assert all(m.complete for m in store.progress("r", 1))
+    assert all(m.complete for m in store.registry.progress("r", 1))
     assert DumpPublisher(store, root, "r").publish_generation(1) == []
     store.close()
 

@@ -20,6 +20,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import StoreUnavailableError
 from deltarec.ids import make_version
+from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import ProgressMark, RowBatch, open_store
 from deltarec.stores import postgres as pgstore
 
@@ -143,7 +144,7 @@ def test_rows_below_the_floor_are_not_copied_in(store, direct):  # type: ignore[
     snap = make_version(2, 0)
     mark = ProgressMark("r", 2, 0, T, 0, 5, True)
     store.write(T, keys[:5], emb[:5], np.zeros(5, np.int8), np.full(5, snap), mark=mark)
-    assert store.finish_snapshot("r", 2, 0, T, world_size=1)
+    assert finish_snapshot(store, "r", 2, 0, T, world_size=1)
     direct.clear()
     late = np.array([make_version(1, 9)] * 3 + [make_version(2, 1)] * 2, np.int64)
     store.write_batches(T, [RowBatch(keys[5:], emb[5:], np.zeros(5, np.int8), late)])

@@ -16,6 +16,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import InvalidRowError
 from deltarec.ids import make_version
+from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import ProgressMark, RowBatch, open_store
 from deltarec.stores import sqlite as sqlitestore
 
@@ -103,7 +104,7 @@ def test_a_spilled_write_skips_rows_below_the_floor(tmp_path, small_reads):  # t
     snap = make_version(2, 0)
     mark = ProgressMark("r", 2, 0, T, 0, 5, True)
     store.write(T, keys[:5], emb[:5], np.zeros(5, np.int8), np.full(5, snap), mark=mark)
-    assert store.finish_snapshot("r", 2, 0, T, world_size=1)
+    assert finish_snapshot(store, "r", 2, 0, T, world_size=1)
     late = np.array([make_version(1, 9), make_version(2, 1)] * 5, np.int64)
     order = np.array([9, 3, 7, 1, 5, 8, 0, 6, 2, 4])
     parts = [

@@ -9,6 +9,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableKind, TableSpec
 from deltarec.errors import BadInputError, InvalidRowError, ViewMismatchError
 from deltarec.ids import make_version
+from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import FreshnessRecord, ProgressMark, RowBatch, open_store
 
 T = "sparse.ebc.user_id"
@@ -99,14 +100,14 @@ def test_snapshot_removes_keys_it_lacks_and_blocks_older_writes(store):  # type:
     for rank, part in enumerate((keys[:3], keys[3:5])):
         mark = ProgressMark("r", 2, 0, T, rank, len(part), True)
         write(store, T, part, emb[part], snap, mark=mark)
-        done = store.finish_snapshot("r", 2, 0, T, world_size=2)
+        done = finish_snapshot(store, "r", 2, 0, T, world_size=2)
         assert done is (rank == 1)
     assert sorted(np.concatenate(list(store.scan_keys(T))).tolist()) == list(range(5))
     write(store, T, keys[7:8], emb[7:8], make_version(1, 4))  # a late writer of generation 1
     assert not store.read(T, keys[7:8]).found[0]
     write(store, T, keys[7:8], emb[7:8], make_version(2, 1))
     assert store.read(T, keys[7:8]).found[0]
-    assert store.finish_snapshot("r", 2, 0, T, world_size=2)  # idempotent
+    assert finish_snapshot(store, "r", 2, 0, T, world_size=2)  # idempotent
 
 
 def test_nan_row_is_rejected_and_nothing_of_the_batch_is_written(store):  # type: ignore[no-untyped-def]

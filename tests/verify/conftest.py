@@ -30,6 +30,7 @@ from deltarec.artifacts import (
     codec,
     read_shard,
 )
+from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import open_store
 from deltarec.stores.base import Store
 from deltarec.stores.types import ProgressMark
@@ -136,8 +137,8 @@ class Lineage:
                     staging_generation=stage,
                 )
                 if m.kind is DumpKind.SNAPSHOT:
-                    store.finish_snapshot(
-                        self.run, gen, seq, shard.table, 1, staging_generation=stage
+                    finish_snapshot(
+                        store, self.run, gen, seq, shard.table, 1, staging_generation=stage
                     )
 
 

@@ -53,7 +53,7 @@ def provision(
     with open_store(store_url) as store:
         views = store.provision(info.tables)
         staging = store.provision(info.tables, staging_generation=gen) if staged else {}
-        store.register_generation(run, gen)
+        store.registry.register_generation(run, gen)
     return {
         "run": run,
         "generation": gen,

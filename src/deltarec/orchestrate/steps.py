@@ -379,7 +379,7 @@ def verify_serving(
     from deltarec.stores import open_store
 
     with open_store(store) as s:
-        pointer = s.get_serving(run)
+        pointer = s.registry.get_serving(run)
     if pointer is None:
         raise BadInputError(f"run {run!r} has no promoted generation in the store")
     verdict, _, _ = run_verify(

@@ -87,7 +87,7 @@ def is_staged(store: Store, run: str, generation: int) -> bool:
     """Whether ``generation`` published (some of) its rows into staging views of ``store``."""
     if not store.capabilities.staging:
         return False
-    return any(m.staging_generation == generation for m in store.progress(run, generation))
+    return any(m.staging_generation == generation for m in store.registry.progress(run, generation))
 
 
 def promote(
@@ -123,8 +123,8 @@ def promote(
         note = "promoted with --force; never verified"
     else:
         note = f"promoted with --force; verification failed {record.recorded_at}"
-    store.register_generation(run, generation)
-    pointer = store.set_serving(run, generation, seq, note=note)
+    store.registry.register_generation(run, generation)
+    pointer = store.registry.set_serving(run, generation, seq, note=note)
     return PromoteResult(
         pointer=pointer,
         verified=verified,

@@ -83,7 +83,7 @@ def promoted_seq(store: Store, run: str, generation: int) -> int:
     Raises:
         BadInputError: the generation was never promoted in this store.
     """
-    for pointer in reversed(store.serving_history(run)):
+    for pointer in reversed(store.registry.serving_history(run)):
         if pointer.generation == generation:
             return pointer.seq
     raise BadInputError(
@@ -133,7 +133,7 @@ def rollback(
             f": generation {result.generation} republished {sum(result.restored.values())} "
             f"keys and removed {sum(result.removed.values())}"
         )
-    result.pointer = store.set_serving(run, to_generation, seq, note=note)
+    result.pointer = store.registry.set_serving(run, to_generation, seq, note=note)
     log.info("%s", note)
     return result
 

@@ -7,12 +7,14 @@ Exports:
     PartResult: what one part's publication did.
     RetryPolicy: exponential backoff with jitter for transient store errors.
     PublishMetrics: Prometheus metrics (rows, bytes, retries, lag).
+    finish_snapshot: the snapshot-completion rule (all ranks in -> sweep and record).
 """
 
 from deltarec.publish.background import BackgroundPublisher
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import MODES, DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
+from deltarec.publish.snapshot import finish_snapshot
 
 __all__ = [
     "MODES",
@@ -21,4 +23,5 @@ __all__ = [
     "PartResult",
     "PublishMetrics",
     "RetryPolicy",
+    "finish_snapshot",
 ]

@@ -34,6 +34,7 @@ from deltarec.ids import validate_run
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.reader import iter_shard_rows
 from deltarec.publish.retry import RetryPolicy
+from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores.base import Store
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
@@ -41,22 +42,18 @@ from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 log = logging.getLogger(__name__)
 
 MODES = ("direct", "staged")
-DEFAULT_BATCH_BYTES = 8 << 20
-STORE_BATCH_BYTES = {"sqlite": 512 << 20, "postgres": 512 << 20}
-"""Default bytes per store transaction by store kind (others: :data:`DEFAULT_BATCH_BYTES`).
-
-A transaction is also the unit of the progress marks: a crash loses at most one. Rows reach
-the store in read chunks of :data:`READ_BYTES` however large a transaction is, so memory does
-not grow with it; the SQL stores take a large transaction sorted by key in one pass, several
-times faster than many small ones in random key order (SQLite, 1M rows of dim 64 in random
-order on a 2-core VM: 16 MB transactions 65-138k rows/s, one transaction 360-460k)."""
 READ_BYTES = 8 << 20
 """Rows read from the artifacts (and handed to the store) at a time."""
 
 
 def default_batch_bytes(store: Store) -> int:
-    """The default bytes per transaction for ``store`` (:data:`STORE_BATCH_BYTES`)."""
-    return STORE_BATCH_BYTES.get(store.kind, DEFAULT_BATCH_BYTES)
+    """The default bytes per transaction for ``store``: its ``capabilities.batch_bytes``.
+
+    A transaction is also the unit of the progress marks: a crash loses at most one. Rows reach
+    the store in read chunks of :data:`READ_BYTES` however large a transaction is, so memory
+    does not grow with it.
+    """
+    return store.capabilities.batch_bytes
 
 
 _PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch sizing
@@ -125,6 +122,7 @@ class DumpPublisher:
         if batch_bytes <= 0:
             raise ConfigError(f"batch_bytes must be positive, got {batch_bytes}")
         self.store = store
+        self.registry = store.registry
         self.root = root
         self.run = validate_run(run)
         self.mode = mode
@@ -154,7 +152,7 @@ class DumpPublisher:
                 f"provision staging views of generation {generation}",
             )
         self._call(
-            lambda: self.store.register_generation(self.run, generation),
+            lambda: self.registry.register_generation(self.run, generation),
             f"register generation {generation}",
         )
         self._prepared.add(generation)
@@ -215,7 +213,7 @@ class DumpPublisher:
 
     def _marks(self, generation: int, seq: int, rank: int) -> dict[str, ProgressMark]:
         marks = self._call(
-            lambda: self.store.progress(self.run, generation), f"read progress of {generation}"
+            lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
         )
         assert isinstance(marks, list)
         return {m.table: m for m in marks if m.seq == seq and m.rank == rank}
@@ -374,8 +372,14 @@ class DumpPublisher:
         stage = manifest.generation if self.mode == "staged" else None
         for table in sorted(manifest.tables):
             complete = self._call(
-                lambda t=table: self.store.finish_snapshot(  # type: ignore[misc]
-                    self.run, manifest.generation, manifest.seq, t, manifest.world_size, stage
+                lambda t=table: finish_snapshot(  # type: ignore[misc]
+                    self.store,
+                    self.run,
+                    manifest.generation,
+                    manifest.seq,
+                    t,
+                    manifest.world_size,
+                    stage,
                 ),
                 f"complete snapshot of {table!r}",
             )
@@ -389,7 +393,7 @@ class DumpPublisher:
         record = FreshnessRecord(
             self.run, manifest.generation, manifest.seq, rank, committed, visible
         )
-        self._call(lambda: self.store.record_freshness(record), "record freshness")
+        self._call(lambda: self.registry.record_freshness(record), "record freshness")
         result.lag_s = record.lag_s
         self.metrics.lag.set(record.lag_s)
         self.metrics.lag_hist.observe(max(0.0, record.lag_s))
@@ -398,7 +402,7 @@ class DumpPublisher:
     def pending(self, generation: int, ranks: list[int] | None = None) -> list[tuple[int, int]]:
         """``(seq, rank)`` parts of committed dumps the store does not hold completely yet."""
         marks = self._call(
-            lambda: self.store.progress(self.run, generation), f"read progress of {generation}"
+            lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
         )
         assert isinstance(marks, list)
         complete = {(m.seq, m.table, m.rank) for m in marks if m.complete}

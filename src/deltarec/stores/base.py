@@ -1,8 +1,11 @@
 """The store interface (SPEC §5): one small abstract class every backend implements.
 
-A store holds, per tracked table, a **view** (table, hash, feature view) of ``key -> (encoded
-row, version)``, and a **registry**: generations it has seen, progress marks, the serving
-pointer, freshness records and per-generation staging views.
+A :class:`Store` holds, per tracked table, a **view** (table, hash, feature view) of ``key ->
+(encoded row, version)``: the rows. A :class:`Registry` holds the control plane: generations it
+has seen, progress marks, the serving pointer, freshness records and the bookkeeping of
+snapshots and staging. The SQL stores and Redis are both; FeatureStore composes its rows with a
+registry kept elsewhere. The rules built on the two (when a snapshot is complete) live in
+:mod:`deltarec.publish`, once.
 
 Contract of every backend:
 
@@ -39,6 +42,7 @@ from deltarec.stores.types import (
     ReadResult,
     RowBatch,
     ServingPointer,
+    SnapshotRecord,
     ViewInfo,
 )
 
@@ -68,8 +72,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def views(self) -> dict[str, ViewInfo]:
-        """The live views this store holds, by table id."""
+    def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
+        """The live views this store holds, by table id.
+
+        With ``staging_generation``: that generation's staging views (none once promote has
+        merged them).
+        """
 
     # ---- rows ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -146,26 +154,6 @@ class Store(abc.ABC):
         for keys in self.scan_keys(table, batch_rows):
             yield keys, self.read(table, keys)
 
-    @abc.abstractmethod
-    def finish_snapshot(
-        self,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        world_size: int,
-        staging_generation: int | None = None,
-    ) -> bool:
-        """Complete a snapshot dump of ``table`` once every rank's mark is complete.
-
-        Removes the keys whose version is older than the snapshot's (the keys it lacks) and
-        makes the snapshot version the view's floor, in one transaction. In staged mode the
-        replacement is recorded and applied by :meth:`merge_staging`. Idempotent.
-
-        Returns:
-            True if the snapshot is complete (now or before), False if ranks are missing.
-        """
-
     def delete(self, table: str, keys: np.ndarray, version: int) -> int:
         """Delete ``keys`` at ``version`` (a versioned delete; see the class contract)."""
         view = self.views()[table]
@@ -181,7 +169,85 @@ class Store(abc.ABC):
             np.full(n, version, np.int64),
         )
 
-    # ---- registry ------------------------------------------------------------------------
+    # ---- snapshots and staging (optional) ---------------------------------------------------
+    def sweep_below(self, table: str, version: int) -> None:
+        """Remove what ``table``'s live view holds below ``version``; idempotent.
+
+        Rows and tombstones older than ``version`` go, and ``version`` becomes the view's floor
+        (a late older write is then superseded). This is what completing a snapshot does to
+        the rows; the rule of *when* lives in :func:`deltarec.publish.snapshot.finish_snapshot`.
+        Stores with ``capabilities.snapshot_replace``.
+
+        Raises:
+            NotImplementedError: the backend cannot remove rows (names it).
+        """
+        raise self._unsupported("removing the keys a snapshot lacks")
+
+    def merge_staging(self, run: str, generation: int) -> int:
+        """Make ``generation``'s staging views live with the versioned-merge contract.
+
+        Snapshots of the generation recorded as not yet swept (see :class:`Registry`) are swept
+        with it. One transaction where ``capabilities.atomic_merge``; elsewhere idempotent and
+        resumable. The staging views are dropped afterwards. Returns the rows merged. Stores
+        with ``capabilities.staging``.
+
+        Raises:
+            NotImplementedError: the backend has no staging (names it).
+        """
+        raise self._unsupported("staging views (merge_staging)")
+
+    def drop_staging(self, run: str, generation: int) -> int:
+        """Drop ``generation``'s staging views unmerged (a staged generation that failed verify).
+
+        Nothing of the generation reaches the live views; dropping again is a no-op.
+
+        Returns:
+            How many staging views were dropped.
+
+        Raises:
+            NotImplementedError: the backend has no staging (names it).
+        """
+        raise self._unsupported("staging views (drop_staging)")
+
+    @property
+    def registry(self) -> Registry:
+        """The registry of this store's control plane.
+
+        The store itself where it is a :class:`Registry` (the SQL stores, Redis), else the
+        registry it was composed with.
+        """
+        if isinstance(self, Registry):
+            return self
+        raise self._unsupported("a registry")  # pragma: no cover - every backend has one
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections and files (idempotent)."""
+
+    def describe(self) -> str:
+        """The store's URL without credentials (for messages and logs)."""
+        return self.kind
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(f"the {self.kind} store does not support {what}")
+
+
+class Registry(abc.ABC):
+    """The control plane of a store.
+
+    Generations, progress marks, freshness, the serving pointer, and the bookkeeping of
+    snapshots and staging. The SQL stores and Redis keep it next to the rows (they implement
+    :class:`Store` and :class:`Registry`); a store with no place for it (FeatureStore) is
+    composed with a registry elsewhere. :attr:`Store.registry` gives the registry of any store.
+    """
+
     @abc.abstractmethod
     def register_generation(self, run: str, generation: int) -> None:
         """Record that ``generation`` of ``run`` publishes to this store (idempotent)."""
@@ -189,6 +255,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def generations(self, run: str) -> list[int]:
         """The generations of ``run`` known to the store, ascending."""
+
+    @abc.abstractmethod
+    def record_progress(self, mark: ProgressMark) -> None:
+        """Record ``mark`` on its own.
+
+        A store whose rows live elsewhere writes it right after them; a store with
+        ``atomic_marks`` commits it with its rows in ``write`` instead.
+        """
 
     @abc.abstractmethod
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
@@ -215,46 +289,12 @@ class Store(abc.ABC):
         """Every serving pointer of ``run``, oldest first."""
 
     @abc.abstractmethod
-    def merge_staging(self, run: str, generation: int) -> int:
-        """Make ``generation``'s staging views live with the versioned-merge contract.
+    def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
+        """The record of a completed snapshot dump of ``table``, or None if not completed."""
 
-        One transaction where ``capabilities.atomic_merge``; elsewhere idempotent and
-        resumable. The staging views are dropped afterwards. Returns the rows merged.
-
-        Raises:
-            NotImplementedError: the backend has no staging (names it).
-        """
-
-    def drop_staging(self, run: str, generation: int) -> int:
-        """Drop ``generation``'s staging views unmerged (a staged generation that failed verify).
-
-        Nothing of the generation reaches the live views; dropping again is a no-op.
-
-        Returns:
-            How many staging views were dropped.
-
-        Raises:
-            NotImplementedError: the backend has no staging (names it).
-        """
-        raise self._unsupported("staging views (drop_staging)")
-
-    # ---- lifecycle -----------------------------------------------------------------------
     @abc.abstractmethod
-    def close(self) -> None:
-        """Release connections and files (idempotent)."""
-
-    def describe(self) -> str:
-        """The store's URL without credentials (for messages and logs)."""
-        return self.kind
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def _unsupported(self, what: str) -> NotImplementedError:
-        return NotImplementedError(f"the {self.kind} store does not support {what}")
+    def record_snapshot(self, record: SnapshotRecord) -> None:
+        """Record a completed snapshot (replacing the record of the same dump and table)."""
 
 
 __all__ = [
@@ -262,7 +302,9 @@ __all__ = [
     "FreshnessRecord",
     "ProgressMark",
     "ReadResult",
+    "Registry",
     "ServingPointer",
+    "SnapshotRecord",
     "Store",
     "ViewInfo",
 ]

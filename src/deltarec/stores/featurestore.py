@@ -43,15 +43,13 @@ import pyarrow as pa
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
-from deltarec.stores.base import Store
+from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import (
     Capabilities,
-    FreshnessRecord,
     ProgressMark,
     ReadResult,
-    ServingPointer,
     ViewInfo,
 )
 
@@ -80,6 +78,7 @@ class FeatureStoreStore(Store):
         staging=False,
         scan=False,
         snapshot_replace=False,
+        versions=False,
     )
 
     def __init__(
@@ -95,11 +94,11 @@ class FeatureStoreStore(Store):
         )
         if registry.startswith("featurestore:"):
             raise ConfigError("the registry of a featurestore store cannot be a featurestore")
-        self.registry = open_store(registry)
+        self._side = open_store(registry)
         try:
             self._view = self._open_view(sdk, credentials)
         except BaseException:
-            self.registry.close()
+            self._side.close()
             raise
 
     def describe(self) -> str:
@@ -178,14 +177,15 @@ class FeatureStoreStore(Store):
         if staging_generation:
             raise self._unsupported("staging views (use publish mode 'direct')")
         self._ensure_view()
-        recorded = self.registry.provision(tables)
+        recorded = self._side.provision(tables)
         return {t: ViewInfo(t, self.config.view, v.dim, v.dtype) for t, v in recorded.items()}
 
-    def views(self) -> dict[str, ViewInfo]:
+    def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
         """The tables provisioned (their dims and dtypes, from the registry store)."""
+        if staging_generation:
+            return {}
         return {
-            t: ViewInfo(t, self.config.view, v.dim, v.dtype)
-            for t, v in self.registry.views().items()
+            t: ViewInfo(t, self.config.view, v.dim, v.dtype) for t, v in self._side.views().items()
         }
 
     def _spec(self, table: str) -> ViewInfo:
@@ -224,14 +224,7 @@ class FeatureStoreStore(Store):
             if n:
                 self._flush(view, n)
         if mark is not None:
-            self.registry.write(
-                table,
-                np.empty(0, np.int64),
-                embedding[:0],
-                np.empty(0, np.int8),
-                np.empty(0, np.int64),
-                mark=mark,
-            )
+            self.registry.record_progress(mark)
         return n
 
     def _send(self, view: Any, table: str, keys: np.ndarray, values: np.ndarray) -> None:
@@ -298,54 +291,11 @@ class FeatureStoreStore(Store):
         """Not available: the SDK cannot list a view's keys."""
         raise self._unsupported("listing keys (verify --all); verify a sample instead")
 
-    def finish_snapshot(
-        self,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        world_size: int,
-        staging_generation: int | None = None,
-    ) -> bool:
-        """Snapshots are written like deltas: FeatureStore cannot remove the keys they lack."""
-        return False
-
-    def merge_staging(self, run: str, generation: int) -> int:
-        """Not available: FeatureStore has no staging views."""
-        raise self._unsupported("staging views (merge_staging)")
-
-    # ---- registry (delegated) ------------------------------------------------------------
-    def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Store.register_generation` (registry store)."""
-        self.registry.register_generation(run, generation)
-
-    def generations(self, run: str) -> list[int]:
-        """See :meth:`Store.generations` (registry store)."""
-        return self.registry.generations(run)
-
-    def progress(self, run: str, generation: int) -> list[ProgressMark]:
-        """See :meth:`Store.progress` (registry store)."""
-        return self.registry.progress(run, generation)
-
-    def record_freshness(self, record: FreshnessRecord) -> None:
-        """See :meth:`Store.record_freshness` (registry store)."""
-        self.registry.record_freshness(record)
-
-    def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
-        """See :meth:`Store.freshness` (registry store)."""
-        return self.registry.freshness(run, generation)
-
-    def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
-        """See :meth:`Store.set_serving` (registry store)."""
-        return self.registry.set_serving(run, generation, seq, note)
-
-    def get_serving(self, run: str) -> ServingPointer | None:
-        """See :meth:`Store.get_serving` (registry store)."""
-        return self.registry.get_serving(run)
-
-    def serving_history(self, run: str) -> list[ServingPointer]:
-        """See :meth:`Store.serving_history` (registry store)."""
-        return self.registry.serving_history(run)
+    # ---- registry ------------------------------------------------------------------------
+    @property
+    def registry(self) -> Registry:
+        """The side store's registry (FeatureStore has no place for one)."""
+        return self._side.registry
 
     def close(self) -> None:
         """Close the SDK writer and the registry store (idempotent)."""
@@ -355,7 +305,7 @@ class FeatureStoreStore(Store):
                     self._view.close(wait=True)
             self._view = None
         finally:
-            self.registry.close()
+            self._side.close()
 
 
 @contextmanager

@@ -92,6 +92,7 @@ class PostgresStore(RelationalStore):
         staging=True,
         scan=True,
         snapshot_replace=True,
+        batch_bytes=512 << 20,
     )
 
     def __init__(self, config: PostgresConfig) -> None:

@@ -37,7 +37,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, StoreError, StoreUnavailableError, ViewMismatchError
 from deltarec.ids import make_version, validate_run, validate_table_id
-from deltarec.stores.base import Store
+from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import RedisConfig, env_password
 from deltarec.stores.types import (
     Capabilities,
@@ -45,6 +45,7 @@ from deltarec.stores.types import (
     ProgressMark,
     ReadResult,
     ServingPointer,
+    SnapshotRecord,
     ViewInfo,
 )
 
@@ -175,7 +176,7 @@ def pack_version(version: int) -> bytes:
     return struct.pack("<q", version)
 
 
-class RedisStore(Store):
+class RedisStore(Store, Registry):
     """The Redis backend (redis-py). The client is thread-safe (a connection pool).
 
     Args:
@@ -279,9 +280,10 @@ class RedisStore(Store):
             )
         return views
 
-    def views(self) -> dict[str, ViewInfo]:
+    def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
         """See :meth:`Store.views`."""
-        return {v.table: v for v in self._all_views() if v.staging_generation == 0}
+        stage = int(staging_generation or 0)
+        return {v.table: v for v in self._all_views() if v.staging_generation == stage}
 
     def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
         key = (table, int(staging_generation or 0))
@@ -361,6 +363,13 @@ class RedisStore(Store):
             json.dumps(record),
         )
 
+    def record_progress(self, mark: ProgressMark) -> None:
+        """See :meth:`Registry.record_progress`."""
+        with self._errors():
+            pipe = self._client.pipeline(transaction=True)
+            self._mark(pipe, mark, mark.staging_generation)
+            pipe.execute()
+
     def read(
         self, table: str, keys: np.ndarray, staging_generation: int | None = None
     ) -> ReadResult:
@@ -410,36 +419,40 @@ class RedisStore(Store):
                     fn(fields[s : s + _SCAN_CHUNK])
 
     # ---- snapshot / staging --------------------------------------------------------------
-    def finish_snapshot(
-        self,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        world_size: int,
-        staging_generation: int | None = None,
-    ) -> bool:
-        """See :meth:`Store.finish_snapshot` (floor first, then a chunked sweep)."""
-        stage = int(staging_generation or 0)
-        field = f"{generation}|{seq}|{table}"
+    def sweep_below(self, table: str, version: int) -> None:
+        """See :meth:`Store.sweep_below` (floor first, then a chunked, guarded sweep)."""
+        self._view(table)
+        self._sweep(table, int(version))
+
+    def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
+        """See :meth:`Registry.snapshot`."""
         with self._errors():
-            raw = self._client.hget(self._reg("snapshots", run), field)
-        if raw is not None and (json.loads(raw)["swept_at"] is not None or stage):
-            return True
-        marks = [m for m in self.progress(run, generation) if m.seq == seq and m.table == table]
-        if sum(m.complete for m in marks) < world_size:
-            return False
-        version = make_version(generation, seq)
-        if not stage:
-            self._sweep(table, version)
-        record = {
-            "version": version,
-            "staging_generation": stage,
-            "swept_at": None if stage else time.time(),
+            raw = self._client.hget(self._reg("snapshots", run), f"{generation}|{seq}|{table}")
+        if raw is None:
+            return None
+        r = json.loads(raw)
+        swept = r["swept_at"]
+        return SnapshotRecord(
+            run,
+            generation,
+            seq,
+            table,
+            int(r["staging_generation"]),
+            int(r["version"]),
+            None if swept is None else float(swept),
+        )
+
+    def record_snapshot(self, record: SnapshotRecord) -> None:
+        """See :meth:`Registry.record_snapshot`."""
+        validate_run(record.run)
+        value = {
+            "version": record.version,
+            "staging_generation": record.staging_generation,
+            "swept_at": record.swept_at,
         }
+        field = f"{record.generation}|{record.seq}|{record.table}"
         with self._errors():
-            self._client.hset(self._reg("snapshots", run), field, json.dumps(record))
-        return True
+            self._client.hset(self._reg("snapshots", record.run), field, json.dumps(value))
 
     def _sweep(self, table: str, version: int) -> None:
         live = self._hash(table)
@@ -507,19 +520,19 @@ class RedisStore(Store):
             self._client.hset(key, str(generation), json.dumps(record))
 
     def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Store.register_generation`."""
+        """See :meth:`Registry.register_generation`."""
         validate_run(run)
         record = json.dumps({"registered_at": time.time()})
         with self._errors():
             self._client.hsetnx(self._reg("gens", run), str(int(generation)), record)
 
     def generations(self, run: str) -> list[int]:
-        """See :meth:`Store.generations`."""
+        """See :meth:`Registry.generations`."""
         with self._errors():
             return sorted(int(g) for g in self._client.hkeys(self._reg("gens", run)))
 
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
-        """See :meth:`Store.progress`."""
+        """See :meth:`Registry.progress`."""
         with self._errors():
             raw = self._client.hgetall(self._reg("progress", run, generation))
         marks = []
@@ -542,7 +555,7 @@ class RedisStore(Store):
         return sorted(marks, key=lambda m: (m.seq, m.table, m.rank))
 
     def record_freshness(self, record: FreshnessRecord) -> None:
-        """See :meth:`Store.record_freshness` (the first record is kept)."""
+        """See :meth:`Registry.record_freshness` (the first record is kept)."""
         value = json.dumps({"committed_at": record.committed_at, "visible_at": record.visible_at})
         with self._errors():
             self._client.hsetnx(
@@ -552,7 +565,7 @@ class RedisStore(Store):
             )
 
     def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
-        """See :meth:`Store.freshness`."""
+        """See :meth:`Registry.freshness`."""
         with self._errors():
             raw = self._client.hgetall(self._reg("fresh", run))
         out = []
@@ -564,7 +577,7 @@ class RedisStore(Store):
         return sorted(out, key=lambda f: (f.generation, f.seq, f.rank))
 
     def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
-        """See :meth:`Store.set_serving`."""
+        """See :meth:`Registry.set_serving`."""
         validate_run(run)
         make_version(generation, seq)
         last = self.get_serving(run)
@@ -576,12 +589,12 @@ class RedisStore(Store):
         return pointer
 
     def get_serving(self, run: str) -> ServingPointer | None:
-        """See :meth:`Store.get_serving`."""
+        """See :meth:`Registry.get_serving`."""
         history = self.serving_history(run)
         return history[-1] if history else None
 
     def serving_history(self, run: str) -> list[ServingPointer]:
-        """See :meth:`Store.serving_history`."""
+        """See :meth:`Registry.serving_history`."""
         with self._errors():
             raw = self._client.lrange(self._reg("serving", run), 0, -1)
         out = []

@@ -1,4 +1,4 @@
-"""The registry shared by the relational backends (SQLite, PostgreSQL).
+"""Rows and registry shared by the relational backends (SQLite, PostgreSQL).
 
 Registry tables (plain SQL, so operators can query them; times are unix seconds):
 
@@ -30,9 +30,16 @@ import numpy as np
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, ViewMismatchError
 from deltarec.ids import make_version, validate_run
-from deltarec.stores.base import Store
+from deltarec.stores.base import Registry, Store
 from deltarec.stores.naming import staging_prefix, view_names
-from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch, ServingPointer, ViewInfo
+from deltarec.stores.types import (
+    FreshnessRecord,
+    ProgressMark,
+    RowBatch,
+    ServingPointer,
+    SnapshotRecord,
+    ViewInfo,
+)
 
 REGISTRY_DDL = (
     """CREATE TABLE IF NOT EXISTS deltarec_views (
@@ -74,8 +81,8 @@ _MARK_UPSERT = """INSERT INTO deltarec_progress
     complete = excluded.complete, written_at = excluded.written_at"""
 
 
-class RelationalStore(Store):
-    """Registry, provisioning and snapshot bookkeeping of the SQL backends.
+class RelationalStore(Store, Registry):
+    """Rows and registry of the SQL backends: provisioning, the registry tables, snapshots.
 
     Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
     DDL, and the row operations.
@@ -199,9 +206,10 @@ class RelationalStore(Store):
     def _check_layout(self, table: str, spec: TableSpec) -> None:
         """Subclasses reject dtypes their layout cannot hold."""
 
-    def views(self) -> dict[str, ViewInfo]:
+    def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
         """See :meth:`Store.views`."""
-        return {v.table: v for v in self._all_views() if v.staging_generation == 0}
+        stage = int(staging_generation or 0)
+        return {v.table: v for v in self._all_views() if v.staging_generation == stage}
 
     def _all_views(self) -> list[ViewInfo]:
         with self._tx(write=False) as cur:
@@ -228,48 +236,48 @@ class RelationalStore(Store):
             ) from None
 
     # ---- snapshots -----------------------------------------------------------------------
-    def finish_snapshot(
-        self,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        world_size: int,
-        staging_generation: int | None = None,
-    ) -> bool:
-        """See :meth:`Store.finish_snapshot`."""
-        stage = int(staging_generation or 0)
-        version = make_version(generation, seq)
+    def sweep_below(self, table: str, version: int) -> None:
+        """See :meth:`Store.sweep_below` (one transaction)."""
         live = self._view(table)
         with self._tx() as cur:
-            done = self._rows(
+            self._sweep(cur, live, int(version))
+
+    def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
+        """See :meth:`Registry.snapshot`."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(
                 cur,
-                "SELECT swept_at, staging_generation FROM deltarec_snapshots "
+                "SELECT staging_generation, version, swept_at FROM deltarec_snapshots "
                 "WHERE run = ? AND generation = ? AND seq = ? AND table_id = ?",
                 (run, generation, seq, table),
             )
-            if done and (done[0][0] is not None or stage):
-                return True
-            complete = self._rows(
-                cur,
-                "SELECT COUNT(*) FROM deltarec_progress WHERE run = ? AND generation = ? "
-                "AND seq = ? AND table_id = ? AND complete = 1",
-                (run, generation, seq, table),
-            )[0][0]
-            if int(complete) < world_size:
-                return False
-            swept = None if stage else time.time()
-            if not stage:
-                self._sweep(cur, live, version)
+        if not rows:
+            return None
+        stage, version, swept = rows[0]
+        swept_at = None if swept is None else float(swept)
+        return SnapshotRecord(run, generation, seq, table, int(stage), int(version), swept_at)
+
+    def record_snapshot(self, record: SnapshotRecord) -> None:
+        """See :meth:`Registry.record_snapshot`."""
+        validate_run(record.run)
+        with self._tx() as cur:
             self._exec(
                 cur,
                 "INSERT INTO deltarec_snapshots (run, generation, seq, table_id, "
                 "staging_generation, version, swept_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (run, generation, seq, table_id) DO UPDATE SET "
-                "swept_at = excluded.swept_at",
-                (run, generation, seq, table, stage, version, swept),
+                "staging_generation = excluded.staging_generation, "
+                "version = excluded.version, swept_at = excluded.swept_at",
+                (
+                    record.run,
+                    record.generation,
+                    record.seq,
+                    record.table,
+                    record.staging_generation,
+                    record.version,
+                    record.swept_at,
+                ),
             )
-        return True
 
     # ---- staging -------------------------------------------------------------------------
     def merge_staging(self, run: str, generation: int) -> int:
@@ -321,7 +329,7 @@ class RelationalStore(Store):
 
     # ---- registry ------------------------------------------------------------------------
     def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Store.register_generation`."""
+        """See :meth:`Registry.register_generation`."""
         validate_run(run)
         with self._tx() as cur:
             self._exec(
@@ -332,7 +340,7 @@ class RelationalStore(Store):
             )
 
     def generations(self, run: str) -> list[int]:
-        """See :meth:`Store.generations`."""
+        """See :meth:`Registry.generations`."""
         with self._tx(write=False) as cur:
             rows = self._rows(
                 cur,
@@ -359,8 +367,13 @@ class RelationalStore(Store):
             ),
         )
 
+    def record_progress(self, mark: ProgressMark) -> None:
+        """See :meth:`Registry.record_progress`."""
+        with self._tx() as cur:
+            self._write_mark(cur, mark, mark.staging_generation)
+
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
-        """See :meth:`Store.progress`."""
+        """See :meth:`Registry.progress`."""
         with self._tx(write=False) as cur:
             rows = self._rows(
                 cur,
@@ -375,7 +388,7 @@ class RelationalStore(Store):
         ]
 
     def record_freshness(self, record: FreshnessRecord) -> None:
-        """See :meth:`Store.record_freshness` (the first record of a rank's dump is kept)."""
+        """See :meth:`Registry.record_freshness` (the first record of a rank's dump is kept)."""
         with self._tx() as cur:
             self._exec(
                 cur,
@@ -393,7 +406,7 @@ class RelationalStore(Store):
             )
 
     def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
-        """See :meth:`Store.freshness`."""
+        """See :meth:`Registry.freshness`."""
         sql = (
             "SELECT generation, seq, rank, committed_at, visible_at FROM deltarec_freshness "
             "WHERE run = ?"
@@ -410,7 +423,7 @@ class RelationalStore(Store):
         ]
 
     def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
-        """See :meth:`Store.set_serving`."""
+        """See :meth:`Registry.set_serving`."""
         validate_run(run)
         make_version(generation, seq)
         with self._tx() as cur:
@@ -427,12 +440,12 @@ class RelationalStore(Store):
         return ServingPointer(run, generation, seq, now, note)
 
     def get_serving(self, run: str) -> ServingPointer | None:
-        """See :meth:`Store.get_serving`."""
+        """See :meth:`Registry.get_serving`."""
         history = self.serving_history(run)
         return history[-1] if history else None
 
     def serving_history(self, run: str) -> list[ServingPointer]:
-        """See :meth:`Store.serving_history`."""
+        """See :meth:`Registry.serving_history`."""
         with self._tx(write=False) as cur:
             rows = self._rows(
                 cur,

@@ -173,6 +173,7 @@ class SqliteStore(RelationalStore):
         staging=True,
         scan=True,
         snapshot_replace=True,
+        batch_bytes=512 << 20,
     )
 
     def __init__(self, config: SqliteConfig) -> None:

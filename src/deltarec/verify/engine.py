@@ -24,7 +24,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -41,6 +41,7 @@ from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import check_shard
 from deltarec.artifacts.types import Manifest, parse_time, utc_now
 from deltarec.errors import ArtifactError, BadInputError
+from deltarec.stores.base import Store
 from deltarec.verify.compare import (
     CODE,
     NO_RECORD,
@@ -73,30 +74,6 @@ ROLLBACK_FIELD = "rollback"
 """GENERATION.json field of a rollback generation: ``{"to_generation": G, "through_seq": S}``."""
 
 
-class ReadResultLike(Protocol):
-    """What a store's ``read`` returns (see :mod:`deltarec.stores`)."""
-
-    found: np.ndarray
-    versions: np.ndarray
-    embedding: np.ndarray
-
-
-class StoreReader(Protocol):
-    """The part of a store that verification uses."""
-
-    def read(self, table: str, keys: np.ndarray) -> Any:
-        """Rows of ``keys``: ``found``, ``versions``, ``embedding`` (encoded)."""
-        ...
-
-    def scan_keys(self, table: str) -> Iterator[np.ndarray]:
-        """Every key the store holds for ``table``, in batches."""
-        ...
-
-    def freshness(self, run: str, generation: int | None = None) -> list[Any]:
-        """The store's freshness records (``committed_at``/``visible_at`` per dump and rank)."""
-        ...
-
-
 ProgressFn = Callable[[str, int, int], None]
 """``progress(table, done, total)``, called after each store batch."""
 
@@ -104,7 +81,7 @@ ProgressFn = Callable[[str, int, int], None]
 def verify(
     root: ArtifactRoot,
     run: str,
-    store: StoreReader,
+    store: Store,
     *,
     store_url: str = "",
     generation: int | None = None,
@@ -383,7 +360,7 @@ def _fits(table: ExpectedTable, budget: int) -> bool:
 
 def _verify_table_by_scan(
     table: ExpectedTable,
-    store: StoreReader,
+    store: Store,
     *,
     later: _LaterDeletes,
     point_version: int,
@@ -405,7 +382,7 @@ def _verify_table_by_scan(
     # The store scan runs ahead on a thread while the expected rows load from the shards (both
     # spend most of their time outside the GIL: SQLite steps, parquet decoding).
     depth = max(2, PREFETCH_BYTES // max(1, batch_size * codec.row_bytes(spec.dtype, spec.dim)))
-    scan = _Prefetch(store.scan_rows(table.table, batch_size), depth)  # type: ignore[attr-defined]
+    scan = _Prefetch(store.scan_rows(table.table, batch_size), depth)
     try:
         with ExpectedRows(table) as rows:
             res.store_keys_scanned = _consume_scan(
@@ -558,9 +535,7 @@ class _Reader:
     probed once per table; a store without staging is read live only.
     """
 
-    def __init__(
-        self, store: StoreReader, run: str, generation: int, manifests: list[Manifest]
-    ) -> None:
+    def __init__(self, store: Store, run: str, generation: int, manifests: list[Manifest]) -> None:
         self.store = store
         self.run = run
         self.generation = generation
@@ -570,18 +545,18 @@ class _Reader:
             if m.generation == generation
             for t in m.tables
         }
-        self._has_staging: dict[str, bool] = {}
+        self._staging: set[str] | None = None
         self._complete: set[tuple[int, str]] | None = None
 
     def staged(self, table: str) -> bool:
-        """Whether ``table`` has a staging view of the generation (probed once)."""
-        if table not in self._has_staging:
-            try:
-                self._read(table, np.empty(0, np.int64), self.generation)
-                self._has_staging[table] = True
-            except (BadInputError, NotImplementedError, TypeError):
-                self._has_staging[table] = False
-        return self._has_staging[table]
+        """Whether ``table`` has a staging view of the generation (looked up once)."""
+        if self._staging is None:
+            self._staging = (
+                set(self.store.views(staging_generation=self.generation))
+                if self.store.capabilities.staging
+                else set()
+            )
+        return table in self._staging
 
     def read(self, table: str, keys: np.ndarray) -> StoreBatch:
         live = self._read(table, keys, None)
@@ -613,7 +588,7 @@ class _Reader:
     def _staged_complete(self) -> set[tuple[int, str]]:
         if self._complete is None:
             done: dict[tuple[int, str], int] = {}
-            for m in self.store.progress(self.run, self.generation):  # type: ignore[attr-defined]
+            for m in self.store.registry.progress(self.run, self.generation):
                 if m.complete and m.staging_generation == self.generation:
                     done[(m.seq, m.table)] = done.get((m.seq, m.table), 0) + 1
             self._complete = {k for k, n in done.items() if n >= self._shards.get(k, 1)}
@@ -623,7 +598,7 @@ class _Reader:
         if staging is None:
             r = self.store.read(table, keys)
         else:
-            r = self.store.read(table, keys, staging_generation=staging)  # type: ignore[call-arg]
+            r = self.store.read(table, keys, staging_generation=staging)
         return StoreBatch(
             np.asarray(r.found, bool), np.asarray(r.versions, np.int64), np.asarray(r.embedding)
         )
@@ -721,9 +696,7 @@ def _version_counts(versions: np.ndarray) -> list[tuple[int, int]]:
 
 
 # ---- freshness --------------------------------------------------------------------------------
-def _freshness(
-    state: ExpectedState, result: VerifyResult, store: StoreReader
-) -> list[DumpFreshness]:
+def _freshness(state: ExpectedState, result: VerifyResult, store: Store) -> list[DumpFreshness]:
     now = time.time()
     live: dict[int, int] = {}
     for t in result.tables.values():
@@ -736,15 +709,11 @@ def _freshness(
     ]
 
 
-def _publish_lags(store: StoreReader, run: str, generations: list[int]) -> dict[int, float]:
+def _publish_lags(store: Store, run: str, generations: list[int]) -> dict[int, float]:
     """Version -> publish lag of the slowest rank, from the store's freshness records."""
     lags: dict[int, float] = {}
     for g in generations:
-        try:
-            records = store.freshness(run, g)
-        except (NotImplementedError, AttributeError):
-            return {}
-        for r in records:
+        for r in store.registry.freshness(run, g):
             v = (int(r.generation) << 32) | int(r.seq)
             lag = float(r.visible_at) - float(r.committed_at)
             lags[v] = max(lags.get(v, lag), lag)
