@@ -8,7 +8,9 @@ module is available.
 
 Touched rows come from torchrec's delta tracker, created here with
 ``dmp.init_torchrec_delta_tracker(DeltaTrackerConfig(tracking_mode=ID_ONLY,
-delete_on_read=True))`` (or reused if the model already has one).
+delete_on_read=True))`` (or reused if the model already has one), for every module whose
+lookups it files under their own tables' paths; deltarec records the other modules' lookups
+itself (:mod:`deltarec.tracking.lookups`). The check runs here, before the first step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +27,7 @@ from torch import nn
 from deltarec.artifacts.types import TableKind, TableSpec
 from deltarec.errors import ConfigError
 from deltarec.ids import table_id as make_table_id
+from deltarec.tracking.lookups import LookupRecorder
 from deltarec.tracking.plain import (
     ColumnShard,
     ColumnShardSource,
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 _TRACKER_PREFIXES = ("_dmp_wrapped_module.module.", "module.")
 _ROW_SHARDED = {"table_wise", "row_wise", "table_row_wise"}
+_COLUMN_SHARDED = {"column_wise", "table_column_wise"}
 
 
 def _tracker_fqn(module_fqn: str) -> str:
@@ -87,14 +92,21 @@ def _sharded_modules(model: nn.Module) -> list[tuple[str, Any, str]]:
 
 
 def init_tracker(model: nn.Module) -> Any:
-    """The model's torchrec delta tracker (ID_ONLY, delete_on_read), created if needed."""
+    """The model's torchrec delta tracker (ID_ONLY, delete_on_read), created if needed.
+
+    Returns None when torchrec's tracker cannot attach to this model (torchrec 1.8's tracker
+    needs dense, non-embedding parameters); every table is then recorded by deltarec.
+
+    Raises:
+        ConfigError: if ``model`` is not a ``DistributedModelParallel``.
+    """
     from torchrec.distributed.model_tracker.types import DeltaTrackerConfig, TrackingMode
 
     init = getattr(model, "init_torchrec_delta_tracker", None)
     if init is None:
         raise ConfigError(
             f"model of type {type(model).__name__} is not a torchrec DistributedModelParallel; "
-            "the dumper tracks touched rows through DMP's delta tracker"
+            "the dumper tracks touched rows of its sharded embedding modules"
         )
     config = DeltaTrackerConfig(tracking_mode=TrackingMode.ID_ONLY, delete_on_read=True)
     try:
@@ -102,10 +114,18 @@ def init_tracker(model: nn.Module) -> Any:
     except AttributeError as e:
         # torchrec 1.8's tracker reads ``model.module`` of DMP's wrapped module, which only
         # exists when DMP wrapped dense parameters in DistributedDataParallel.
-        raise ConfigError(
-            "torchrec's delta tracker could not attach to this DistributedModelParallel model "
-            f"({e}); torchrec 1.8 needs the model to have dense (non-embedding) parameters"
-        ) from e
+        log.info("torchrec's delta tracker cannot attach (%s); deltarec records every lookup", e)
+        return None
+
+
+@dataclass
+class _Table:
+    module_fqn: str
+    name: str
+    module: Any
+    attr: str
+    path: str
+    table_id: str
 
 
 def discover_plain_sources(
@@ -113,49 +133,110 @@ def discover_plain_sources(
 ) -> list[TableSource]:
     """One source per plain table of a DMP model, in the same order on every rank.
 
+    Each table's touched rows come from torchrec's delta tracker when it files every lookup
+    of the table's module under that table's own path, checked here against the tracker's
+    maps (``feature_to_fqn``) before the first step. Any other module (a table name used in
+    two modules, a feature feeding tables of two modules, a table and a module of the same
+    name) is recorded by deltarec itself (:class:`~deltarec.tracking.lookups.LookupRecorder`)
+    and torchrec's tracker is detached from it, so it can neither crash on nor misfile its
+    lookups.
+
     Args:
         model: a ``DistributedModelParallel``.
         skip_fqns: embedding FQNs (tracker form, or table ids) to leave out (ZCH tables).
 
     Raises:
-        ConfigError: if the model is not a DMP model, a table's layout is not supported, or
-            two tables share a feature name (the tracker could not tell their lookups apart).
+        ConfigError: if the model is not a DMP model or a table's layout is not supported.
+        TrackingError: if a module's lookups can be attributed neither by torchrec's tracker
+            nor by deltarec's recorder.
     """
     skip = set(skip_fqns or ())
     modules = _sharded_modules(model)
-    plans: list[tuple[str, str, Any, Any, str]] = []
+    tables: list[_Table] = []
     for fqn, mod, attr in modules:
         for name in sorted(mod._table_name_to_config):
-            emb_fqn = f"{_tracker_fqn(fqn)}.{attr}.{name}"
+            path = f"{_tracker_fqn(fqn)}.{attr}.{name}"
             tid = make_table_id(fqn, name)
-            if emb_fqn in skip or tid in skip:
+            if path in skip or tid in skip:
                 continue
-            plans.append((fqn, name, mod, attr, emb_fqn))
-    if not plans:
+            tables.append(_Table(fqn, name, mod, attr, path, tid))
+    if not tables:
         return []
-    _check_feature_names(modules)
     tracker = init_tracker(model)
-    hub = TrackerHub(tracker, {p[4] for p in plans})
+    by_module: dict[str, list[_Table]] = {}
+    for t in tables:
+        by_module.setdefault(t.module_fqn, []).append(t)
+    recorders = []
+    tracked: set[str] = set()
+    for group in by_module.values():
+        why = _not_attributed(tracker, group)
+        if why is None:
+            tracked.update(t.path for t in group)
+            continue
+        log.info("deltarec records the lookups of %s itself: %s", [t.table_id for t in group], why)
+        recorders.append(_own_recorder(tracker, group))
+    hub = TrackerHub(
+        tracker,
+        {t.path for t in tables},
+        recorders=recorders,
+        tracker_fqns=tracked,
+        ignored=skip,
+        explain=_explainer(tracker, tables),
+    )
     state = {id(m): m.state_dict() for _, m, _ in modules}
-    sources: list[TableSource] = []
-    for fqn, name, mod, attr, emb_fqn in plans:
-        sources.append(_source(fqn, name, mod, attr, emb_fqn, hub, state[id(mod)]))
-    return sources
+    return [
+        _source(t.module_fqn, t.name, t.module, t.attr, t.path, hub, state[id(t.module)])
+        for t in tables
+    ]
 
 
-def _check_feature_names(modules: list[tuple[str, Any, str]]) -> None:
-    owner: dict[str, str] = {}
-    for fqn, mod, _ in modules:
-        for name, cfg in mod._table_name_to_config.items():
-            for feature in cfg.feature_names:
-                where = f"{fqn}.{name}"
-                if feature in owner and owner[feature] != where:
-                    raise ConfigError(
-                        f"feature {feature!r} feeds both {owner[feature]} and {where}: torchrec's "
-                        "delta tracker keys lookups by feature name, so touched rows could not "
-                        "be attributed; rename one feature"
-                    )
-                owner[feature] = where
+def _not_attributed(tracker: Any, group: list[_Table]) -> str | None:
+    """Why torchrec's tracker would not file every lookup of this module right (None: it would)."""
+    if tracker is None:
+        return "torchrec's delta tracker cannot attach to this model"
+    mod = group[0].module
+    record = getattr(tracker, "record_lookup", None)
+    if record is None or getattr(mod, "post_lookup_tracker_fn", None) != record:
+        return "torchrec's delta tracker does not record this module's lookups"
+    feature_to_fqn = getattr(tracker, "feature_to_fqn", {})
+    for t in group:
+        for feature in t.module._table_name_to_config[t.name].feature_names:
+            filed = feature_to_fqn.get(feature)
+            if filed != t.path:
+                return (
+                    f"torchrec's delta tracker would file feature {feature!r} of table "
+                    f"{t.table_id} under {filed!r}, not under the table's path {t.path!r} "
+                    "(it maps tables by name and features by name over the whole model)"
+                )
+    return None
+
+
+def _own_recorder(tracker: Any, group: list[_Table]) -> LookupRecorder:
+    mod = group[0].module
+    if tracker is not None and getattr(mod, "post_lookup_tracker_fn", None) == getattr(
+        tracker, "record_lookup", None
+    ):
+        # torchrec's tracker would crash on (KeyError) or misfile this module's lookups.
+        mod.post_lookup_tracker_fn = None
+    paths = {t.name: t.path for t in group}
+    table_ids = {t.name: t.table_id for t in group}
+    for name in mod._table_name_to_config:
+        paths.setdefault(name, f"{group[0].path.rsplit('.', 1)[0]}.{name}")
+        table_ids.setdefault(name, make_table_id(group[0].module_fqn, name))
+    return LookupRecorder(mod, paths, table_ids)
+
+
+def _explainer(tracker: Any, tables: list[_Table]) -> Callable[[str], list[str]]:
+    """Map a path to the table ids whose features torchrec's tracker files under that path."""
+    features = {
+        t.table_id: list(t.module._table_name_to_config[t.name].feature_names) for t in tables
+    }
+
+    def explain(path: str) -> list[str]:
+        filed = getattr(tracker, "feature_to_fqn", {})
+        return sorted(tid for tid, fs in features.items() if any(filed.get(f) == path for f in fs))
+
+    return explain
 
 
 def _source(
@@ -196,7 +277,7 @@ def _source(
         if col_off != 0 or shard.tensor.shape[1] != spec.dim:
             raise ConfigError(f"table {tid}: {sharding} shard does not hold whole rows")
         return RowShardSource(tid, spec, hub, emb_fqn, shard.tensor.detach(), rows_off)
-    if sharding == "column_wise":
+    if sharding in _COLUMN_SHARDED:
         cols = [
             ColumnShard(int(s.metadata.shard_offsets[1]), s.tensor.detach())
             for s in shards
@@ -217,7 +298,7 @@ def _writer_rank(param: Any, tid: str) -> int:
     spec = getattr(param, "sharding_spec", None)
     shards = getattr(spec, "shards", None)
     if not shards:
-        raise ConfigError(f"table {tid}: column-wise sharding without a sharding spec")
+        raise ConfigError(f"table {tid}: {param.sharding_type} sharding without a sharding spec")
     first = min(shards, key=lambda s: (s.shard_offsets[1], s.placement.rank()))
     return int(first.placement.rank())
 

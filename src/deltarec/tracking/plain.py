@@ -5,8 +5,9 @@
   are the serving keys. Ranks hold disjoint blocks, so every key is written by one rank.
 * :class:`ReplicatedSource`: data-parallel. Every rank holds the whole table and sees only its
   own lookups: each rank gathers the rows of the ids it touched, and rank 0 writes the union.
-* :class:`ColumnShardSource`: column-wise. Each holder has some columns of every row and sees
-  the same ids: each holder gathers its columns of them, one writer rank assembles whole rows.
+* :class:`ColumnShardSource`: column-wise and table-column-wise. Each holder has some columns of
+  every row and sees the same ids: each holder gathers its columns of them, one writer rank
+  assembles whole rows.
 
 The last two only gather their local part on the training thread (no collective there); the
 dump worker exchanges the parts on its own gloo group and assembles them
@@ -58,6 +59,11 @@ class _TrackedSource(TableSource):
         """Drop every id recorded so far (a generation starts from a snapshot or republish)."""
         if self.hub is not None:
             self.hub.discard_all()
+
+    def close(self) -> None:
+        """Remove the hub's lookup hooks (shared by the model's sources; idempotent)."""
+        if self.hub is not None:
+            self.hub.close()
 
     # Streaming variants, used by the dumper (they bound host memory).
     def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:
@@ -262,7 +268,7 @@ class ColumnShard:
 
 
 class ColumnShardSource(AssembledSource):
-    """A column-wise table: whole rows are assembled on one writer rank by the dump worker.
+    """A column-wise or table-column-wise table: one writer rank assembles whole rows.
 
     Every holder of columns sees the same ids (the lookups reach every column shard), so
     chunk ``k`` of every holder has the same keys; each holder gathers its columns of them.

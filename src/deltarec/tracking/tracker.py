@@ -9,56 +9,111 @@ lookups can be dropped without losing the training lookups recorded before them.
 
 The hub reads the tracker's store (``store.per_fqn_lookups``) itself and empties it, as
 ``get_unique()`` with ``delete_on_read`` would, then deduplicates once per table at dump time.
+
+No lookup is dropped silently: every path the tracker reports is either one the hub keeps ids
+for, one it was told belongs to another source (ZCH tables), or an error
+(:class:`~deltarec.tracking.errors.TrackingError`, naming the path and the tables whose
+features the tracker files under it) that stops the dump. Tables torchrec's tracker cannot
+attribute are recorded by :class:`~deltarec.tracking.lookups.LookupRecorder` instances, which
+the hub drains with the tracker.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from deltarec.dump.gather import dedup_ids
+from deltarec.tracking.errors import TrackingError
 
 log = logging.getLogger(__name__)
 
 
 class TrackerHub:
-    """Pending touched ids per tracker FQN, shared by the plain sources of one model.
+    """Pending touched ids per path, shared by the plain sources of one model.
 
     Args:
         tracker: a torchrec ``ModelDeltaTracker`` (ID_ONLY, delete_on_read) or any object
-            with the same ``get_unique()`` and ``store.per_fqn_lookups`` behaviour.
-        fqns: the tracker FQNs the hub keeps ids for; others (e.g. ZCH tables) are dropped.
+            with the same ``get_unique()`` and ``store.per_fqn_lookups`` behaviour; None when
+            every table is recorded by ``recorders``.
+        fqns: the paths the hub keeps ids for (the keys the sources take).
+        recorders: further stores of lookups (``per_fqn_lookups``, e.g.
+            :class:`~deltarec.tracking.lookups.LookupRecorder`), drained with the tracker and
+            closed by :meth:`close`.
+        tracker_fqns: the paths ``tracker`` may report ids under (default: ``fqns``).
+        ignored: paths ``tracker`` may report that other sources track (ZCH tables).
+        explain: path -> the table ids whose lookups the tracker files under it (for the
+            error raised for a path the hub does not know).
     """
 
-    def __init__(self, tracker: Any, fqns: set[str]) -> None:
+    def __init__(
+        self,
+        tracker: Any,
+        fqns: set[str],
+        *,
+        recorders: Iterable[Any] = (),
+        tracker_fqns: Iterable[str] | None = None,
+        ignored: Iterable[str] = (),
+        explain: Callable[[str], list[str]] | None = None,
+    ) -> None:
         self.tracker = tracker
         self.fqns = set(fqns)
+        self.recorders = list(recorders)
+        self.tracker_fqns = set(self.fqns if tracker_fqns is None else tracker_fqns)
+        self.ignored = set(ignored)
+        self._explain = explain
         self._pending: dict[str, list[torch.Tensor]] = {f: [] for f in self.fqns}
 
     def _read(self) -> dict[str, list[torch.Tensor]]:
-        """Drain the tracker: ``{fqn: [id tensors]}`` recorded since the previous read.
+        """Drain the tracker and the recorders: ``{path: [id tensors]}`` since the last read.
 
-        The recorded lookups are taken from the tracker's store directly and the store is
-        emptied: what ``get_unique()`` does with ``delete_on_read`` and one consumer, without
-        its two ``torch.unique`` passes over every table (the sort dominated the dump's
-        training-thread time on CPU). :meth:`take` deduplicates once per table, with a bitmap
-        where that is cheaper. Trackers without such a store are read with ``get_unique()``.
+        Raises:
+            TrackingError: the tracker reported ids under a path the hub does not know.
         """
-        store = getattr(self.tracker, "store", None)
-        lookups = getattr(store, "per_fqn_lookups", None)
-        if store is not None and isinstance(lookups, dict):
-            store.per_fqn_lookups = {}
-            return {f: [getattr(x, "ids", x) for x in v] for f, v in lookups.items() if v}
-        return {fqn: [rows.ids] for fqn, rows in self.tracker.get_unique().items()}
+        out: dict[str, list[torch.Tensor]] = {}
+        unknown: dict[str, int] = {}
+        if self.tracker is not None:
+            for fqn, parts in _drain(self.tracker).items():
+                if fqn in self.tracker_fqns:
+                    out.setdefault(fqn, []).extend(parts)
+                elif fqn not in self.ignored:
+                    unknown[fqn] = sum(int(p.numel()) for p in parts)
+        for recorder in self.recorders:
+            for fqn, parts in _drain(recorder).items():
+                out.setdefault(fqn, []).extend(parts)
+        if unknown:
+            self._unknown(unknown)
+        return out
+
+    def _unknown(self, unknown: dict[str, int]) -> None:
+        tables: list[str] = []
+        said = []
+        for fqn, n in sorted(unknown.items()):
+            owners = self._explain(fqn) if self._explain is not None else []
+            tables += [t for t in owners if t not in tables]
+            whose = f"features of {owners}" if owners else "no known table's features"
+            said.append(f"{fqn!r} ({n} id(s); it files {whose} there)")
+        raise TrackingError(
+            tables,
+            sorted(unknown),
+            "torchrec's delta tracker reported looked-up ids under "
+            + ", ".join(said)
+            + f", but deltarec takes from it only {sorted(self.tracker_fqns)}; the rows "
+            "these lookups touched cannot be attributed, so the dump stops instead of leaving "
+            "them stale (a table and a module with the same name, or a tracker attached after "
+            "the dumper started?)",
+        )
 
     def poll(self) -> None:
-        """Move every id the tracker recorded into the pending lists."""
+        """Move every id recorded so far into the pending lists (raises on unknown paths)."""
         for fqn, parts in self._read().items():
-            if fqn in self._pending:
-                self._pending[fqn].extend(p for p in parts if p.numel())
+            pending = self._pending.get(fqn)
+            if pending is not None:
+                pending.extend(p for p in parts if p.numel())
 
     def take(self, fqn: str, num_rows: int | None = None) -> torch.Tensor | None:
         """All pending ids of ``fqn``, sorted and unique (None if there are none), cleared.
@@ -87,6 +142,30 @@ class TrackerHub:
         self._read()
         for fqn in self._pending:
             self._pending[fqn] = []
+
+    def close(self) -> None:
+        """Remove the recorders' hooks (idempotent)."""
+        for recorder in self.recorders:
+            close = getattr(recorder, "close", None)
+            if close is not None:
+                close()
+
+
+def _drain(tracker: Any) -> dict[str, list[torch.Tensor]]:
+    """``{path: [id tensors]}`` recorded by ``tracker`` since the previous drain.
+
+    The recorded lookups are taken from the tracker's store directly and the store is emptied:
+    what ``get_unique()`` does with ``delete_on_read`` and one consumer, without its two
+    ``torch.unique`` passes over every table (the sort dominated the dump's training-thread
+    time on CPU). :meth:`TrackerHub.take` deduplicates once per table, with a bitmap where
+    that is cheaper. Trackers without such a store are read with ``get_unique()``.
+    """
+    store = getattr(tracker, "store", None)
+    lookups = getattr(store, "per_fqn_lookups", None)
+    if store is not None and isinstance(lookups, dict):
+        store.per_fqn_lookups = {}
+        return {f: [getattr(x, "ids", x) for x in v] for f, v in lookups.items() if v}
+    return {fqn: [rows.ids] for fqn, rows in tracker.get_unique().items()}
 
 
 @dataclass
