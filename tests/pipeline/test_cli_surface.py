@@ -9,10 +9,10 @@ from deltarec.cli import build_parser
 PARAMS = {
     "--run", "--artifacts", "--store", "--steps", "--dump-every-steps", "--dump-every-minutes",
     "--publish-mode", "--sample", "--ranks-per-node", "--nodes", "--gpus-per-node",
-    "--checkpoint-dir", "--train-args",
+    "--checkpoint-dir", "--train-args", "--entry-point", "--tables", "--webhook-url",
 }  # fmt: skip
 EXPECTED = {
-    "compile": {"--output", "--components", "--secret", "--no-secrets"},
+    "compile": {"--engine", "--output", "--components", "--secret", "--no-secrets"},
     "submit": {
         "--host",
         "--namespace",
@@ -25,7 +25,7 @@ EXPECTED = {
         "--no-secrets",
     }
     | PARAMS,
-    "run": {"--local", "--pipeline-root", "--json"} | PARAMS,
+    "run": {"--local", "--engine", "--pipeline-root", "--json"} | PARAMS,
     "verify-serving": {"--artifacts", "--run", "--store", "--sample", "--json", "--report"},
 }
 
@@ -47,4 +47,12 @@ def test_pipeline_flags_are_frozen(action):
 
 def test_demo_flags_are_the_specs():
     demo = subparser(build_parser("demo"), "demo")
-    assert flags(demo) == {"--workdir", "--steps", "--store"}
+    assert flags(demo) == {"--workdir", "--steps", "--store", "--engine"}
+
+
+def test_every_pipeline_parameter_has_a_flag_by_its_name():
+    from deltarec.orchestrate.params import PipelineParams
+
+    run = subparser(subparser(build_parser("pipeline"), "pipeline"), "run")
+    dests = {a.dest for a in run._actions}
+    assert set(PipelineParams.names()) <= dests

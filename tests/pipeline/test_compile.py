@@ -9,9 +9,10 @@ import yaml
 
 from deltarec.cli import main
 from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
+from deltarec.orchestrate.params import PipelineParams
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-STEPS = ["provision", "train", "verify", "promote", "rollback"]
+STEPS = ["provision", "train", "verify", "promote", "verify_failed", "rollback"]
 PARAMS = [
     "--run",
     "ctr-main",
@@ -53,26 +54,22 @@ def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_p
     assert main(["pipeline", "compile", "--components", "comps"]) == 0
     spec = next(yaml.safe_load_all((tmp_path / "deltarec-pipeline.yaml").read_text()))
     written = sorted(p.name for p in (tmp_path / "comps").iterdir())
-    assert written == [f"{s}.yaml" for s in sorted(STEPS)]
+    assert written == [f"{s}.yaml" for s in sorted([*STEPS, "params"])]
     params = spec["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {
-        "run_name",
-        "artifact_root",
-        "store_url",
-        "steps",
-        "dump_every_steps",
-        "dump_every_minutes",
-        "publish_mode",
-        "sample_size",
-        "ranks_per_node",
-        "nodes",
-        "gpus_per_node",
-        "checkpoint_dir",
-        "train_extra_args",
-    }
+    assert list(params) == sorted(PipelineParams.names())
+    assert {"entry_point", "tables", "webhook_url", "train_extra_args"} <= set(params)
+    assert params["steps"]["defaultValue"] == 1000 and params["steps"]["isOptional"]
+    assert params["run_name"] == {"parameterType": "STRING"}
     tasks = spec["root"]["dag"]["tasks"]
-    assert set(tasks) == {"provision", "train", "verify", "condition-1"}
-    assert tasks["train"]["dependentTasks"] == ["provision"]
+    assert set(tasks) == {"params", "provision", "train", "verify", "condition-1", "condition-2"}
+    checked = tasks["params"]["inputs"]["parameters"]
+    assert set(checked) == set(PipelineParams.names())
+    for step in ("provision", "train", "verify"):
+        assert tasks[step]["inputs"]["parameters"]["params"]["taskOutputParameter"] == {
+            "outputParameterKey": "Output",
+            "producerTask": "params",
+        }
+    assert tasks["train"]["dependentTasks"] == ["params", "provision"]
     assert tasks["verify"]["inputs"]["artifacts"]["generation"]["taskOutputArtifact"] == {
         "outputArtifactKey": "generation",
         "producerTask": "train",
@@ -83,6 +80,12 @@ def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_p
     )
     promote = spec["components"]["comp-condition-1"]["dag"]["tasks"]["promote"]
     assert promote["inputs"]["artifacts"]["generation"]["componentInputArtifact"]
+    fail = tasks["condition-2"]
+    assert fail["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--verify-Output'] == 'FAIL'"
+    )
+    failed = spec["components"]["comp-condition-2"]["dag"]["tasks"]["verify-failed"]
+    assert failed["inputs"]["artifacts"]["report"]["componentInputArtifact"]
     assert all(t["cachingOptions"] == {} for t in tasks.values() if "cachingOptions" in t)
     accel = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     assert accel["accelerator"]["resourceType"] == "nvidia.com/gpu"
@@ -107,7 +110,9 @@ def test_pipeline_yaml_mounts_secrets_by_name_only(tmp_path):
     )
     docs = list(yaml.safe_load_all(out.read_text()))
     platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    assert set(platform) == {"exec-provision", "exec-train", "exec-verify", "exec-promote"}
+    assert set(platform) == {
+        "exec-provision", "exec-train", "exec-verify", "exec-promote", "exec-verify-failed"
+    }  # fmt: skip
     env = platform["exec-train"]["secretAsEnv"]
     assert [s["secretName"] for s in env] == ["pg-cred", "cloud"]
     assert env[0]["keyToEnv"] == [{"envVar": "PGPASSWORD", "secretKey": "password"}]

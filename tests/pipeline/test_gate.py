@@ -1,10 +1,12 @@
-"""verify gates promote in a real kfp.local run of the pipeline.
+"""verify gates promote in a real kfp.local run of the pipeline; a FAIL runs the FAIL branch.
 
-The step subprocesses get a fast fake at the CLI boundary (fake_steps/sitecustomize.py), so a
-run takes seconds; the real end-to-end run is in test_local_run.py.
+The step subprocesses get fast fakes of the typed train, verify and promote functions
+(fake_steps/sitecustomize.py), so a run takes seconds; the real end-to-end runs are in
+test_local_run.py and test_verify_failure.py.
 """
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -18,36 +20,44 @@ FAKES = pathlib.Path(__file__).parent / "fake_steps"
 
 @pytest.fixture
 def fake_steps(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(FAKES))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")])
+    )
     monkeypatch.setenv("FAKE_PROMOTE_LOG", str(tmp_path / "promoted.txt"))
     return tmp_path / "promoted.txt"
 
 
 def params(tmp_path):
     return parse_params(
-        run_name="gate", artifact_root=str(tmp_path / "art"), store_url="sqlite:///unused.db",
-        steps=20, dump_every_steps=10, sample_size=0,
+        run_name="gate", artifact_root=str(tmp_path / "art"),
+        store_url=f"sqlite:///{tmp_path / 'store.db'}", steps=20, dump_every_steps=10,
+        sample_size=0, entry_point="gate_team.train:main",
     )  # fmt: skip
 
 
-def test_failed_verify_skips_promote_and_run_local_exits_1(tmp_path, fake_steps, monkeypatch):
-    monkeypatch.setenv("FAKE_VERIFY_CODE", "1")
+def test_failed_verify_skips_promote_runs_the_fail_branch_and_exits_1(
+    tmp_path, fake_steps, monkeypatch, capsys
+):
+    monkeypatch.setenv("FAKE_VERDICT", "FAIL")
     out = tmp_path / "result.json"
     code = main([
         "pipeline", "run", "--local", "--run", "gate", "--artifacts", str(tmp_path / "art"),
-        "--store", "sqlite:///unused.db", "--steps", "20", "--pipeline-root", str(tmp_path / "k"),
-        "--json", str(out),
+        "--store", f"sqlite:///{tmp_path / 'store.db'}", "--steps", "20",
+        "--pipeline-root", str(tmp_path / "k"), "--json", str(out),
     ])  # fmt: skip
     result = json.loads(out.read_text())
     assert code == 1 and result["verdict"] == "FAIL" and result["promoted"] is None
     assert result["metrics"]["passed"] == 0.0
+    assert "verify-failed" in result["failure"]
+    assert pathlib.Path(result["report"]).read_text() == "<html>fake verify</html>"
     assert not fake_steps.exists()  # promote never ran
+    assert "nothing-to-undo" in capsys.readouterr().out  # the FAIL branch's own log line
 
 
 def test_passed_verify_promotes_the_generation_train_produced(tmp_path, fake_steps, monkeypatch):
-    monkeypatch.setenv("FAKE_VERIFY_CODE", "0")
+    monkeypatch.setenv("FAKE_VERDICT", "PASS")
     result = run_local(params(tmp_path), pipeline_root=str(tmp_path / "kfp"))
-    assert result.verdict == "PASS" and result.promoted == 1
+    assert result.verdict == "PASS" and result.promoted == 1 and result.failure == ""
     assert (result.generation.dumps, result.generation.rows, result.generation.last_seq) == (
         2,
         6,
@@ -56,4 +66,4 @@ def test_passed_verify_promotes_the_generation_train_produced(tmp_path, fake_ste
     assert pathlib.Path(result.report_path).read_text() == "<html>fake verify</html>"
     assert result.metrics["freshness_p50_s"] == 1.0 and result.metrics["passed"] == 1.0
     (line,) = fake_steps.read_text().splitlines()
-    assert line.endswith("--run gate --store sqlite:///unused.db --generation 1 --through-seq 2")
+    assert line == f"gate 1 2 sqlite:///{tmp_path / 'store.db'}"

@@ -1,103 +1,92 @@
-"""The step entry points, without KFP: arguments they build, records they hand on, failures."""
+"""The step library without an engine: typed inputs, the programs train runs, the records the
+steps hand on, failures."""
 
 import json
-import pathlib
+import re
+import sys
 
 import pytest
 
-from deltarec.errors import BadInputError
+from deltarec.errors import BadInputError, ConfigError
 from deltarec.orchestrate import pytorchjob, steps
+from deltarec.orchestrate.params import PipelineParams, parse_params
 from deltarec.orchestrate.types import GenerationRecord, StepFailedError
 
 from .conftest import FakeArtifact, write_generation
 
 
-def test_train_args_carry_cadence_store_and_publish_mode_and_omit_what_is_off():
-    args = steps.train_args(
-        artifacts="/a",
-        run="r",
-        store="sqlite:///s.db",
-        steps=50,
-        dump_every_steps=10,
-        dump_every_minutes=0,
-        publish_mode="staged",
-        checkpoint_dir="/c",
-        extra_args=["--seed", "3"],
-    )
-    assert args == [
-        "--artifacts",
-        "/a",
-        "--run",
-        "r",
-        "--steps",
-        "50",
-        "--dump-every-steps",
-        "10",
-        "--store",
-        "sqlite:///s.db",
-        "--publish-mode",
-        "staged",
-        "--workdir",
-        "/c",
-        "--seed",
-        "3",
-    ]
-    no_store = steps.train_args(
-        artifacts="/a",
-        run="r",
-        store="",
-        steps=5,
-        dump_every_steps=0,
-        dump_every_minutes=0.5,
-        publish_mode="direct",
-    )
-    assert no_store == [
-        "--artifacts",
-        "/a",
-        "--run",
-        "r",
-        "--steps",
-        "5",
-        "--dump-every-minutes",
-        "0.5",
-    ]
+def params(tmp_path=None, **change):
+    values = dict(
+        run_name="r", artifact_root=str(tmp_path or "/a"), store_url="sqlite:///s.db",
+        steps=50, dump_every_steps=10, ranks_per_node=2,
+    )  # fmt: skip
+    values.update(change)
+    return parse_params(**values)
+
+
+def test_example_model_gets_deltarec_train_flags_from_the_parameters():
+    p = params(publish_mode="staged", checkpoint_dir="/c", train_extra_args="--seed 3")
+    assert steps.train_args(p) == [
+        "--artifacts", "/a", "--run", "r", "--steps", "50", "--dump-every-steps", "10",
+        "--store", "sqlite:///s.db", "--publish-mode", "staged", "--workdir", "/c",
+        "--seed", "3",
+    ]  # fmt: skip
+    no_steps = steps.train_args(params(dump_every_steps=0, dump_every_minutes=0.5))
+    assert "--dump-every-steps" not in no_steps
+    assert no_steps[6:8] == ["--dump-every-minutes", "0.5"]
+    cmd, env = steps.torchrun_command(params(gpus_per_node=1))
+    assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc-per-node=2"]  # fmt: skip
+    assert cmd[5:10] == ["-m", "deltarec.train", "--", "--device", "cuda"] and env == {}
+
+
+def test_entry_point_function_runs_on_every_rank_with_the_settings_in_the_environment():
+    p = params(entry_point="team.train:main", train_extra_args="--export /x",
+               dump_every_minutes=2.5, checkpoint_dir="/ck")  # fmt: skip
+    cmd, env = steps.torchrun_command(p)
+    assert cmd[5:] == ["-m", "deltarec.orchestrate.entry", "--", "team.train:main", "--export",
+                       "/x"]  # fmt: skip
+    assert env == {
+        "DELTAREC_ARTIFACTS": "/a", "DELTAREC_RUN": "r", "DELTAREC_DUMP_EVERY_STEPS": "10",
+        "DELTAREC_DUMP_EVERY_MINUTES": "2.5", "DELTAREC_STORE": "sqlite:///s.db",
+        "DELTAREC_PUBLISH_MODE": "direct", "DELTAREC_STEPS": "50",
+        "DELTAREC_CHECKPOINT_DIR": "/ck", "DELTAREC_DEVICE": "cpu",
+    }  # fmt: skip
+
+
+def test_entry_point_command_runs_as_is_under_torchrun():
+    cmd, env = steps.torchrun_command(params(entry_point="python /opt/train.py --lr 0.1"))
+    assert cmd[5:] == ["--no-python", "--", "python", "/opt/train.py", "--lr", "0.1"]
+    assert env["DELTAREC_RUN"] == "r"
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    "change, problem",
     [
-        ({"steps": 0}, "steps must be >= 1"),
-        ({"publish_mode": "eventual"}, "publish mode 'eventual'"),
-        ({"dump_every_steps": 0, "dump_every_minutes": 0}, "dump_every_steps or dump_every_min"),
+        ({"entry_point": "'unclosed"}, "entry_point"),
+        ({"tables": "{not json"}, "tables is not JSON"),
+        ({"tables": '{"a.t": {"dtype": "float32"}}'}, "tables['a.t']"),
+        ({"webhook_url": "ftp://x"}, "not an http(s) URL"),
+        ({"publish_mode": "eventual"}, "publish_mode"),
     ],
 )
-def test_train_args_reject_bad_values_naming_them(change, message):
-    kw = dict(
-        artifacts="/a",
-        run="r",
-        store="",
-        steps=5,
-        dump_every_steps=1,
-        dump_every_minutes=0,
-        publish_mode="direct",
-    )
-    kw.update(change)
-    with pytest.raises(BadInputError, match=message):
-        steps.train_args(**kw)
+def test_bad_parameters_are_refused_naming_them(change, problem):
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        params(**change)
+
+
+def test_parameters_survive_the_engines_string_rendering():
+    p = params(dump_every_minutes=1.5, entry_point="t.m:f", tables='{"a.t": {"dim": 4}}')
+    rendered = {k: v if isinstance(v, str) else str(float(v)) for k, v in p.arguments().items()}
+    assert PipelineParams.from_arguments(rendered) == p
+    with pytest.raises(ConfigError, match=r"steps: '2\.5' is not an integer"):
+        PipelineParams.from_arguments({**rendered, "steps": "2.5"})
 
 
 def test_generation_record_sums_rows_over_committed_dumps(tmp_path):
     gen = write_generation(tmp_path, "r", [(10, {"a": 5, "b": 2}), (20, {"a": 3})])
     record = steps.generation_record(steps.ArtifactRoot(str(tmp_path)), "r", gen)
-    assert record == GenerationRecord(
-        run="r",
-        generation=gen,
-        last_seq=2,
-        last_step=20,
-        dumps=2,
-        rows=10,
-        uri=record.uri,
-    )
+    assert record == GenerationRecord("r", gen, 2, 20, 2, 10, record.uri)
     assert record.uri.endswith("r/gen-000001")
 
 
@@ -113,10 +102,19 @@ def test_generation_record_round_trips_through_the_artifact_and_its_file(tmp_pat
     steps.write_record(out, record)
     assert steps.read_record(out) == record
     assert json.loads((tmp_path / "gen" / "generation").read_text())["rows"] == 1234
-    from_file = FakeArtifact(out.path)  # metadata lost: read the JSON file
-    assert steps.read_record(from_file) == record
+    assert steps.read_record(FakeArtifact(out.path)) == record  # metadata lost: the file
     with pytest.raises(BadInputError, match="generation record"):
         steps.read_record(FakeArtifact(tmp_path / "missing"))
+
+
+def test_verify_outcome_round_trips_through_the_report_artifact(tmp_path):
+    outcome = steps.VerifyOutcome("FAIL", "r", 2, 5, {"passed": 0.0}, "t: 1 DIFFERENT", "/r")
+    metrics, report = FakeArtifact(tmp_path / "m"), FakeArtifact(tmp_path / "rep")
+    steps.log_outcome(outcome, metrics, report)
+    assert metrics.metrics == {"passed": 0.0} and report.metadata["verdict"] == "FAIL"
+    assert steps.read_outcome(report) == outcome
+    with pytest.raises(BadInputError, match="carries no verify outcome"):
+        steps.read_outcome(FakeArtifact(tmp_path / "other"))
 
 
 def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wrote(
@@ -135,131 +133,96 @@ def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wro
 
     monkeypatch.setattr(pytorchjob, "kubernetes_api", lambda: Api())
     monkeypatch.setattr(pytorchjob, "current_namespace", lambda default="default": "ml")
-    out = FakeArtifact(tmp_path / "out" / "generation")
-    record = steps.train(
-        artifacts=str(tmp_path),
-        run="ctr",
-        store="postgresql://u@db:5432/x",
-        steps=100,
-        dump_every_steps=50,
-        dump_every_minutes=0,
-        publish_mode="direct",
-        ranks_per_node=4,
-        nodes=2,
-        gpus_per_node=4,
-        job_id="kfp-run-1",
-        secrets="deltarec-credentials,cloud",
-        output=out,
-    )
+    p = params(tmp_path, run_name="ctr", store_url="postgresql://u@db:5432/x", steps=100,
+               ranks_per_node=4, nodes=2, gpus_per_node=4)  # fmt: skip
+    record = steps.train(p, job_id="kfp-run-1", secrets=["deltarec-credentials", "cloud", ""])
     (job,) = created
     assert job["metadata"]["namespace"] == "ml"
     assert job["metadata"]["name"] == pytorchjob.job_name("ctr", "kfp-run-1")
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
-    args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:2] == ["--device", "cuda"] and "postgresql://u@db:5432/x" in args
-    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert [e["secretRef"]["name"] for e in pod["envFrom"]] == ["deltarec-credentials", "cloud"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert pod["args"][:2] == ["--device", "cuda"] and "postgresql://u@db:5432/x" in pod["args"]
+    assert pod["command"][-2:] == ["deltarec", "train"] and "env" not in pod
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert [e["secretRef"]["name"] for e in worker["envFrom"]] == ["deltarec-credentials", "cloud"]
     assert (record.generation, record.rows, record.last_step) == (1, 9, 100)
-    assert out.metadata["generation"] == 1 and out.metadata["run"] == "ctr"
 
 
-def test_train_that_writes_no_generation_fails_the_step(tmp_path, monkeypatch):
-    monkeypatch.setattr(steps, "run_cli", lambda step, argv: 0)
-    with pytest.raises(StepFailedError, match="wrote no new generation of run 'r'"):
-        steps.train(
-            artifacts=str(tmp_path),
-            run="r",
-            store="",
-            steps=5,
-            dump_every_steps=1,
-            dump_every_minutes=0,
-            publish_mode="direct",
-            ranks_per_node=2,
-        )
+def test_multi_node_entry_point_pods_run_it_with_the_settings_as_environment(tmp_path, monkeypatch):
+    created = []
+
+    class Api:
+        def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+            created.append(body)
+            return body
+
+        def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+            write_generation(tmp_path, "ctr", [(100, {"t": 9})])
+            return {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
+
+    monkeypatch.setattr(pytorchjob, "kubernetes_api", lambda: Api())
+    monkeypatch.setattr(pytorchjob, "current_namespace", lambda default="default": "ml")
+    p = params(tmp_path, run_name="ctr", nodes=3, entry_point="team.train:main",
+               train_extra_args="--lr 0.1")  # fmt: skip
+    steps.train(p, job_id="j")
+    pod = created[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert pod["command"][-5:] == ["--", "python", "-m", "deltarec.orchestrate.entry",
+                                   "team.train:main"]  # fmt: skip
+    assert pod["args"] == ["--lr", "0.1"]
+    env = {e["name"]: e["value"] for e in pod["env"]}
+    assert env["DELTAREC_RUN"] == "ctr" and env["DELTAREC_ARTIFACTS"] == str(tmp_path)
 
 
-def test_single_node_train_runs_deltarec_train_under_torchrun_with_its_device(
-    tmp_path, monkeypatch
-):
+def test_train_that_writes_no_generation_fails_the_step(tmp_path):
+    with pytest.raises(StepFailedError, match=r"wrote no new generation of run 'r'"):
+        steps.train(params(tmp_path), runner=lambda cmd, env: 0)
+
+
+def test_failing_training_fails_the_train_step_with_its_exit_code(tmp_path):
+    with pytest.raises(StepFailedError, match="step 'train' failed with exit code 3"):
+        steps.train(params(tmp_path), runner=lambda cmd, env: 3)
+
+
+def test_single_node_train_reports_the_generation_its_program_wrote(tmp_path):
     seen = []
 
-    def fake_cli(step, argv):
-        seen.append(list(argv))
+    def runner(cmd, env):
+        seen.append((list(cmd), dict(env)))
         write_generation(tmp_path, "r", [(5, {"t": 1})])
         return 0
 
-    monkeypatch.setattr(steps, "run_cli", fake_cli)
-    steps.train(
-        artifacts=str(tmp_path), run="r", store="", steps=5, dump_every_steps=1,
-        dump_every_minutes=0, publish_mode="direct", ranks_per_node=2, gpus_per_node=1,
-    )  # fmt: skip
-    (argv,) = seen
-    assert argv[:5] == ["train", "--nproc-per-node", "2", "--device", "cuda"]
-    assert argv[5:9] == ["--artifacts", str(tmp_path), "--run", "r"]
+    record = steps.train(params(tmp_path, entry_point="team.train:main"), runner=runner)
+    assert record.generation == 1 and record.rows == 1
+    ((cmd, env),) = seen
+    assert "team.train:main" in cmd and env["DELTAREC_ARTIFACTS"] == str(tmp_path)
 
 
-def test_failing_training_fails_the_train_step_with_its_exit_code(tmp_path, monkeypatch):
-    monkeypatch.setattr(steps, "run_cli", lambda step, argv: 1)
-    with pytest.raises(StepFailedError, match="step 'train' failed with exit code 1"):
-        steps.train(
-            artifacts=str(tmp_path), run="r", store="", steps=5, dump_every_steps=1,
-            dump_every_minutes=0, publish_mode="direct", ranks_per_node=2,
-        )  # fmt: skip
+def test_provision_of_a_fresh_run_creates_the_declared_views_before_training(tmp_path):
+    from deltarec.stores import open_store
+
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    declared = params(tmp_path, store_url=store, entry_point="team.train:main",
+                      tables='{"m.ebc.t_a": {"dim": 4}, "m.ebc.t_b": {"dim": 8}}')  # fmt: skip
+    result = steps.provision(declared)
+    assert result.generation is None and sorted(result.views) == ["m.ebc.t_a", "m.ebc.t_b"]
+    with open_store(store) as s:
+        assert {t: v.dim for t, v in s.views().items()} == {"m.ebc.t_a": 4, "m.ebc.t_b": 8}
+    undeclared = params(tmp_path, store_url=store, entry_point="team.train:main")
+    assert steps.provision(undeclared).views == {}
+    example = steps.provision(params(tmp_path, store_url=f"sqlite:///{tmp_path / 'e.db'}"))
+    assert "sparse.ebc.user_id" in example.views and "sparse.zch.ad_id" in example.views
 
 
-def test_freshness_percentiles_come_from_the_dumps_publish_lag():
-    summary = {"dumps": [{"lag_s": x} for x in (4.0, 1.0, 3.0, 2.0, None)] + [{"seq": 9}]}
-    got = steps.freshness_percentiles(summary)
-    assert got["freshness_p50_s"] == pytest.approx(2.5)
-    assert got["freshness_p99_s"] == pytest.approx(3.97)
-    assert steps.freshness_percentiles({"dumps": [{"lag_s": None}]}) == {}
+def test_entry_point_loader_names_what_is_missing():
+    from deltarec.orchestrate.entry import load_entry_point, main
 
-
-def test_numeric_summary_flattens_numbers_and_skips_lists():
-    got = steps.numeric_summary({"totals": {"MATCH": 9, "ok": False}, "tables": [1], "x": "s"})
-    assert got == {"totals.MATCH": 9.0, "totals.ok": 0.0}
-
-
-def test_a_failing_command_names_the_step_and_exit_code(monkeypatch):
-    import deltarec.cli
-
-    monkeypatch.setattr(deltarec.cli, "main", lambda argv: 2)
-    with pytest.raises(StepFailedError, match="step 'promote' failed with exit code 2"):
-        steps.promote(
-            artifacts="/a",
-            store="sqlite:///x.db",
-            generation=FakeArtifact("/x", GenerationRecord("r", 1, 1, 1, 1, 1, "u").to_metadata()),
-        )
-
-
-def test_verify_that_stops_without_a_result_fails_the_step_instead_of_reading_as_fail(
-    monkeypatch,
-):
-    import deltarec.cli
-
-    monkeypatch.setattr(deltarec.cli, "main", lambda argv: 1)  # e.g. the store is down
-    gen = FakeArtifact("/x", GenerationRecord("r", 1, 1, 1, 1, 1, "u").to_metadata())
-    with pytest.raises(StepFailedError, match="verify stopped before it had a result"):
-        steps.verify(artifacts="/a", store="sqlite:///x.db", generation=gen, sample_size=5)
-
-
-def test_verify_mismatch_is_a_fail_verdict_with_metrics(tmp_path, monkeypatch):
-    import deltarec.cli
-
-    def fake_main(argv):
-        doc = {"passed": False, "totals": {"checked": 4, "DIFFERENT": 1}}
-        pathlib.Path(argv[argv.index("--json") + 1]).write_text(json.dumps(doc))
-        pathlib.Path(argv[argv.index("--metrics") + 1]).write_text('{"keys_different": 1}')
-        return 1
-
-    monkeypatch.setattr(deltarec.cli, "main", fake_main)
-    gen = FakeArtifact("/x", GenerationRecord("r", 1, 3, 30, 3, 9, "u").to_metadata())
-    metrics = FakeArtifact(tmp_path / "m")
-    report = FakeArtifact(tmp_path / "r" / "report")
-    verdict = steps.verify(
-        artifacts="/a", store="sqlite:///x.db", generation=gen, sample_size=0,
-        metrics=metrics, report=report,
-    )  # fmt: skip
-    assert verdict == "FAIL"
-    assert metrics.metrics == {"keys_different": 1.0, "passed": 0.0}
-    assert report.metadata["verdict"] == "FAIL" and report.metadata["generation"] == 1
+    with pytest.raises(BadInputError, match=r"module 'no_such_team\.train' is not importable"):
+        load_entry_point("no_such_team.train:main")
+    with pytest.raises(BadInputError, match="has no callable 'nope'"):
+        load_entry_point("json:nope")
+    argv = sys.argv
+    try:
+        assert main(["--", "os:getcwd", "--", "x"]) == 0  # returns no int: exit code 0
+        assert sys.argv == ["os", "x"]
+    finally:
+        sys.argv = argv

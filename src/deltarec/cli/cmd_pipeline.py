@@ -1,10 +1,12 @@
-"""``deltarec pipeline compile | submit | run --local``: the Kubeflow pipeline (SPEC §8).
+"""``deltarec pipeline compile | submit | run --local``: the pipeline on Kubeflow or Airflow.
 
 * ``compile [--output PATH] [--components DIR]`` writes the pipeline YAML (default
-  ``deltarec-pipeline.yaml`` in the current directory) and optionally every component's YAML.
+  ``deltarec-pipeline.yaml`` in the current directory) and optionally every component's YAML;
+  ``compile --engine airflow [--output PATH]`` writes the Airflow DAG file instead.
 * ``submit --host URL [--namespace NS] [--experiment NAME] <parameters>`` compiles the pipeline
   and starts a run on a KFP endpoint.
-* ``run --local <parameters>`` runs it on this machine with kfp.local (no network).
+* ``run --local [--engine kfp|airflow] <parameters>`` runs it on this machine: with kfp.local,
+  or with Airflow's ``dag.test()`` on a SQLite metadata database (no network).
 * ``verify-serving --artifacts ROOT --run RUN --store URL`` runs ``deltarec verify`` on the
   generation (and dump) that serving is promoted to: the chart's scheduled check.
 
@@ -24,11 +26,19 @@ import os
 from deltarec.errors import BadInputError, CheckFailedError
 
 
+ENGINES = ("kfp", "airflow")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``compile``, ``submit`` and ``run`` sub-commands."""
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    comp = sub.add_parser("compile", help="write the pipeline YAML")
-    comp.add_argument("--output", default="deltarec-pipeline.yaml", help="pipeline YAML path")
+    comp = sub.add_parser("compile", help="write the pipeline YAML (or the Airflow DAG file)")
+    comp.add_argument("--engine", choices=ENGINES, default="kfp", help="kfp (default) or airflow")
+    comp.add_argument(
+        "--output",
+        default=None,
+        help="output path (default: deltarec-pipeline.yaml, or deltarec_dag.py for airflow)",
+    )
     comp.add_argument("--components", metavar="DIR", help="also write each component's YAML here")
     _secret_arguments(comp)
 
@@ -44,12 +54,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _param_arguments(sub_)
 
     run = sub.add_parser("run", help="run the pipeline on this machine (--local)")
-    run.add_argument("--local", action="store_true", help="run with kfp.local (required)")
+    run.add_argument("--local", action="store_true", help="run on this machine (required)")
+    run.add_argument(
+        "--engine", choices=ENGINES, default="kfp", help="kfp.local (default) or airflow"
+    )
     run.add_argument(
         "--pipeline-root",
-        default="kfp-local",
+        default=None,
         metavar="DIR",
-        help="where kfp.local keeps step outputs (default ./kfp-local)",
+        help="where the engine keeps step outputs (default ./kfp-local or ./airflow-local)",
     )
     run.add_argument("--json", metavar="PATH", help="write the run's result as JSON")
     _param_arguments(run)
@@ -117,25 +130,30 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
         dest="train_extra_args",
         default="",
         metavar="ARGS",
-        help="more deltarec train flags, one shell-quoted string",
+        help="more arguments of the training program, one shell-quoted string",
+    )
+    g.add_argument(
+        "--entry-point",
+        default="",
+        metavar="MODULE:FUNCTION|COMMAND",
+        help="the training program (default: deltarec's example model); it reads the "
+        "DELTAREC_* environment (docs/api.md)",
+    )
+    g.add_argument(
+        "--tables",
+        default="",
+        metavar="JSON",
+        help='tables provision creates on a fresh run: {"table id": {"dim": D, ...}}',
+    )
+    g.add_argument(
+        "--webhook-url", default="", metavar="URL", help="POSTed verify's summary on FAIL"
     )
 
 
-_PARAM_NAMES = (
-    "run_name",
-    "artifact_root",
-    "store_url",
-    "steps",
-    "dump_every_steps",
-    "dump_every_minutes",
-    "publish_mode",
-    "sample_size",
-    "ranks_per_node",
-    "nodes",
-    "gpus_per_node",
-    "checkpoint_dir",
-    "train_extra_args",
-)
+def _param_names() -> tuple[str, ...]:
+    from deltarec.orchestrate.params import PipelineParams
+
+    return PipelineParams.names()
 
 
 def parse_secret(text: str):  # type: ignore[no-untyped-def]
@@ -165,7 +183,7 @@ def _secrets(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _params(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from deltarec.orchestrate.params import parse_params
 
-    return parse_params(**{n: getattr(args, n) for n in _PARAM_NAMES})
+    return parse_params(**{n: getattr(args, n) for n in _param_names()})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,10 +198,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from deltarec.orchestrate.components import COMPONENTS
-    from deltarec.orchestrate.pipeline import compile_component, compile_pipeline
+    if args.engine == "airflow":
+        from deltarec.orchestrate.airflow_dag import DEFAULT_DAG_FILE, write_dag_file
 
-    path = compile_pipeline(args.output, _secrets(args))
+        if args.components:
+            raise BadInputError("pipeline compile --engine airflow: --components is for kfp")
+        path = write_dag_file(args.output or DEFAULT_DAG_FILE, _secrets(args))
+        print(f"airflow DAG: {os.path.abspath(path)}")
+        return 0
+    from deltarec.orchestrate.components import COMPONENTS
+    from deltarec.orchestrate.pipeline import DEFAULT_OUTPUT, compile_component, compile_pipeline
+
+    path = compile_pipeline(args.output or DEFAULT_OUTPUT, _secrets(args))
     print(f"pipeline: {os.path.abspath(path)}")
     if args.components:
         os.makedirs(args.components, exist_ok=True)
@@ -213,11 +239,16 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from deltarec.orchestrate.local import run_local
-
     if not args.local:
         raise BadInputError("pipeline run: only --local is supported here; use submit for KFP")
-    result = run_local(_params(args), pipeline_root=args.pipeline_root)
+    if args.engine == "airflow":
+        from deltarec.orchestrate.airflow_local import run_airflow_local
+
+        result = run_airflow_local(_params(args), workdir=args.pipeline_root or "airflow-local")
+    else:
+        from deltarec.orchestrate.local import run_local
+
+        result = run_local(_params(args), pipeline_root=args.pipeline_root or "kfp-local")
     record = result.generation
     print(
         f"run {record.run} generation {record.generation}: {record.dumps} dumps, "
@@ -235,26 +266,25 @@ def _run_local(args: argparse.Namespace) -> int:
                     "metrics": result.metrics,
                     "report": result.report_path,
                     "pipeline_root": result.pipeline_root,
+                    "failure": result.failure,
                 },
                 f,
                 indent=2,
             )
     if result.verdict != "PASS":
-        raise CheckFailedError(f"verify of generation {record.generation} failed; not promoted")
+        raise CheckFailedError(
+            f"verify of generation {record.generation} failed; not promoted ({result.failure})"
+        )
     return 0
 
 
 def _verify_serving(args: argparse.Namespace) -> int:
-    from deltarec.orchestrate.steps import PASS, verify_serving
+    from deltarec.orchestrate.steps import verify_serving
 
-    verdict = verify_serving(
-        artifacts=args.artifacts,
-        run=args.run,
-        store=args.store,
-        sample_size=args.sample,
-        json_path=args.json,
-        report_path=args.report,
-    )
-    if verdict != PASS:
+    outcome = verify_serving(
+        args.artifacts, args.run, args.store, args.sample,
+        json_path=args.json, report_path=args.report,
+    )  # fmt: skip
+    if not outcome.passed:
         raise CheckFailedError(f"the promoted generation of run {args.run!r} failed verify")
     return 0

@@ -25,16 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Promote; a generation without a passing verification is refused (exit 1)."""
-    from deltarec.artifacts import ArtifactRoot
-    from deltarec.promote import promote
-    from deltarec.stores import open_store
+    from deltarec.orchestrate.steps import promote_generation
+    from deltarec.stores import redact_url
 
-    root = ArtifactRoot(args.artifacts)
-    with open_store(args.store) as store:
-        result = promote(
-            root, args.run, store, args.generation, through_seq=args.through_seq, force=args.force
-        )
-        where = store.describe()
+    result = promote_generation(
+        args.artifacts, args.run, args.store, args.generation,
+        through_seq=args.through_seq, force=args.force,
+    )  # fmt: skip
+    where = redact_url(args.store)
     p = result.pointer
     merged = f", {result.merged_rows} staged rows merged" if result.merged_rows else ""
     Console().print(

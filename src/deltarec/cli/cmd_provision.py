@@ -14,6 +14,9 @@ from typing import Any
 
 from deltarec.cli.common import add_location_arguments
 
+NAME = "provision"
+HELP = "create the store views for the tables of a generation"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``provision`` flags."""
@@ -44,28 +47,21 @@ def provision(
     artifacts: str, run: str, store_url: str, generation: int | None = None, staged: bool = False
 ) -> dict[str, Any]:
     """Provision the views of ``generation``'s tables; returns a JSON-ready description."""
-    from deltarec.artifacts import ArtifactRoot
-    from deltarec.stores import open_store, redact_url
+    from deltarec.orchestrate.steps import provision_generation
 
-    root = ArtifactRoot(artifacts)
-    gen = generation if generation is not None else root.latest_generation(run)
-    info = root.read_generation(run, gen)
-    with open_store(store_url) as store:
-        views = store.provision(info.tables)
-        staging = store.provision(info.tables, staging_generation=gen) if staged else {}
-        store.registry.register_generation(run, gen)
+    result, tables = provision_generation(artifacts, run, store_url, generation, staged)
     return {
         "run": run,
-        "generation": gen,
-        "store": redact_url(store_url),
+        "generation": result.generation,
+        "store": result.store,
         "views": {
             t: {
-                "view": v.name,
-                "dim": v.dim,
-                "dtype": v.dtype.value,
-                "staging_view": staging[t].name if t in staging else None,
+                "view": result.views[t],
+                "dim": tables[t].dim,
+                "dtype": tables[t].dtype.value,
+                "staging_view": result.staging_views.get(t),
             }
-            for t, v in sorted(views.items())
+            for t in sorted(result.views)
         },
     }
 

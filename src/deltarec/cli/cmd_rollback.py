@@ -23,13 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Roll back; prints the new generation and the keys restored and removed."""
-    from deltarec.artifacts import ArtifactRoot
-    from deltarec.promote import rollback
-    from deltarec.stores import open_store
+    from deltarec.orchestrate.steps import rollback
 
-    root = ArtifactRoot(args.artifacts)
-    with open_store(args.store) as store:
-        result = rollback(root, args.run, store, args.to_generation, through_seq=args.through_seq)
+    result = rollback(
+        args.artifacts, args.run, args.store, args.to_generation, through_seq=args.through_seq
+    )
     console = Console()
     if result.generation is None:
         console.print(

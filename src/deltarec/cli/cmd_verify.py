@@ -53,23 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the verification; exit 0 if it passed, raise CheckFailedError (exit 1) if not."""
-    from deltarec.artifacts import ArtifactRoot
-    from deltarec.stores import open_store
-    from deltarec.verify import (
-        dumps_json,
-        kfp_metrics,
-        print_summary,
-        render_html,
-        verify,
-        write_record,
-    )
+    from deltarec.orchestrate.steps import run_verification
+    from deltarec.verify import dumps_json, kfp_metrics, print_summary, render_html
 
     if args.sample is not None and args.sample < 0:
         raise BadInputError(f"--sample must be >= 0, got {args.sample}")
     to_stdout = args.json == "-"
     console = Console(stderr=to_stdout)
-    root = ArtifactRoot(args.artifacts)
-    with open_store(args.store) as store, _progress(console) as progress:
+    with _progress(console) as progress:
         tasks: dict[str, TaskID] = {}
 
         def on_progress(table: str, done: int, total: int) -> None:
@@ -77,17 +68,17 @@ def run(args: argparse.Namespace) -> int:
                 tasks[table] = progress.add_task(table, total=total)
             progress.update(tasks[table], completed=done)
 
-        result = verify(
-            root,
+        result = run_verification(
+            args.artifacts,
             args.run,
-            store,
-            store_url=store.describe(),
+            args.store,
             generation=args.generation,
             through_seq=args.through_seq,
             sample=None if args.all else args.sample,
             seed=args.seed,
             batch_size=args.batch_size,
             max_mismatches=args.max_mismatches,
+            record=not args.no_record,
             progress=on_progress,
         )
     print_summary(result, console)
@@ -98,10 +89,6 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         _write_text(args.report, render_html(result))
         console.print(f"report: {args.report}")
-    if not args.no_record:
-        path = write_record(root, result)
-        if path:
-            console.print(f"verification record: {root.url(path)}", highlight=False)
     if not result.passed:
         raise CheckFailedError(result.failure_summary())
     return 0

@@ -9,6 +9,7 @@ Exports (loaded lazily, so ``deltarec.dump.gather`` imports only torch and numpy
 CUDA machine without the rest of the stack):
     Dumper, DumperConfig: the engine and its configuration.
     DumpHook, make_train_hook: the training-hook adapter and its factory.
+    hook_from_env, TrainSettings: the hook from the pipeline's ``DELTAREC_*`` environment.
     DataMismatchError: ranks reached the final dump at different steps.
     ByteBoundedQueue: the bounded queue.
     dedup_ids, gather_to_host, rows_to_host, HostRows: the plain-torch gather core.
@@ -22,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from deltarec.dump.config import DumperConfig
     from deltarec.dump.dumper import DataMismatchError, Dumper
+    from deltarec.dump.env import TrainSettings
     from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
-    from deltarec.dump.hook import DumpHook, make_train_hook
+    from deltarec.dump.hook import DumpHook, hook_from_env, make_train_hook
     from deltarec.dump.queue import ByteBoundedQueue
 
 _LAZY = {
@@ -36,6 +38,8 @@ _LAZY = {
     "rows_to_host": "deltarec.dump.gather",
     "DumpHook": "deltarec.dump.hook",
     "make_train_hook": "deltarec.dump.hook",
+    "hook_from_env": "deltarec.dump.hook",
+    "TrainSettings": "deltarec.dump.env",
     "ByteBoundedQueue": "deltarec.dump.queue",
 }
 
@@ -46,8 +50,10 @@ __all__ = [
     "Dumper",
     "DumperConfig",
     "HostRows",
+    "TrainSettings",
     "dedup_ids",
     "gather_to_host",
+    "hook_from_env",
     "make_train_hook",
     "rows_to_host",
 ]

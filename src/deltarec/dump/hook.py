@@ -15,7 +15,7 @@ handed to a :class:`deltarec.publish.BackgroundPublisher` from memory.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -197,3 +197,34 @@ def make_train_hook(
     except ValidationError as e:
         raise ConfigError(f"dumper configuration: {e}") from e
     return DumpHook(config, store=store, publish_mode=publish_mode)
+
+
+def hook_from_env(
+    *,
+    sources: SourceFactory | None = None,
+    environ: Mapping[str, str] | None = None,
+    **options: Any,
+) -> DumpHook:
+    """Build the dump hook from the ``DELTAREC_*`` environment (the pipeline's train step).
+
+    The one way a team's training program receives the pipeline's dump, publish and store
+    settings: see :class:`deltarec.dump.env.TrainSettings` for the variables.
+
+    Args:
+        sources: builds the table sources from the model (default: discovery of the
+            ``DistributedModelParallel`` model's tables); pass one for tables outside DMP.
+        environ: the variables (default: ``os.environ``).
+        **options: further :class:`DumperConfig` fields (``table_dtypes``, ``queue_bytes``...).
+
+    Raises:
+        ConfigError: a variable is missing or invalid, or an option is (names it).
+    """
+    from deltarec.dump.env import TrainSettings
+
+    settings = TrainSettings.from_env(environ)
+    hook = make_train_hook(**settings.hook_arguments(), **options)
+    if sources is not None:
+        hook = DumpHook(
+            hook.config, store=hook.store, publish_mode=hook.publish_mode, sources=sources
+        )
+    return hook

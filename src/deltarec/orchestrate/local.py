@@ -7,6 +7,7 @@ The steps run as subprocesses of the current Python environment (``use_venv=Fals
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from deltarec.orchestrate.params import PipelineParams
-from deltarec.orchestrate.steps import read_record
 from deltarec.orchestrate.types import GenerationRecord, StepFailedError
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,13 @@ class LocalRunResult:
     """What a local pipeline run produced.
 
     Attributes:
-        verdict: verify's verdict, ``"PASS"`` (then the generation was promoted) or ``"FAIL"``.
+        verdict: verify's verdict, ``"PASS"`` (then the generation was promoted) or ``"FAIL"``
+            (then the FAIL branch ran and the run ended failed).
         generation: the generation the train step produced.
         metrics: verify's metrics (name -> value).
         report_path: the HTML report of verify.
         pipeline_root: where kfp.local kept every step's outputs and logs.
+        failure: on FAIL, what kfp.local reported of the failed run (names the task).
     """
 
     verdict: str
@@ -56,6 +58,7 @@ class LocalRunResult:
     metrics: dict[str, float]
     report_path: str
     pipeline_root: str
+    failure: str = ""
 
     @property
     def promoted(self) -> int | None:
@@ -66,7 +69,11 @@ class LocalRunResult:
 def run_local(
     params: PipelineParams, *, pipeline_root: str, output: TextIO | None = None
 ) -> LocalRunResult:
-    """Run provision -> train -> verify -> promote locally and return what it produced.
+    """Run the pipeline locally and return what it produced.
+
+    provision -> train -> verify -> promote on PASS; on FAIL the ``verify-failed`` branch
+    drops staging or rolls back, calls the webhook and fails the run: the result then has
+    verdict ``FAIL`` and the verify report, read from the run's outputs on disk.
 
     Args:
         params: the pipeline's arguments.
@@ -75,33 +82,64 @@ def run_local(
             keeps them on stdout.
 
     Raises:
-        StepFailedError: a step failed (kfp.local names it in its log above the error).
+        StepFailedError: a step other than the FAIL branch failed (names it).
     """
     from kfp import local
 
     from deltarec.orchestrate.pipeline import build_pipeline
 
     os.makedirs(pipeline_root, exist_ok=True)
+    before = set(os.listdir(pipeline_root))
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=os.path.abspath(pipeline_root),
         raise_on_error=True,
     )
     pipeline = build_pipeline(secrets=())
+    failure = ""
     with warnings.catch_warnings(), _route_output(output):
         # The runner warns that base images and accelerators are ignored locally: expected.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="kfp")
         warnings.filterwarnings("ignore", category=UserWarning, module="kfp")
         try:
-            task = pipeline(**params.arguments())
+            pipeline(**params.arguments())
         except RuntimeError as e:
-            raise StepFailedError("pipeline", 1, _ANSI.sub("", str(e))) from e
-    outputs: dict[str, Any] = task.outputs
-    metrics = outputs["metrics"]
+            failure = _ANSI.sub("", str(e))
+            if "verify-failed" not in failure:
+                raise StepFailedError("pipeline", 1, failure) from e
+    runs = sorted(set(os.listdir(pipeline_root)) - before)
+    if not runs:
+        raise StepFailedError("pipeline", 1, f"kfp.local left no run under {pipeline_root}")
+    run_dir = os.path.join(os.path.abspath(pipeline_root), runs[-1])
+    verify_out = _executor_output(run_dir, "verify")
+    artifacts = verify_out.get("artifacts", {})
+    metrics = _artifact(artifacts, "metrics")
     return LocalRunResult(
-        verdict=str(outputs["verdict"]),
-        generation=read_record(outputs["generation"]),
-        metrics={k: float(v) for k, v in dict(metrics.metadata).items()},
-        report_path=outputs["report"].path,
+        verdict=str(verify_out.get("parameterValues", {}).get("Output", "")),
+        generation=_generation(run_dir),
+        metrics={k: float(v) for k, v in metrics.get("metadata", {}).items()},
+        report_path=os.path.join(run_dir, "verify", "report"),
         pipeline_root=os.path.abspath(pipeline_root),
+        failure=failure,
     )
+
+
+def _executor_output(run_dir: str, task: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, task, "executor_output.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise StepFailedError(task, 1, f"kfp.local left no output of {task!r}: {e}") from e
+    return data if isinstance(data, dict) else {}
+
+
+def _artifact(artifacts: dict[str, Any], name: str) -> dict[str, Any]:
+    entries = artifacts.get(name, {}).get("artifacts", [])
+    return entries[0] if entries else {}
+
+
+def _generation(run_dir: str) -> GenerationRecord:
+    entry = _artifact(_executor_output(run_dir, "train").get("artifacts", {}), "generation")
+    path = os.path.join(run_dir, "train", "generation")
+    return GenerationRecord.from_metadata(dict(entry.get("metadata") or {}), path)

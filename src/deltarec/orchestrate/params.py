@@ -1,9 +1,18 @@
-"""The pipeline's parameters, validated before anything is compiled, submitted or run."""
+"""The pipeline's parameters, validated before anything is compiled, submitted or run.
+
+:class:`PipelineParams` is the one place a pipeline parameter is declared: the KFP pipeline's
+signature, the Airflow DAG's ``params``, the ``deltarec pipeline`` flags' names and the step
+functions' input all derive from its fields. A KFP or Airflow run hands the whole object from
+step to step as one JSON object (:meth:`PipelineParams.arguments`), read back with
+:meth:`PipelineParams.from_arguments`.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import urllib.parse
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -45,7 +54,22 @@ class PipelineParams(BaseModel):
     checkpoint_dir: str = ""
     """The trainer's checkpoint directory (``--workdir``); empty keeps the trainer's default."""
     train_extra_args: str = ""
-    """More ``deltarec train`` arguments, shell-quoted (e.g. ``--batch-size 256``)."""
+    """More arguments of the training program, shell-quoted (e.g. ``--batch-size 256``): flags
+    of ``deltarec train`` for the example model, else the entry point's own ``sys.argv``."""
+    entry_point: str = ""
+    """The training program: ``package.module:function`` importable in the trainer image,
+    or a command line (shell-quoted). Empty trains deltarec's example model (``deltarec
+    train``). The program gets the dump, publish and store settings from the ``DELTAREC_*``
+    environment variables (``deltarec.api.TrainSettings``) and builds its hook with
+    ``deltarec.api.hook_from_env()``; see docs/api.md."""
+    tables: str = ""
+    """The tables the training program dumps, as a JSON object ``{table id: {"dim": D,
+    "dtype": ..., "kind": ...}}``: provision creates their views on a fresh run. Empty: the
+    example model's tables for the example model; for another entry point the views of a
+    fresh run are created by the training ranks from the first generation's
+    GENERATION.json."""
+    webhook_url: str = ""
+    """Called (HTTP POST, JSON) with verify's summary when verify fails; empty: no call."""
 
     @model_validator(mode="after")
     def _check(self) -> PipelineParams:
@@ -57,11 +81,115 @@ class PipelineParams(BaseModel):
             )
         check_no_credentials("store_url", self.store_url)
         check_no_credentials("artifact_root", self.artifact_root)
+        if self.entry_point.strip():
+            parse_entry_point(self.entry_point)
+        if self.tables.strip():
+            table_specs(self.tables)
+        if self.webhook_url and urllib.parse.urlsplit(self.webhook_url).scheme not in (
+            "http",
+            "https",
+        ):
+            raise ValueError(f"webhook_url {self.webhook_url!r} is not an http(s) URL")
         return self
 
     def arguments(self) -> dict[str, Any]:
         """The pipeline arguments (every field, by parameter name)."""
         return self.model_dump()
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every parameter name, in declaration order."""
+        return tuple(cls.model_fields)
+
+    @classmethod
+    def from_arguments(cls, values: dict[str, Any]) -> PipelineParams:
+        """The parameters of a JSON object as an engine hands it on.
+
+        KFP renders the parameters inside a struct as strings (an int as ``"7.0"``), so
+        each value is converted to its field's type first.
+
+        Raises:
+            ConfigError: a missing, unknown or invalid parameter (names it).
+        """
+        converted: dict[str, Any] = {}
+        for name, value in values.items():
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, str):
+                converted[name] = value
+            elif field.annotation is int:
+                converted[name] = _number(name, value, int)
+            elif field.annotation is float:
+                converted[name] = _number(name, value, float)
+            else:
+                converted[name] = value
+        return parse_params(**converted)
+
+
+def _number(name: str, text: str, kind: type) -> Any:
+    try:
+        number = float(text)
+    except ValueError as e:
+        raise ConfigError(f"pipeline parameters: {name}: {text!r} is not a number") from e
+    if kind is int:
+        if not number.is_integer():
+            raise ConfigError(f"pipeline parameters: {name}: {text!r} is not an integer")
+        return int(number)
+    return number
+
+
+_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def parse_entry_point(text: str) -> tuple[str, ...]:
+    """What a training entry point runs: ``("function", "mod:fn")`` or ``("command", *argv)``.
+
+    Raises:
+        ValueError: an empty or unparsable command line.
+    """
+    import shlex
+
+    text = text.strip()
+    if _FUNCTION.match(text):
+        return ("function", text)
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise ValueError(f"entry_point {text!r}: {e}") from e
+    if not argv:
+        raise ValueError("entry_point is empty")
+    return ("command", *argv)
+
+
+def table_specs(text: str) -> dict[str, Any]:
+    """The ``tables`` parameter as ``{table id: TableSpec}``.
+
+    Raises:
+        ValueError: not a JSON object of table entries (names the table).
+    """
+    from deltarec.artifacts.types import TableSpec
+    from deltarec.ids import validate_table_id
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tables is not JSON: {e}") from e
+    if not isinstance(obj, dict) or not obj:
+        raise ValueError("tables must be a non-empty JSON object {table id: {dim, ...}}")
+    out: dict[str, Any] = {}
+    for table, entry in obj.items():
+        try:
+            validate_table_id(table)
+            if not isinstance(entry, dict):
+                raise ValueError(f"{entry!r} is not an object")
+            out[table] = TableSpec.from_json(entry, path=f"tables[{table!r}]")
+        except (BadInputError, ValueError) as e:
+            raise ValueError(f"tables[{table!r}]: {e}") from e
+    return out
+
+
+def publish_modes() -> tuple[str, ...]:
+    """The values of ``publish_mode``."""
+    return get_args(PipelineParams.model_fields["publish_mode"].annotation)
 
 
 def check_no_credentials(name: str, url: str) -> None:

@@ -1,4 +1,4 @@
-"""The deltarec pipeline: provision -> train -> verify -> (if PASS) promote.
+"""The deltarec pipeline: provision -> train -> verify -> promote (PASS) or verify_failed (FAIL).
 
 :func:`build_pipeline` assembles the components of :mod:`deltarec.orchestrate.components`
 with the Kubernetes Secrets whose keys the steps receive as environment variables
@@ -10,6 +10,7 @@ This module is not written with postponed annotations: KFP reads the pipeline fu
 parameter types at definition time.
 """
 
+import inspect
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,8 +23,24 @@ PIPELINE_NAME = "deltarec"
 DEFAULT_OUTPUT = "deltarec-pipeline.yaml"
 
 
+def pipeline_signature(return_annotation: Any) -> inspect.Signature:
+    """The pipeline function's signature: one parameter per ``PipelineParams`` field."""
+    params = []
+    for name, info in PipelineParams.model_fields.items():
+        annotation = info.annotation if info.annotation in (int, float) else str
+        default = inspect.Parameter.empty if info.is_required() else info.default
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params.append(inspect.Parameter(name, kind, annotation=annotation, default=default))
+    return inspect.Signature(params, return_annotation=return_annotation)
+
+
 def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
     """The pipeline function (a KFP ``GraphComponent``), ready to compile or run locally.
+
+    provision -> train -> verify -> (PASS) promote | (FAIL) verify_failed, which drops the
+    staging views or rolls serving back, calls the webhook and ends the run failed. The
+    pipeline's parameters are :class:`PipelineParams`'s fields; every component receives them
+    together as one ``params`` struct.
 
     Args:
         secrets: Secrets mounted as environment into every step (and referenced by the
@@ -35,6 +52,7 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
 
     secrets = tuple(default_secrets() if secrets is None else secrets)
     secret_names = ",".join(s.name for s in secrets)
+    names = PipelineParams.names()
 
     class Outputs(NamedTuple):
         verdict: str
@@ -42,56 +60,37 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
         metrics: dsl.Metrics
         report: dsl.HTML
 
-    def with_secrets(task: Any) -> Any:
+    def with_secrets(task: Any, name: str) -> Any:
         task.set_caching_options(False)  # every step acts on live state; never reuse a result
+        task.set_display_name(name)
         for s in secrets:
             kubernetes.use_secret_as_env(task, s.name, dict(s.key_to_env), optional=s.optional)
         return task
 
-    @dsl.pipeline(
-        name=PIPELINE_NAME,
-        description="provision -> train (delta dumps, publishing) -> verify -> promote",
-    )
-    def deltarec_pipeline(
-        run_name: str,
-        artifact_root: str,
-        store_url: str,
-        steps: int = 1000,
-        dump_every_steps: int = 100,
-        dump_every_minutes: float = 0.0,
-        publish_mode: str = "direct",
-        sample_size: int = 10000,
-        ranks_per_node: int = 2,
-        nodes: int = 1,
-        gpus_per_node: int = 0,
-        checkpoint_dir: str = "",
-        train_extra_args: str = "",
-    ) -> Outputs:
-        common = {"artifact_root": artifact_root, "store_url": store_url}
-        prov = with_secrets(c.provision(run_name=run_name, **common))
-        prov.set_display_name("provision")
+    def deltarec_pipeline(*values: Any) -> Outputs:
+        args = dict(zip(names, values, strict=True))
+        checked = c.params_component()(**args)
+        checked.set_caching_options(False)
+        checked.set_display_name("params")
+        params = checked.output
+        prov = with_secrets(c.provision(params=params), "provision")
         train = with_secrets(
             c.train(
-                run_name=run_name,
-                steps=steps,
-                dump_every_steps=dump_every_steps,
-                dump_every_minutes=dump_every_minutes,
-                publish_mode=publish_mode,
-                ranks_per_node=ranks_per_node,
-                nodes=nodes,
-                gpus_per_node=gpus_per_node,
-                checkpoint_dir=checkpoint_dir,
-                train_extra_args=train_extra_args,
+                params=params,
                 credentials_secret=secret_names,
                 job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                **common,
-            ).after(prov)
+            ).after(prov),
+            "train",
         )
-        train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus_per_node)
+        train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(args["gpus_per_node"])
         generation = train.outputs["generation"]
-        verify = with_secrets(c.verify(sample_size=sample_size, generation=generation, **common))
+        verify = with_secrets(c.verify(params=params, generation=generation), "verify")
         with dsl.If(verify.outputs["Output"] == "PASS", name="verified"):
-            with_secrets(c.promote(generation=generation, **common))
+            with_secrets(c.promote(params=params, generation=generation), "promote")
+        with dsl.If(verify.outputs["Output"] == "FAIL", name="verify-failed"):
+            with_secrets(
+                c.verify_failed(params=params, report=verify.outputs["report"]), "verify-failed"
+            )
         return Outputs(
             verdict=verify.outputs["Output"],
             generation=generation,
@@ -99,7 +98,12 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
             report=verify.outputs["report"],
         )
 
-    return deltarec_pipeline
+    deltarec_pipeline.__signature__ = pipeline_signature(Outputs)  # type: ignore[attr-defined]
+    return dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="provision -> train (delta dumps, publishing) -> verify -> promote, or on "
+        "a failed verify: drop staging / roll back, and fail",
+    )(deltarec_pipeline)
 
 
 def compile_pipeline(

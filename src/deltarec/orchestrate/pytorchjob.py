@@ -64,6 +64,10 @@ class TrainJobSpec:
         service_account: the pods' service account, or None for the namespace default.
         timeout_s: the job's ``activeDeadlineSeconds``; the operator fails it afterwards.
         labels: extra metadata labels.
+        program: what torchrun starts on every rank: ``deltarec train`` (the example model,
+            which gets ``--device`` first) or a team's entry point (see ``steps.program``).
+        env: extra environment of the pods (the ``DELTAREC_*`` settings of an entry point;
+            never a credential).
     """
 
     name: str
@@ -77,6 +81,8 @@ class TrainJobSpec:
     service_account: str | None = None
     timeout_s: int = 24 * 3600
     labels: dict[str, str] = field(default_factory=dict)
+    program: tuple[str, ...] = ("deltarec", "train")
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.procs_per_node < 1 or self.gpus_per_node < 0:
@@ -108,14 +114,19 @@ def _container(spec: TrainJobSpec) -> dict[str, Any]:
     # "--" ends torchrun's own options: without it torchrun's parser takes the training
     # flag --run for an abbreviation of its --run-path.
     command = ["torchrun", "--nnodes", str(spec.nodes), "--nproc-per-node"]
-    command += [str(spec.procs_per_node), "--no-python", "--", "deltarec", "train"]
+    command += [str(spec.procs_per_node), "--no-python", "--", *spec.program]
+    args = list(spec.train_args)
+    if spec.program == ("deltarec", "train"):
+        args = ["--device", device, *args]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
-        "args": ["--device", device, *spec.train_args],
+        "args": args,
     }
+    if spec.env:
+        container["env"] = [{"name": k, "value": v} for k, v in spec.env]
     if spec.secrets:
         container["envFrom"] = [{"secretRef": {"name": s, "optional": True}} for s in spec.secrets]
     if spec.gpus_per_node > 0:

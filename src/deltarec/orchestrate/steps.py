@@ -1,9 +1,19 @@
-"""The entry points that the pipeline's components call, one per step.
+"""The pipeline's steps as library functions: one step library for both engines and the CLI.
 
-Each KFP component body imports :mod:`deltarec` and calls exactly one function here; all logic
-lives here, where it is tested without KFP. The steps run the ``deltarec`` commands in-process
-through :func:`deltarec.cli.main` (so a step behaves exactly like the command line) and read
-the artifacts to describe what they produced.
+Each step takes the run's :class:`~deltarec.orchestrate.params.PipelineParams` (and what an
+earlier step produced) and returns a typed record. The KFP components
+(:mod:`deltarec.orchestrate.components`), the Airflow tasks
+(:mod:`deltarec.orchestrate.airflow_dag`) and the ``deltarec`` commands call these functions;
+no step goes back through the command line. Only training crosses a process boundary: torchrun
+on one node, a PyTorchJob on several.
+
+* :func:`provision` creates the store views (on a fresh run from the declared tables);
+* :func:`train` runs the training program and describes the generation it wrote;
+* :func:`verify` reads the generation back from the store (:class:`VerifyOutcome`);
+* :func:`promote` makes a verified generation serving's current one;
+* :func:`on_verify_failed` is the FAIL branch: it drops the staging views (staged) or rolls
+  serving back to the last promoted generation (direct), and calls the webhook;
+* :func:`rollback` restores serving to an earlier promoted generation.
 
 Every step is idempotent in the sense of SPEC §7: provision and promote may be repeated, verify
 only reads, and a multi-node train step follows the PyTorchJob it created earlier.
@@ -14,12 +24,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
-from collections.abc import Sequence
-from typing import Any
+import shlex
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from deltarec.artifacts import ArtifactRoot
-from deltarec.errors import BadInputError
+from deltarec.artifacts.types import TableKind, TableSpec
+from deltarec.errors import BadInputError, CheckFailedError, ConfigError
+from deltarec.orchestrate.params import PipelineParams, parse_entry_point, table_specs
 from deltarec.orchestrate.types import (
     ArtifactLike,
     GenerationRecord,
@@ -27,94 +43,202 @@ from deltarec.orchestrate.types import (
     StepFailedError,
 )
 
+if TYPE_CHECKING:
+    from deltarec.promote.promote import PromoteResult
+    from deltarec.promote.rollback import RollbackResult
+    from deltarec.verify import VerifyResult
+
 log = logging.getLogger(__name__)
 
 PASS, FAIL = "PASS", "FAIL"
-"""The verify step's verdicts; promote runs only on PASS."""
-
-PUBLISH_MODES = ("direct", "staged")
-
-
-def run_cli(step: str, argv: Sequence[str]) -> int:
-    """Run one ``deltarec`` command in-process and return its exit code.
-
-    Raises:
-        StepFailedError: the command exited with 2 (bad input) or any code other than 0 and 1.
-    """
-    from deltarec.cli import main
-
-    log.info("step %s: deltarec %s", step, " ".join(argv))
-    code = main(list(argv))
-    if code not in (0, 1):
-        raise StepFailedError(step, code, f"deltarec {argv[0]} rejected its input")
-    return code
-
-
-def _require_ok(step: str, argv: Sequence[str]) -> None:
-    code = run_cli(step, argv)
-    if code != 0:
-        raise StepFailedError(step, code)
-
-
-def _store_args(artifacts: str, run: str, store: str) -> list[str]:
-    if not store:
-        raise BadInputError("the store URL is empty; this step needs a store")
-    return ["--artifacts", artifacts, "--run", run, "--store", store]
+"""The verify step's verdicts; promote runs only on PASS, :func:`on_verify_failed` on FAIL."""
 
 
 # ---- provision ---------------------------------------------------------------------------------
-def provision(*, artifacts: str, run: str, store: str) -> int | None:
-    """Create the store views for the run's tables (idempotent).
+@dataclass(frozen=True)
+class ProvisionResult:
+    """What provision created.
 
-    The tables come from the newest generation of ``run`` (GENERATION.json). A run that has no
-    generation yet has nothing to describe its tables; the train step's publisher then creates
-    the views from the new generation's GENERATION.json before it writes the first rows.
-
-    Returns:
-        The generation whose tables were provisioned, or None for a run without generations.
+    Attributes:
+        run: the run name.
+        generation: the generation whose GENERATION.json listed the tables; None when the
+            tables came from the parameters (a fresh run) or nothing was provisioned.
+        views: table id -> live view name (empty: no table known yet).
+        staging_views: table id -> staging view name (``staged`` with a generation only).
+        store: the store URL without credentials.
     """
-    gens = ArtifactRoot(artifacts).list_generations(run)
-    if not gens:
-        log.info("run %r has no generation under %s yet; nothing to provision", run, artifacts)
-        return None
-    _require_ok("provision", ["provision", *_store_args(artifacts, run, store)])
-    return gens[-1]
+
+    run: str
+    generation: int | None
+    views: dict[str, str]
+    staging_views: dict[str, str] = field(default_factory=dict)
+    store: str = ""
+
+
+def provision_tables(
+    store_url: str,
+    run: str,
+    tables: Mapping[str, TableSpec],
+    generation: int | None = None,
+    staged: bool = False,
+) -> ProvisionResult:
+    """Create the live views of ``tables`` (and the generation's staging views if ``staged``).
+
+    Registers ``generation`` when given. Idempotent.
+
+    Raises:
+        ViewMismatchError: a view exists with another dim or dtype.
+    """
+    from deltarec.stores import open_store, redact_url
+
+    if staged and generation is None:
+        raise BadInputError("staging views need the generation they belong to")
+    with open_store(store_url) as store:
+        views = store.provision(dict(tables))
+        staging = store.provision(dict(tables), staging_generation=generation) if staged else {}
+        if generation is not None:
+            store.registry.register_generation(run, generation)
+    return ProvisionResult(
+        run=run,
+        generation=generation,
+        views={t: v.name for t, v in sorted(views.items())},
+        staging_views={t: v.name for t, v in sorted(staging.items())},
+        store=redact_url(store_url),
+    )
+
+
+def provision_generation(
+    artifacts: str, run: str, store_url: str, generation: int | None = None, staged: bool = False
+) -> tuple[ProvisionResult, dict[str, TableSpec]]:
+    """Provision the tables of ``generation`` (default: the newest) from its GENERATION.json."""
+    root = ArtifactRoot(artifacts)
+    gen = generation if generation is not None else root.latest_generation(run)
+    tables = root.read_generation(run, gen).tables
+    return provision_tables(store_url, run, tables, gen, staged), dict(tables)
+
+
+def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
+    """The tables a fresh run will dump, as far as the parameters say.
+
+    The ``tables`` parameter when set; for the example model (no entry point) its tables
+    from its configuration (``--model-config`` in ``train_extra_args`` is honoured); else
+    none (the training ranks create the views from the first GENERATION.json).
+    """
+    if params.tables.strip():
+        return table_specs(params.tables)
+    if params.entry_point.strip():
+        return {}
+    from deltarec.model.config import ModelConfig
+    from deltarec.model.tables import model_tables
+
+    config = ModelConfig()
+    extra = shlex.split(params.train_extra_args)
+    if "--model-config" in extra[:-1]:
+        path = extra[extra.index("--model-config") + 1]
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = ModelConfig.model_validate(json.load(f))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"train_extra_args --model-config {path}: {e}") from e
+    world = params.ranks_per_node * params.nodes
+    return {
+        t.table_id: TableSpec(
+            dim=t.dim,
+            kind=TableKind(t.kind),
+            num_embeddings=t.num_embeddings,
+            zch_size=t.zch_size,
+            sharding=t.sharding,
+        )
+        for t in model_tables(config, world)
+    }
+
+
+def provision(params: PipelineParams) -> ProvisionResult:
+    """Create the store views of the run before training (idempotent).
+
+    A run with generations: the tables of its newest generation (GENERATION.json). A fresh
+    run: the tables :func:`declared_tables` finds; with none, nothing is created and the
+    training ranks create the views from the first generation's GENERATION.json.
+    """
+    root = ArtifactRoot(params.artifact_root)
+    if root.list_generations(params.run_name):
+        result, _ = provision_generation(params.artifact_root, params.run_name, params.store_url)
+        return result
+    tables = declared_tables(params)
+    if not tables:
+        log.info("fresh run %r declares no tables; the training ranks create the views",
+                 params.run_name)  # fmt: skip
+        return ProvisionResult(params.run_name, None, {})
+    return provision_tables(params.store_url, params.run_name, tables)
 
 
 # ---- train -------------------------------------------------------------------------------------
-def train_args(
-    *,
-    artifacts: str,
-    run: str,
-    store: str,
-    steps: int,
-    dump_every_steps: int,
-    dump_every_minutes: float,
-    publish_mode: str,
-    checkpoint_dir: str = "",
-    extra_args: Sequence[str] = (),
-) -> list[str]:
-    """The ``deltarec train`` arguments after ``train`` (no ``--device``, ``--nproc-per-node``).
+def train_settings_env(params: PipelineParams) -> dict[str, str]:
+    """The ``DELTAREC_*`` variables a training entry point gets (see docs/api.md)."""
+    from deltarec.dump.env import TrainSettings
 
-    A cadence of 0 turns that trigger off; an empty ``store`` trains and dumps without
-    publishing; an empty ``checkpoint_dir`` keeps the trainer's default.
+    settings = TrainSettings(
+        artifacts=params.artifact_root,
+        run=params.run_name,
+        dump_every_steps=params.dump_every_steps or None,
+        dump_every_minutes=params.dump_every_minutes or None,
+        store=params.store_url or None,
+        publish_mode=params.publish_mode,
+        steps=params.steps,
+        checkpoint_dir=params.checkpoint_dir or None,
+    )
+    return settings.to_env()
+
+
+def train_args(params: PipelineParams) -> list[str]:
+    """The ``deltarec train`` flags of the example model (no ``--device``/``--nproc``)."""
+    args = ["--artifacts", params.artifact_root, "--run", params.run_name]
+    args += ["--steps", str(params.steps)]
+    if params.dump_every_steps > 0:
+        args += ["--dump-every-steps", str(params.dump_every_steps)]
+    if params.dump_every_minutes > 0:
+        args += ["--dump-every-minutes", f"{params.dump_every_minutes:g}"]
+    if params.store_url:
+        args += ["--store", params.store_url, "--publish-mode", params.publish_mode]
+    if params.checkpoint_dir:
+        args += ["--workdir", params.checkpoint_dir]
+    return [*args, *shlex.split(params.train_extra_args)]
+
+
+def program(params: PipelineParams) -> tuple[list[str], list[str], dict[str, str]]:
+    """What every training rank runs: ``(program, arguments, environment)``.
+
+    The example model: ``deltarec train <flags>`` (``--device`` goes first, added by the
+    launcher). An entry point
+    ``module:function``: ``python -m deltarec.orchestrate.entry module:function <extra>``; a
+    command: the command with ``<extra>`` appended. Entry points get the settings in the
+    environment (:func:`train_settings_env`).
     """
-    if steps < 1:
-        raise BadInputError(f"train: steps must be >= 1, got {steps}")
-    if publish_mode not in PUBLISH_MODES:
-        raise BadInputError(f"train: publish mode {publish_mode!r} is not one of {PUBLISH_MODES}")
-    if dump_every_steps <= 0 and dump_every_minutes <= 0:
-        raise BadInputError("train: set dump_every_steps or dump_every_minutes (or both) above 0")
-    args = ["--artifacts", artifacts, "--run", run, "--steps", str(steps)]
-    if dump_every_steps > 0:
-        args += ["--dump-every-steps", str(dump_every_steps)]
-    if dump_every_minutes > 0:
-        args += ["--dump-every-minutes", f"{dump_every_minutes:g}"]
-    if store:
-        args += ["--store", store, "--publish-mode", publish_mode]
-    if checkpoint_dir:
-        args += ["--workdir", checkpoint_dir]
-    return [*args, *extra_args]
+    device = "cuda" if params.gpus_per_node > 0 else "cpu"
+    if not params.entry_point.strip():
+        return ["deltarec", "train"], train_args(params), {}
+    extra = shlex.split(params.train_extra_args)
+    kind, *target = parse_entry_point(params.entry_point)
+    env = {**train_settings_env(params), "DELTAREC_DEVICE": device}
+    if kind == "function":
+        return ["python", "-m", "deltarec.orchestrate.entry", target[0]], extra, env
+    return list(target), extra, env
+
+
+def torchrun_command(params: PipelineParams) -> tuple[list[str], dict[str, str]]:
+    """The one-node torchrun command line of the train step, and its extra environment."""
+    prog, args, env = program(params)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd.append(f"--nproc-per-node={params.ranks_per_node}")
+    if prog[:3] == ["python", "-m", "deltarec.orchestrate.entry"]:
+        cmd += ["-m", "deltarec.orchestrate.entry", "--", *prog[3:], *args]
+    elif prog == ["deltarec", "train"]:
+        # "--" keeps torchrun's parser off the training flags (--run is its --run-path)
+        device = "cuda" if params.gpus_per_node > 0 else "cpu"
+        cmd += ["-m", "deltarec.train", "--", "--device", device, *args]
+    else:
+        cmd += ["--no-python", "--", *prog, *args]
+    return cmd, env
 
 
 def generation_record(root: ArtifactRoot, run: str, generation: int) -> GenerationRecord:
@@ -149,113 +273,402 @@ def _new_generation(root: ArtifactRoot, run: str, before: set[int]) -> int:
     return new[-1]
 
 
+def run_process(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run one training process tree to its end; returns its exit code."""
+    full = {**os.environ, **env}
+    full.setdefault("OMP_NUM_THREADS", "1")
+    log.info("train: %s", shlex.join(cmd))
+    return subprocess.call(list(cmd), env=full)
+
+
 def train(
+    params: PipelineParams,
     *,
-    artifacts: str,
-    run: str,
-    store: str,
-    steps: int,
-    dump_every_steps: int,
-    dump_every_minutes: float,
-    publish_mode: str,
-    ranks_per_node: int,
-    nodes: int = 1,
-    gpus_per_node: int = 0,
-    checkpoint_dir: str = "",
-    extra_args: Sequence[str] = (),
     job_id: str = "",
-    secrets: Sequence[str] | str = (),
-    output: ArtifactLike | None = None,
+    secrets: Sequence[str] = (),
+    runner: Callable[[Sequence[str], Mapping[str, str]], int] = run_process,
 ) -> GenerationRecord:
     """Train one generation with delta dumps (and publishing), then describe it.
 
-    One node: ``deltarec train --nproc-per-node R`` (torchrun) in this container. Several
-    nodes: a Training Operator PyTorchJob (see :mod:`deltarec.orchestrate.pytorchjob`) named
-    after ``run`` and ``job_id``, followed until it ends. The generation is the one that
-    appeared under the artifact root during the step.
+    One node: torchrun with ``ranks_per_node`` ranks in this container. Several nodes: a
+    Training Operator PyTorchJob (see :mod:`deltarec.orchestrate.pytorchjob`) named after the
+    run and ``job_id``, followed until it ends. The generation is the one that appeared under
+    the artifact root during the step.
 
     Args:
-        artifacts: the artifact root (local path or fsspec URI).
-        run: the run name.
-        store: the store URL; empty trains and dumps without publishing.
-        steps: training steps.
-        dump_every_steps: dump cadence in steps (0: off).
-        dump_every_minutes: dump cadence in minutes (0: off).
-        publish_mode: ``direct`` or ``staged``.
-        ranks_per_node: training processes per node.
-        nodes: nodes; above 1 a PyTorchJob trains.
-        gpus_per_node: GPUs per node; 0 trains on CPU.
-        checkpoint_dir: the trainer's ``--workdir``; empty for its default.
-        extra_args: more ``deltarec train`` arguments.
+        params: the run's parameters (entry point, cadence, store, sizes).
         job_id: the pipeline run's id (names the PyTorchJob, so a retry follows it).
-        secrets: Secret names whose keys become the PyTorchJob pods' environment (a list,
-            or one comma-separated string as the component passes it).
-        output: the KFP artifact that receives the :class:`GenerationRecord` (JSON file and
-            metadata); None outside KFP.
+        secrets: Secret names whose keys become the PyTorchJob pods' environment.
+        runner: runs the one-node command (``(argv, extra environment) -> exit code``).
 
     Raises:
         StepFailedError: training failed or produced no generation.
         TrainJobFailedError: the PyTorchJob failed or timed out.
     """
-    if ranks_per_node < 1 or nodes < 1 or gpus_per_node < 0:
-        raise BadInputError(
-            f"train: ranks_per_node={ranks_per_node}, nodes={nodes}, gpus_per_node="
-            f"{gpus_per_node}: need ranks_per_node >= 1, nodes >= 1, gpus_per_node >= 0"
-        )
-    args = train_args(
-        artifacts=artifacts,
-        run=run,
-        store=store,
-        steps=steps,
-        dump_every_steps=dump_every_steps,
-        dump_every_minutes=dump_every_minutes,
-        publish_mode=publish_mode,
-        checkpoint_dir=checkpoint_dir,
-        extra_args=extra_args,
-    )
-    root = ArtifactRoot(artifacts)
-    before = set(root.list_generations(run))
-    if nodes == 1:
-        device = "cuda" if gpus_per_node > 0 else "cpu"
-        argv = ["train", "--nproc-per-node", str(ranks_per_node), "--device", device, *args]
-        _require_ok("train", argv)
+    root = ArtifactRoot(params.artifact_root)
+    before = set(root.list_generations(params.run_name))
+    if params.nodes == 1:
+        cmd, env = torchrun_command(params)
+        code = runner(cmd, env)
+        if code != 0:
+            raise StepFailedError("train", code, "the training program failed")
     else:
-        names = secrets.split(",") if isinstance(secrets, str) else list(secrets)
-        names = [n.strip() for n in names if n.strip()]
-        _train_on_cluster(run, job_id, nodes, ranks_per_node, gpus_per_node, args, names)
-    record = generation_record(root, run, _new_generation(root, run, before))
-    if output is not None:
-        write_record(output, record)
+        _train_on_cluster(params, job_id, secrets)
+    record = generation_record(
+        root, params.run_name, _new_generation(root, params.run_name, before)
+    )
     log.info("train: %s", record)
     return record
 
 
-def _train_on_cluster(
-    run: str,
-    job_id: str,
-    nodes: int,
-    ranks_per_node: int,
-    gpus_per_node: int,
-    args: Sequence[str],
-    secrets: Sequence[str],
-) -> None:
+def _train_on_cluster(params: PipelineParams, job_id: str, secrets: Sequence[str]) -> None:
     from deltarec.orchestrate import pytorchjob
     from deltarec.orchestrate.images import TRAINER_IMAGE
 
+    prog, args, env = program(params)
     spec = pytorchjob.TrainJobSpec(
-        name=pytorchjob.job_name(run, job_id or run),
+        name=pytorchjob.job_name(params.run_name, job_id or params.run_name),
         namespace=pytorchjob.current_namespace(),
         image=TRAINER_IMAGE,
-        nodes=nodes,
-        procs_per_node=ranks_per_node,
-        gpus_per_node=gpus_per_node,
+        nodes=params.nodes,
+        procs_per_node=params.ranks_per_node,
+        gpus_per_node=params.gpus_per_node,
         train_args=tuple(args),
-        secrets=tuple(secrets),
+        secrets=tuple(s.strip() for s in secrets if s.strip()),
         service_account=os.environ.get("DELTAREC_TRAIN_SERVICE_ACCOUNT") or None,
+        program=tuple(prog),
+        env=tuple(sorted(env.items())),
     )
     pytorchjob.run_train_job(spec)
 
 
+# ---- verify ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What the verify step found (handed to promote or to the FAIL branch).
+
+    Attributes:
+        verdict: ``"PASS"`` or ``"FAIL"``.
+        run, generation, through_seq: what was verified.
+        metrics: verify's KFP metrics plus ``freshness_p50_s``/``freshness_p99_s``.
+        failure: one line naming what failed (empty on PASS).
+        report_path: the HTML report, if one was written.
+    """
+
+    verdict: str
+    run: str
+    generation: int
+    through_seq: int
+    metrics: dict[str, float]
+    failure: str = ""
+    report_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True for a PASS."""
+        return self.verdict == PASS
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (an XCom value, or KFP artifact metadata)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> VerifyOutcome:
+        """Read :meth:`to_json` back."""
+        try:
+            return cls(
+                verdict=str(obj["verdict"]),
+                run=str(obj["run"]),
+                generation=int(obj["generation"]),
+                through_seq=int(obj["through_seq"]),
+                metrics={str(k): float(v) for k, v in dict(obj["metrics"]).items()},
+                failure=str(obj.get("failure") or ""),
+                report_path=obj.get("report_path"),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInputError(f"not a verify outcome: {e!r}") from e
+
+
+def run_verification(
+    artifacts: str,
+    run: str,
+    store_url: str,
+    *,
+    generation: int | None = None,
+    through_seq: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8192,
+    max_mismatches: int = 20,
+    record: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> VerifyResult:
+    """Verify a generation through a dump against the store; leaves the verification record.
+
+    ``sample=None`` checks every key and scans the store for keys the lineage never wrote.
+    The record (which promote requires) is written unless ``record`` is False.
+    """
+    from deltarec.stores import open_store
+    from deltarec.verify import verify as verify_store
+    from deltarec.verify import write_record as write_verification
+
+    root = ArtifactRoot(artifacts)
+    with open_store(store_url) as store:
+        result = verify_store(
+            root,
+            run,
+            store,
+            store_url=store.describe(),
+            generation=generation,
+            through_seq=through_seq,
+            sample=sample,
+            seed=seed,
+            batch_size=batch_size,
+            max_mismatches=max_mismatches,
+            progress=progress,
+        )
+    if record:
+        path = write_verification(root, result)
+        if path:
+            log.info("verification record: %s", root.url(path))
+    return result
+
+
+def outcome_of(result: VerifyResult, report_path: str | None = None) -> VerifyOutcome:
+    """The :class:`VerifyOutcome` of a verification result."""
+    from deltarec.verify import kfp_metrics
+
+    metrics = dict(kfp_metrics(result))
+    lags = sorted(d.lag_s for d in result.dumps if d.lag_s is not None)
+    if lags:
+        metrics["freshness_p50_s"] = _quantile(lags, 0.50)
+        metrics["freshness_p99_s"] = _quantile(lags, 0.99)
+    return VerifyOutcome(
+        verdict=PASS if result.passed else FAIL,
+        run=result.run,
+        generation=result.generation,
+        through_seq=result.through_seq if result.through_seq is not None else -1,
+        metrics=metrics,
+        failure="" if result.passed else result.failure_summary(),
+        report_path=report_path,
+    )
+
+
+def verify(
+    params: PipelineParams,
+    record: GenerationRecord,
+    *,
+    report_path: str | None = None,
+    json_path: str | None = None,
+) -> VerifyOutcome:
+    """Verify the generation train produced (through its newest dump) against the store.
+
+    ``sample_size <= 0`` compares every key. ``report_path`` receives the HTML report and
+    ``json_path`` verify's JSON document.
+    """
+    from deltarec.verify import dumps_json, render_html
+
+    result = run_verification(
+        params.artifact_root,
+        record.run,
+        params.store_url,
+        generation=record.generation,
+        through_seq=record.last_seq,
+        sample=None if params.sample_size <= 0 else params.sample_size,
+    )
+    _write_outputs(result, report_path, json_path, render_html, dumps_json)
+    outcome = outcome_of(result, report_path)
+    log.info("verify: run %s generation %d: %s %s", outcome.run, outcome.generation,
+             outcome.verdict, outcome.failure)  # fmt: skip
+    return outcome
+
+
+def _write_outputs(
+    result: Any, report_path: str | None, json_path: str | None, html: Any, doc: Any
+) -> None:
+    for path, render in ((report_path, html), (json_path, doc)):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(render(result))
+
+
+def verify_serving(
+    artifacts: str,
+    run: str,
+    store_url: str,
+    sample_size: int,
+    *,
+    report_path: str | None = None,
+    json_path: str | None = None,
+) -> VerifyOutcome:
+    """Verify the generation (and dump) serving is promoted to: the chart's scheduled check.
+
+    Raises:
+        BadInputError: ``run`` was never promoted in this store.
+    """
+    from deltarec.stores import open_store
+    from deltarec.verify import dumps_json, render_html
+
+    with open_store(store_url) as s:
+        pointer = s.registry.get_serving(run)
+    if pointer is None:
+        raise BadInputError(f"run {run!r} has no promoted generation in the store")
+    result = run_verification(
+        artifacts, run, store_url, generation=pointer.generation, through_seq=pointer.seq,
+        sample=None if sample_size <= 0 else sample_size, record=False,
+    )  # fmt: skip
+    _write_outputs(result, report_path, json_path, render_html, dumps_json)
+    return outcome_of(result, report_path)
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of an ascending, non-empty sequence."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+# ---- promote / rollback / the FAIL branch ------------------------------------------------------
+def promote(
+    params: PipelineParams, record: GenerationRecord, *, force: bool = False
+) -> PromoteResult:
+    """Make the verified generation (through its newest dump) serving's current one.
+
+    Merges the staging views in ``staged`` mode. Refused (``NotVerifiedError``) without a
+    passing verification record unless ``force``.
+    """
+    return promote_generation(
+        params.artifact_root, record.run, params.store_url, record.generation,
+        through_seq=record.last_seq, force=force,
+    )  # fmt: skip
+
+
+def promote_generation(
+    artifacts: str,
+    run: str,
+    store_url: str,
+    generation: int,
+    *,
+    through_seq: int | None = None,
+    force: bool = False,
+) -> PromoteResult:
+    """Promote ``generation`` through ``through_seq`` (default: its newest dump)."""
+    from deltarec.promote import promote as promote_store
+    from deltarec.stores import open_store
+
+    with open_store(store_url) as store:
+        return promote_store(
+            ArtifactRoot(artifacts), run, store, generation, through_seq=through_seq, force=force
+        )
+
+
+def rollback(
+    artifacts: str, run: str, store_url: str, to_generation: int, through_seq: int | None = None
+) -> RollbackResult:
+    """Restore serving to ``to_generation`` (default: at the dump it was last promoted at)."""
+    from deltarec.promote import rollback as rollback_store
+    from deltarec.stores import open_store
+
+    with open_store(store_url) as store:
+        return rollback_store(
+            ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq
+        )
+
+
+@dataclass(frozen=True)
+class FailureAction:
+    """What the FAIL branch did.
+
+    Attributes:
+        action: ``dropped-staging``, ``rolled-back`` or ``nothing-to-undo``.
+        rolled_back_to: the generation serving was restored to (``rolled-back``).
+        dropped_views: staging views dropped (``dropped-staging``).
+        webhook_status: the webhook's HTTP status; None when no webhook is set, 0 when the
+            call failed.
+        summary: the JSON object sent to the webhook.
+    """
+
+    action: str
+    rolled_back_to: int | None
+    dropped_views: int
+    webhook_status: int | None
+    summary: dict[str, Any]
+
+
+class VerifyFailedError(CheckFailedError):
+    """Verify failed; the FAIL branch ran. Ends the pipeline run failed."""
+
+    def __init__(self, outcome: VerifyOutcome, action: FailureAction) -> None:
+        self.outcome = outcome
+        self.action = action
+        super().__init__(
+            f"verify of run {outcome.run!r} generation {outcome.generation} failed "
+            f"({outcome.failure}); {action.action}"
+            + (f" to generation {action.rolled_back_to}" if action.rolled_back_to else "")
+        )
+
+
+def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureAction:
+    """Undo what the failed generation did to serving, then call the webhook.
+
+    ``staged``: nothing went live; the generation's staging views are dropped. ``direct``:
+    serving is rolled back to the last promoted generation (at its promoted dump); without
+    one there is nothing to roll back to. The webhook (``webhook_url``) gets the summary as
+    JSON; its failure is logged and does not hide the verify failure.
+    """
+    from deltarec.promote import rollback as rollback_store
+    from deltarec.promote.promote import is_staged
+    from deltarec.stores import open_store
+
+    root = ArtifactRoot(params.artifact_root)
+    run, gen = outcome.run, outcome.generation
+    rolled_back_to: int | None = None
+    dropped = 0
+    with open_store(params.store_url) as store:
+        if params.publish_mode == "staged" or is_staged(store, run, gen):
+            dropped = store.drop_staging(run, gen)
+            action = "dropped-staging"
+        else:
+            pointer = store.registry.get_serving(run)
+            if pointer is None:
+                action = "nothing-to-undo"
+            else:
+                rollback_store(root, run, store, pointer.generation, through_seq=pointer.seq)
+                rolled_back_to, action = pointer.generation, "rolled-back"
+    summary = {
+        "run": run,
+        "generation": gen,
+        "through_seq": outcome.through_seq,
+        "verdict": outcome.verdict,
+        "failure": outcome.failure,
+        "publish_mode": params.publish_mode,
+        "action": action,
+        "rolled_back_to": rolled_back_to,
+        "report": outcome.report_path,
+        "metrics": outcome.metrics,
+    }
+    status = call_webhook(params.webhook_url, summary) if params.webhook_url else None
+    log.warning("verify FAILED for run %s generation %d: %s", run, gen, action)
+    return FailureAction(action, rolled_back_to, dropped, status, summary)
+
+
+def call_webhook(url: str, summary: Mapping[str, Any], timeout_s: float = 10.0) -> int:
+    """POST ``summary`` as JSON to ``url``; returns the HTTP status (0 if the call failed)."""
+    body = json.dumps(summary).encode()
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return int(response.status)
+    except OSError as e:
+        log.error("the webhook %s failed: %s", url, e)
+        return 0
+
+
+# ---- KFP artifacts -----------------------------------------------------------------------------
 def write_record(output: ArtifactLike, record: GenerationRecord) -> None:
     """Store ``record`` as the generation artifact: a JSON file plus the same fields as metadata."""
     os.makedirs(os.path.dirname(output.path) or ".", exist_ok=True)
@@ -275,187 +688,18 @@ def read_record(generation: ArtifactLike) -> GenerationRecord:
         raise BadInputError(f"{generation.uri}: cannot read the generation record: {e}") from e
 
 
-# ---- verify ------------------------------------------------------------------------------------
-def verify(
-    *,
-    artifacts: str,
-    store: str,
-    generation: ArtifactLike,
-    sample_size: int,
-    metrics: MetricsLike | None = None,
-    report: ArtifactLike | None = None,
-    json_path: str | None = None,
-) -> str:
-    """Verify the generation (through its newest dump) against the store.
-
-    ``sample_size <= 0`` compares every key (``--all``). verify's KFP metrics plus the publish
-    lag percentiles (``freshness_p50_s``, ``freshness_p99_s``) are logged to ``metrics``; the
-    HTML report is written to ``report``; ``json_path`` keeps verify's JSON document.
-
-    Returns:
-        ``"PASS"`` or ``"FAIL"`` (the command's exit code 0 or 1).
-
-    Raises:
-        StepFailedError: verify rejected its input (exit code 2), or stopped without a result
-            (e.g. the store is down): that fails the step instead of reading as a mismatch.
-    """
-    record = read_record(generation)
-    report_path = report.path if report is not None else None
-    verdict, _, values = run_verify(
-        artifacts=artifacts,
-        run=record.run,
-        store=store,
-        generation=record.generation,
-        through_seq=record.last_seq,
-        sample_size=sample_size,
-        json_path=json_path,
-        report_path=report_path,
+def log_outcome(outcome: VerifyOutcome, metrics: MetricsLike, report: ArtifactLike) -> None:
+    """Put a verify outcome on verify's KFP outputs (metrics; the report's metadata)."""
+    for name, value in sorted(outcome.metrics.items()):
+        metrics.log_metric(name, value)
+    report.metadata.update(
+        {"run": outcome.run, "generation": outcome.generation, "verdict": outcome.verdict}
     )
-    if metrics is not None:
-        for name, value in sorted(values.items()):
-            metrics.log_metric(name, value)
-    if report is not None:
-        report.metadata.update({"run": record.run, "generation": record.generation})
-        report.metadata["verdict"] = verdict
-    log.info("verify: run %s generation %d: %s", record.run, record.generation, verdict)
-    return verdict
+    report.metadata["outcome"] = outcome.to_json()
 
 
-def run_verify(
-    *,
-    artifacts: str,
-    run: str,
-    store: str,
-    generation: int,
-    through_seq: int | None,
-    sample_size: int,
-    json_path: str | None = None,
-    report_path: str | None = None,
-) -> tuple[str, dict[str, Any], dict[str, float]]:
-    """Run ``deltarec verify`` once; returns ``(verdict, verify JSON, metrics)``."""
-    with tempfile.TemporaryDirectory(prefix="deltarec-verify-") as tmp:
-        out_json = json_path or os.path.join(tmp, "verify.json")
-        out_metrics = os.path.join(tmp, "metrics.json")
-        argv = ["verify", *_store_args(artifacts, run, store), "--generation", str(generation)]
-        if through_seq is not None:
-            argv += ["--through-seq", str(through_seq)]
-        argv += ["--all"] if sample_size <= 0 else ["--sample", str(sample_size)]
-        argv += ["--json", out_json, "--metrics", out_metrics]
-        if report_path:
-            os.makedirs(os.path.dirname(report_path) or ".", exist_ok=True)
-            argv += ["--report", report_path]
-        code = run_cli("verify", argv)
-        summary = _load_json(out_json)
-        values = {k: float(v) for k, v in numeric_summary(_load_json(out_metrics)).items()}
-    if code != 0 and "passed" not in summary:
-        # exit code 1 without a result document: verify did not finish (store down, ...)
-        raise StepFailedError("verify", code, "verify stopped before it had a result")
-    verdict = PASS if code == 0 else FAIL
-    values["passed"] = 1.0 if verdict == PASS else 0.0
-    values.update(freshness_percentiles(summary))
-    return verdict, summary, values
-
-
-def verify_serving(
-    *,
-    artifacts: str,
-    run: str,
-    store: str,
-    sample_size: int,
-    json_path: str | None = None,
-    report_path: str | None = None,
-) -> str:
-    """Verify the generation that serving is promoted to (through its promoted dump).
-
-    The scheduled check of the Helm chart's CronJob: it finds the serving pointer in the
-    store's registry and runs ``deltarec verify`` on it.
-
-    Returns:
-        ``"PASS"`` or ``"FAIL"``.
-
-    Raises:
-        BadInputError: ``run`` was never promoted in this store.
-    """
-    from deltarec.stores import open_store
-
-    with open_store(store) as s:
-        pointer = s.registry.get_serving(run)
-    if pointer is None:
-        raise BadInputError(f"run {run!r} has no promoted generation in the store")
-    verdict, _, _ = run_verify(
-        artifacts=artifacts,
-        run=run,
-        store=store,
-        generation=pointer.generation,
-        through_seq=pointer.seq,
-        sample_size=sample_size,
-        json_path=json_path,
-        report_path=report_path,
-    )
-    return verdict
-
-
-def _load_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def numeric_summary(summary: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    """Every number in a (nested) JSON summary, keyed by its dotted path; lists are skipped."""
-    out: dict[str, float] = {}
-    for key, value in summary.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, bool | int | float):
-            out[name] = float(value)
-        elif isinstance(value, dict):
-            out.update(numeric_summary(value, f"{name}."))
-    return out
-
-
-def freshness_percentiles(summary: dict[str, Any]) -> dict[str, float]:
-    """p50/p99 of the dumps' publish lag (seconds from commit to visible in the store).
-
-    Read from verify's JSON (``dumps[].lag_s``); empty when the store holds no freshness
-    record.
-    """
-    lags = sorted(
-        float(d["lag_s"])
-        for d in summary.get("dumps") or []
-        if isinstance(d, dict) and isinstance(d.get("lag_s"), int | float)
-    )
-    if not lags:
-        return {}
-    return {"freshness_p50_s": _quantile(lags, 0.50), "freshness_p99_s": _quantile(lags, 0.99)}
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of an ascending, non-empty sequence."""
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-# ---- promote / rollback ------------------------------------------------------------------------
-def promote(*, artifacts: str, store: str, generation: ArtifactLike) -> int:
-    """Record the verified generation as serving's current one (merges staging if staged).
-
-    Returns:
-        The promoted generation.
-    """
-    record = read_record(generation)
-    argv = ["promote", *_store_args(artifacts, record.run, store)]
-    argv += ["--generation", str(record.generation), "--through-seq", str(record.last_seq)]
-    _require_ok("promote", argv)
-    return record.generation
-
-
-def rollback(*, artifacts: str, run: str, store: str, to_generation: int) -> int:
-    """Restore serving to an earlier promoted generation; returns that generation."""
-    argv = ["rollback", *_store_args(artifacts, run, store), "--to-generation", str(to_generation)]
-    _require_ok("rollback", argv)
-    return to_generation
+def read_outcome(report: ArtifactLike) -> VerifyOutcome:
+    """The :class:`VerifyOutcome` :func:`log_outcome` left on the report artifact."""
+    if "outcome" not in report.metadata:
+        raise BadInputError(f"{report.uri}: the report carries no verify outcome")
+    return VerifyOutcome.from_json(report.metadata["outcome"])

@@ -1,22 +1,20 @@
-"""Loaded by every step subprocess of the gate test (through PYTHONPATH): replaces the CLI
-boundary of deltarec.orchestrate.steps with a fast fake, so kfp.local runs the real pipeline
-wiring without training. ``FAKE_VERIFY_CODE`` is the exit code the fake verify returns;
-promote calls are appended to ``FAKE_PROMOTE_LOG``."""
+"""Loaded by every step subprocess of the gate test (through PYTHONPATH): replaces the typed
+train, verify and promote functions of deltarec.orchestrate.steps with fast fakes of the same
+signatures, so kfp.local runs the real pipeline wiring without training. ``FAKE_VERDICT`` is
+the verdict the fake verify returns; promote calls are appended to ``FAKE_PROMOTE_LOG``; the
+FAIL branch (``steps.on_verify_failed``) is the real one."""
 
-import json
 import os
 
 from deltarec.artifacts import ArtifactRoot, DumpKind, GenerationInfo, Manifest, TableSpec
 from deltarec.orchestrate import steps
 
 
-def _flag(argv, name):
-    return argv[argv.index(name) + 1]
-
-
-def fake_train(argv):
-    root = ArtifactRoot(_flag(argv, "--artifacts"))
-    run = _flag(argv, "--run")
+def fake_train(params, *, job_id="", secrets=(), runner=None):
+    assert params.ranks_per_node == 2 and params.nodes == 1, params
+    assert job_id and list(secrets) == [""], (job_id, secrets)
+    root = ArtifactRoot(params.artifact_root)
+    run = params.run_name
     info = root.allocate_generation(
         GenerationInfo(run=run, generation=1, world_size=2, tables={"sparse.t": TableSpec(4)})
     )
@@ -26,25 +24,37 @@ def fake_train(argv):
                      first_step=last_step - 9, last_step=last_step, world_size=2, shards=(),
                      tables={"sparse.t": 3})
         )  # fmt: skip
-    return 0
+    return steps.generation_record(root, run, info.generation)
 
 
-def fake_cli(step, argv):
-    if argv[0] == "train":
-        assert argv[1:5] == ["--nproc-per-node", "2", "--device", "cpu"], argv
-        return fake_train(argv)
-    if argv[0] == "verify":
-        code = int(os.environ["FAKE_VERIFY_CODE"])
-        with open(_flag(argv, "--report"), "w", encoding="utf-8") as f:
-            f.write("<html>fake verify</html>")
-        with open(_flag(argv, "--json"), "w", encoding="utf-8") as f:
-            json.dump({"passed": code == 0, "dumps": [{"lag_s": 0.5}, {"lag_s": 1.5}]}, f)
-        return code
-    if argv[0] == "promote":
-        with open(os.environ["FAKE_PROMOTE_LOG"], "a", encoding="utf-8") as f:
-            f.write(" ".join(argv) + "\n")
-        return 0
-    raise AssertionError(f"unexpected command {argv}")
+def fake_verify(params, record, *, report_path=None, json_path=None):
+    verdict = os.environ["FAKE_VERDICT"]
+    with open(report_path, "w", encoding="utf-8") as f:
+        f.write("<html>fake verify</html>")
+    return steps.VerifyOutcome(
+        verdict=verdict, run=record.run, generation=record.generation,
+        through_seq=record.last_seq,
+        metrics={"passed": float(verdict == "PASS"), "freshness_p50_s": 1.0},
+        failure="" if verdict == "PASS" else "sparse.t: 1 DIFFERENT", report_path=report_path,
+    )  # fmt: skip
 
 
-steps.run_cli = fake_cli
+class _Pointer:
+    def __init__(self, generation):
+        self.generation = generation
+
+
+class _Promoted:
+    def __init__(self, generation):
+        self.pointer = _Pointer(generation)
+
+
+def fake_promote(params, record, *, force=False):
+    with open(os.environ["FAKE_PROMOTE_LOG"], "a", encoding="utf-8") as f:
+        f.write(f"{record.run} {record.generation} {record.last_seq} {params.store_url}\n")
+    return _Promoted(record.generation)
+
+
+steps.train = fake_train
+steps.verify = fake_verify
+steps.promote = fake_promote

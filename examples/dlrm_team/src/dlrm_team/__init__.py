@@ -1,0 +1,1 @@
+"""An outside team's torchrec DLRM, trained through the deltarec pipeline (see README.md)."""

@@ -1,0 +1,100 @@
+"""The settings a training program gets from the pipeline: ``DELTAREC_*`` environment variables.
+
+The pipeline's train step (KFP or Airflow, one node or a PyTorchJob) runs a team's training
+program with the dump, publish and store settings in the environment, one variable per field
+of :class:`TrainSettings` (``DELTAREC_`` + the field name in upper case)::
+
+    DELTAREC_ARTIFACTS=s3://bucket/artifacts  DELTAREC_RUN=ctr-main
+    DELTAREC_DUMP_EVERY_STEPS=100             DELTAREC_DUMP_EVERY_MINUTES=
+    DELTAREC_STORE=postgresql://trainer@db:5432/emb  DELTAREC_PUBLISH_MODE=direct
+    DELTAREC_STEPS=1000                       DELTAREC_CHECKPOINT_DIR=
+
+The program builds its hook with :func:`deltarec.dump.hook.hook_from_env` (which reads them
+through :meth:`TrainSettings.from_env`) and may read ``steps`` and ``checkpoint_dir`` for its
+own loop. An empty or unset optional variable means "not set". Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from deltarec.errors import ConfigError
+
+ENV_PREFIX = "DELTAREC_"
+"""Prefix of every variable; the rest is the :class:`TrainSettings` field name upper-cased."""
+
+
+class TrainSettings(BaseModel):
+    """Dump, publish and store settings of one training run (the ``DELTAREC_*`` variables)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    artifacts: str = Field(min_length=1)
+    """Artifact root (local path or fsspec URI)."""
+    run: str = Field(min_length=1)
+    """Run name (``[A-Za-z0-9_.-]``)."""
+    dump_every_steps: int | None = Field(default=None, ge=1)
+    """Dump every N steps; None: no step cadence."""
+    dump_every_minutes: float | None = Field(default=None, gt=0)
+    """Dump every M minutes; None: no time cadence."""
+    store: str | None = None
+    """Store URL to publish to while training; None: artifacts only."""
+    publish_mode: Literal["direct", "staged"] = "direct"
+    """``direct`` (live views) or ``staged`` (per-generation staging views)."""
+    steps: int | None = Field(default=None, ge=1)
+    """Training steps the pipeline asks for (the program's own loop reads it)."""
+    checkpoint_dir: str | None = None
+    """Where the program keeps its checkpoints; None: the program's default."""
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable of ``field``."""
+        if field not in cls.model_fields:
+            raise KeyError(field)
+        return ENV_PREFIX + field.upper()
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to set for a training program (unset fields are left out)."""
+        return {
+            self.env_name(name): str(value)
+            for name, value in self.model_dump(mode="json").items()
+            if value is not None
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainSettings:
+        """Read the settings from ``environ`` (default: ``os.environ``).
+
+        Raises:
+            ConfigError: a required variable is missing or a value is invalid (names the
+                variable).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(cls.env_name(name), "").strip()
+            if raw:
+                values[name] = raw
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{cls.env_name(str(err['loc'][0])) if err['loc'] else 'settings'}: {err['msg']}"
+                for err in e.errors()
+            )
+            raise ConfigError(f"training settings from the environment: {problems}") from e
+
+    def hook_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`deltarec.dump.make_train_hook` these settings give."""
+        return {
+            "artifacts": self.artifacts,
+            "run": self.run,
+            "every_steps": self.dump_every_steps,
+            "every_minutes": self.dump_every_minutes,
+            "store": self.store,
+            "publish_mode": self.publish_mode,
+        }
