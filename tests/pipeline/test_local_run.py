@@ -41,9 +41,11 @@ def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, cap
     assert (pointer.generation, pointer.seq) == (1, gen["last_seq"])
     # a later pipeline run's provision step provisions the newest generation's tables (idempotent)
     from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import parse_params
 
+    again = parse_params(run_name="e2e", artifact_root=str(tmp_path / "art"), store_url=store)
     for _ in range(2):
-        assert steps.provision(artifacts=str(tmp_path / "art"), run="e2e", store=store) == 1
+        assert steps.provision(again).generation == 1
     # the scheduled check of the chart verifies what serving now points at
     assert main(["pipeline", "verify-serving", "--artifacts", str(tmp_path / "art"),
                  "--run", "e2e", "--store", store, "--sample", "50"]) == 0  # fmt: skip
