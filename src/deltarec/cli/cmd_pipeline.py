@@ -25,7 +25,6 @@ import os
 
 from deltarec.errors import BadInputError, CheckFailedError
 
-
 ENGINES = ("kfp", "airflow")
 
 
