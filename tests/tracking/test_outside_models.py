@@ -46,10 +46,11 @@ class Table:
 
 @dataclass(frozen=True)
 class Layout:
-    """A model: DLRM or DLRM_DCN over ``bags``, a sequence tower over ``seqs``."""
+    """A model: DLRM or DLRM_DCN over ``bags`` plus a sequence tower over ``seqs`` (``arch``
+    ``dlrm``/``dcn``), or a bare EmbeddingBagCollection with no dense parameter (``bags``)."""
 
     name: str
-    dcn: bool
+    arch: str
     bags: tuple[Table, ...]
     seqs: tuple[Table, ...]
     linear: str  # the tower's output layer, registered after its EmbeddingCollection
@@ -65,7 +66,7 @@ class Layout:
 
 CLASH = Layout(
     name="clash",
-    dcn=False,
+    arch="dlrm",
     bags=(
         Table("t_user", ("f_user",), 200, ("table_column_wise",), 8),
         Table("t_item", ("f_item",), 150, ("table_wise",)),
@@ -81,7 +82,7 @@ CLASH = Layout(
 )
 SHARED = Layout(
     name="shared",
-    dcn=True,
+    arch="dcn",
     bags=(
         Table("a", ("f_a",), 100, ("table_wise", "column_wise", "table_column_wise"), 16),
         Table("b", ("f_item",), 90, ("table_column_wise",), 16),
@@ -93,6 +94,17 @@ SHARED = Layout(
     ),
     linear="head",
     seed=2,
+)
+BAGS_ONLY = Layout(
+    name="bags_only",
+    arch="bags",
+    bags=(
+        Table("u", ("f_u",), 80, ("table_wise",)),
+        Table("v", ("f_v",), 60, ("column_wise",), 16),
+    ),
+    seqs=(),
+    linear="",
+    seed=3,
 )
 
 
@@ -140,32 +152,45 @@ def _build(layout: Layout):
                 )
             return getattr(self, layout.linear)(pooled).squeeze(1)
 
+    def bag_collection():
+        return EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name=t.name,
+                    embedding_dim=DIM,
+                    num_embeddings=t.rows,
+                    feature_names=list(t.features),
+                )
+                for t in layout.bags
+            ],
+            device=torch.device("meta"),
+        )
+
     class Ranker(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            ebc = EmbeddingBagCollection(
-                tables=[
-                    EmbeddingBagConfig(
-                        name=t.name,
-                        embedding_dim=DIM,
-                        num_embeddings=t.rows,
-                        feature_names=list(t.features),
-                    )
-                    for t in layout.bags
-                ],
-                device=torch.device("meta"),
-            )
-            if layout.dcn:
-                self.dlrm = DLRM_DCN(ebc, 4, [16, DIM], [16, 1], 2, 8)
+            if layout.arch == "dcn":
+                self.dlrm = DLRM_DCN(bag_collection(), 4, [16, DIM], [16, 1], 2, 8)
             else:
-                self.dlrm = DLRM(ebc, 4, [16, DIM], [16, 1])
+                self.dlrm = DLRM(bag_collection(), 4, [16, DIM], [16, 1])
             self.seq = SeqTower()
 
         def forward(self, dense, bags, seqs, labels):
             logits = self.dlrm(dense, bags).squeeze(1) + self.seq(seqs)
             return nn.functional.binary_cross_entropy_with_logits(logits, labels)
 
-    return Ranker()
+    class BagsOnly(nn.Module):
+        """Only embedding tables: the logit is the sum of the pooled embeddings."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ebc = bag_collection()
+
+        def forward(self, dense, bags, seqs, labels):
+            logits = self.ebc(bags).values().sum(dim=1)
+            return nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+    return BagsOnly() if layout.arch == "bags" else Ranker()
 
 
 def _shard(layout: Layout):
@@ -186,7 +211,9 @@ def _shard(layout: Layout):
 
     torch.manual_seed(layout.seed)
     model = _build(layout)
-    ebc = model.dlrm.sparse_arch.embedding_bag_collection
+    bags_only = layout.arch == "bags"
+    ebc = model.ebc if bags_only else model.dlrm.sparse_arch.embedding_bag_collection
+    seq = [] if bags_only else list(model.seq.ec.parameters())
     fused = [
         p
         for n, p in ebc.named_parameters()
@@ -194,9 +221,7 @@ def _shard(layout: Layout):
             n.split(".")[-2] == t.name and "data_parallel" in t.shardings for t in layout.bags
         )
     ]
-    apply_optimizer_in_backward(
-        RowWiseAdagrad, fused + list(model.seq.ec.parameters()), {"lr": 0.1}
-    )
+    apply_optimizer_in_backward(RowWiseAdagrad, fused + seq, {"lr": 0.1})
     constraints: dict[str, ParameterConstraints] = {}
     for t in layout.bags + layout.seqs:  # keyed by table name, as torchrec's planner wants
         constraints[t.name] = ParameterConstraints(
@@ -210,13 +235,11 @@ def _shard(layout: Layout):
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    optimizer = CombinedOptimizer(
-        [
-            ("fused", dmp.fused_optimizer),
-            ("dense", KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=0.05))),
-        ]
-    )
-    return dmp, optimizer
+    parts: list = [("fused", dmp.fused_optimizer)]
+    if dense:
+        sgd = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=0.05))
+        parts.append(("dense", sgd))
+    return dmp, CombinedOptimizer(parts)
 
 
 def _ids(layout: Layout, step: int, rank: int, kind: int) -> dict[str, tuple]:
@@ -237,6 +260,8 @@ def _batch(layout: Layout, step: int, rank: int, kind: int = 0):
 
     def kjt(tables):
         keys = sorted({f for t in tables for f in t.features})
+        if not keys:
+            return None
         return KeyedJaggedTensor.from_lengths_sync(
             keys=keys,
             values=torch.from_numpy(np.concatenate([ids[k][1] for k in keys])),
@@ -327,16 +352,15 @@ def _train(layout: Layout, rank: int, artifacts: str) -> dict:
     return {"at_dump": at_dump, "losses": losses, "via": via, "dmp": dmp}
 
 
-def _unknown_path(layout: Layout, rank: int, artifacts: str, dmp) -> str:
-    """torchrec's tracker attached again to the tower's EC: the next dump names table and path."""
+def _interfere(layout: Layout, rank: int, artifacts: str, dmp, run: str, action) -> str:
+    """Start a dumper, let ``action(dmp)`` change the hooks, train a step: the dump's error."""
     from deltarec.dump import make_train_hook
     from deltarec.tracking.errors import TrackingError
 
-    hook = make_train_hook(artifacts=artifacts, run="reattached", every_steps=1, fsync=False)
+    hook = make_train_hook(artifacts=artifacts, run=run, every_steps=1, snapshot=False, fsync=False)
     try:
         hook.on_start(dmp, 0, None)
-        tracker = dmp.get_delta_tracker()
-        dmp.module.seq.ec.register_post_lookup_tracker_fn(tracker.record_lookup)
+        action(dmp)
         dmp(*_batch(layout, 1, rank)).backward()
         try:
             hook.after_step(1)
@@ -347,12 +371,29 @@ def _unknown_path(layout: Layout, rank: int, artifacts: str, dmp) -> str:
         hook.close()
 
 
+def _reattach_to_tower(dmp) -> None:
+    """torchrec's tracker attached again to the tower's EmbeddingCollection."""
+    dmp.module.seq.ec.register_post_lookup_tracker_fn(dmp.get_delta_tracker().record_lookup)
+
+
+def _replace_bag_hook(dmp) -> None:
+    """Another post-lookup function on the EBC, registered after the dumper started."""
+    ebc = dmp.module.dlrm.sparse_arch.embedding_bag_collection
+    ebc.register_post_lookup_tracker_fn(lambda *args: None)
+
+
 def _ranks(rank: int, world_size: int, artifacts: str) -> dict:
-    clash = _train(CLASH, rank, artifacts)
-    shared = _train(SHARED, rank, artifacts)
-    unknown = _unknown_path(CLASH, rank, artifacts, clash.pop("dmp"))
-    shared.pop("dmp")
-    return {"clash": clash, "shared": shared, "unknown": unknown}
+    out = {}
+    for layout in (CLASH, SHARED, BAGS_ONLY):
+        out[layout.name] = _train(layout, rank, artifacts)
+    clash_dmp, shared_dmp = out["clash"].pop("dmp"), out["shared"].pop("dmp")
+    out["bags_only"].pop("dmp")
+    out["errors"] = {
+        "unknown path": _interfere(CLASH, rank, artifacts, clash_dmp, "u", _reattach_to_tower),
+        "reattached": _interfere(SHARED, rank, artifacts, shared_dmp, "r", _reattach_to_tower),
+        "replaced": _interfere(SHARED, rank, artifacts, shared_dmp, "x", _replace_bag_hook),
+    }
+    return out
 
 
 # ---- the checks, dump by dump -----------------------------------------------------------
@@ -432,12 +473,24 @@ def test_outside_models_dump_every_table_right_at_every_dump_on_two_ranks(tmp_pa
     via = r0["shared"]["via"]
     assert {via[f"{bag}.{t}"] for t in ("a", "b", "c")} == {"torchrec"}
     assert {via["seq.ec.s_item"], via["seq.ec.s_hist"]} == {"deltarec"}  # f_item in both
+    assert set(r0["bags_only"]["via"].values()) == {"deltarec"}  # torchrec's cannot attach
 
     _check_layout(root, CLASH, r0["clash"], bag, "seq.ec")
     _check_layout(root, SHARED, r0["shared"], bag, "seq.ec")
+    _check_layout(root, BAGS_ONLY, r0["bags_only"], "ebc", "")
 
     # a lookup torchrec files under a path no table has stops the dump, naming table and path
     for r in results:
-        assert r["unknown"].startswith("TrackingError"), r["unknown"]
-        assert "'seq.ec.history'" in r["unknown"] and "'seq.history'" in r["unknown"]
-    assert root.list_dumps("reattached", 1) == [0]
+        errors = r["errors"]
+        unknown = errors["unknown path"]
+        assert unknown.startswith("TrackingError"), unknown
+        assert "'seq.ec.history'" in unknown and "'seq.history'" in unknown
+        # torchrec's tracker attached again where it would misfile under a known path
+        assert errors["reattached"].startswith("TrackingError"), errors["reattached"]
+        assert "'seq.ec.s_" in errors["reattached"] and "attached" in errors["reattached"]
+        # a module torchrec's tracker stopped recording: its tables are named
+        assert errors["replaced"].startswith("TrackingError"), errors["replaced"]
+        assert f"{bag}.b" in errors["replaced"] and "no longer records" in errors["replaced"]
+        assert "_dmp_wrapped_module" not in "".join(errors.values())
+    for run in ("u", "r", "x"):
+        assert root.list_dumps(run, 1) == []

@@ -27,6 +27,7 @@ from torch import nn
 from deltarec.artifacts.types import TableKind, TableSpec
 from deltarec.errors import ConfigError
 from deltarec.ids import table_id as make_table_id
+from deltarec.tracking.errors import TrackingError
 from deltarec.tracking.lookups import LookupRecorder
 from deltarec.tracking.plain import (
     ColumnShard,
@@ -167,21 +168,24 @@ def discover_plain_sources(
     for t in tables:
         by_module.setdefault(t.module_fqn, []).append(t)
     recorders = []
-    tracked: set[str] = set()
+    by_torchrec: list[list[_Table]] = []
+    by_deltarec: list[list[_Table]] = []
     for group in by_module.values():
         why = _not_attributed(tracker, group)
         if why is None:
-            tracked.update(t.path for t in group)
+            by_torchrec.append(group)
             continue
         log.info("deltarec records the lookups of %s itself: %s", [t.table_id for t in group], why)
         recorders.append(_own_recorder(tracker, group))
+        by_deltarec.append(group)
     hub = TrackerHub(
         tracker,
         {t.path for t in tables},
         recorders=recorders,
-        tracker_fqns=tracked,
+        tracker_fqns={t.path for group in by_torchrec for t in group},
         ignored=skip,
         explain=_explainer(tracker, tables),
+        checks=[_hooks_unchanged(tracker, by_torchrec, by_deltarec)],
     )
     state = {id(m): m.state_dict() for _, m, _ in modules}
     return [
@@ -224,6 +228,41 @@ def _own_recorder(tracker: Any, group: list[_Table]) -> LookupRecorder:
         paths.setdefault(name, f"{group[0].path.rsplit('.', 1)[0]}.{name}")
         table_ids.setdefault(name, make_table_id(group[0].module_fqn, name))
     return LookupRecorder(mod, paths, table_ids)
+
+
+def _hooks_unchanged(
+    tracker: Any, by_torchrec: list[list[_Table]], by_deltarec: list[list[_Table]]
+) -> Callable[[], None]:
+    """A check, run at every dump, that each module is still recorded the way it was set up.
+
+    A post-lookup hook replaced after the dumper started would silently stop torchrec's
+    tracker from recording a module; torchrec's tracker attached again to a module deltarec
+    records would misfile its lookups (or crash on them).
+    """
+    record = getattr(tracker, "record_lookup", None) if tracker is not None else None
+
+    def check() -> None:
+        for group in by_torchrec:
+            if getattr(group[0].module, "post_lookup_tracker_fn", None) != record:
+                raise TrackingError(
+                    [t.table_id for t in group],
+                    (),
+                    "the module's post-lookup hook was replaced after the dumper started, so "
+                    "torchrec's delta tracker no longer records its lookups and touched rows "
+                    "would be missed; register other post-lookup functions before on_start",
+                )
+        for group in by_deltarec:
+            hook = getattr(group[0].module, "post_lookup_tracker_fn", None)
+            if record is not None and hook == record:
+                raise TrackingError(
+                    [t.table_id for t in group],
+                    (),
+                    "torchrec's delta tracker was attached again to the module after the "
+                    "dumper started; it cannot attribute this module's lookups (deltarec "
+                    "records them), so it would misfile them",
+                )
+
+    return check
 
 
 def _explainer(tracker: Any, tables: list[_Table]) -> Callable[[str], list[str]]:

@@ -70,6 +70,8 @@ class LookupRecorder:
     def __init__(self, module: Any, paths: Mapping[str, str], table_ids: Mapping[str, str]) -> None:
         self.per_fqn_lookups: dict[str, list[torch.Tensor]] = {}
         self.store = self
+        self.failure: TrackingError | None = None
+        """The first lookup that could not be attributed (raised by :meth:`check`)."""
         self._handles: list[Any] = []
         self._table_ids = dict(table_ids)
         try:
@@ -111,18 +113,26 @@ class LookupRecorder:
     def _record(self, features: Any, keys: list[str], where: list[str], names: Any) -> None:
         got = list(features.keys())
         if got != keys:
-            raise TrackingError(
-                list(names),
-                (),
-                f"an embedding kernel received features {got}, its config lists {keys}; the "
-                "lookup's ids cannot be attributed to tables",
-            )
+            # Not raised inside the model's forward: the next dump raises it (see check()).
+            if self.failure is None:
+                self.failure = TrackingError(
+                    list(names),
+                    (),
+                    f"an embedding kernel received features {got}, its config lists {keys}; "
+                    "the lookup's ids cannot be attributed to tables",
+                )
+            return
         values = features.values().detach()
         at = 0
         for path, n in zip(where, features.length_per_key(), strict=True):
             if n:
                 self.per_fqn_lookups.setdefault(path, []).append(values[at : at + n])
             at += n
+
+    def check(self) -> None:
+        """Raise the first lookup that could not be attributed since tracking began."""
+        if self.failure is not None:
+            raise self.failure
 
     def close(self) -> None:
         """Remove the hooks (idempotent); what was recorded stays readable."""

@@ -48,6 +48,9 @@ class TrackerHub:
         ignored: paths ``tracker`` may report that other sources track (ZCH tables).
         explain: path -> the table ids whose lookups the tracker files under it (for the
             error raised for a path the hub does not know).
+        checks: called at every read; each raises
+            :class:`~deltarec.tracking.errors.TrackingError` if lookups may have gone
+            unrecorded (the recorders' ``check`` methods are added).
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class TrackerHub:
         tracker_fqns: Iterable[str] | None = None,
         ignored: Iterable[str] = (),
         explain: Callable[[str], list[str]] | None = None,
+        checks: Iterable[Callable[[], None]] = (),
     ) -> None:
         self.tracker = tracker
         self.fqns = set(fqns)
@@ -66,6 +70,7 @@ class TrackerHub:
         self.tracker_fqns = set(self.fqns if tracker_fqns is None else tracker_fqns)
         self.ignored = set(ignored)
         self._explain = explain
+        self._checks = [*checks, *(r.check for r in self.recorders if hasattr(r, "check"))]
         self._pending: dict[str, list[torch.Tensor]] = {f: [] for f in self.fqns}
 
     def _read(self) -> dict[str, list[torch.Tensor]]:
@@ -82,11 +87,13 @@ class TrackerHub:
                     out.setdefault(fqn, []).extend(parts)
                 elif fqn not in self.ignored:
                     unknown[fqn] = sum(int(p.numel()) for p in parts)
+        if unknown:
+            self._unknown(unknown)
+        for check in self._checks:
+            check()
         for recorder in self.recorders:
             for fqn, parts in _drain(recorder).items():
                 out.setdefault(fqn, []).extend(parts)
-        if unknown:
-            self._unknown(unknown)
         return out
 
     def _unknown(self, unknown: dict[str, int]) -> None:
