@@ -122,6 +122,12 @@ class Parent:
     checkpoint_step: int
 
 
+ROLLBACK_FIELD = "rollback"
+"""GENERATION.json field of a rollback generation: ``{"to_generation": G, "through_seq": S}``.
+
+Its rows restore the values G had at dump S under a newer version (``deltarec rollback``)."""
+
+
 @dataclass(frozen=True)
 class GenerationInfo:
     """GENERATION.json: one training process lifetime of a run."""

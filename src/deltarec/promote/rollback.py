@@ -31,6 +31,7 @@ from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows, ShardWriter
 from deltarec.artifacts.types import (
     FALLBACK_KEY,
+    ROLLBACK_FIELD,
     DumpKind,
     GenerationInfo,
     Manifest,
@@ -45,7 +46,6 @@ from deltarec.promote.promote import resolve_seq
 from deltarec.publish import DumpPublisher
 from deltarec.stores.base import Store
 from deltarec.stores.types import ServingPointer
-from deltarec.verify.engine import ROLLBACK_FIELD
 from deltarec.verify.newer import newer_records
 
 log = logging.getLogger(__name__)

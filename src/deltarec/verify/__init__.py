@@ -7,6 +7,7 @@ fails its checksum and an artifact that cannot be read fail the check; SUPERSEDE
 
 Exports:
     verify: run a verification, returns a :class:`VerifyResult`.
+    VerifyOptions: how it samples, batches and reports.
     VerifyResult, TableResult, Mismatch, ShardFailure, DumpFreshness, RowClass,
     FAILING_CLASSES: the result records.
     to_json, dumps_json, kfp_metrics: machine outputs (stable JSON schema, KFP metrics).
@@ -15,6 +16,7 @@ Exports:
 """
 
 from deltarec.verify.engine import verify
+from deltarec.verify.options import VerifyOptions
 from deltarec.verify.output import dumps_json, kfp_metrics, to_json
 from deltarec.verify.records import VerificationRecord, read_record, write_record
 from deltarec.verify.report import print_summary, render_html
@@ -36,6 +38,7 @@ __all__ = [
     "ShardFailure",
     "TableResult",
     "VerificationRecord",
+    "VerifyOptions",
     "VerifyResult",
     "dumps_json",
     "kfp_metrics",

@@ -9,6 +9,7 @@ which is exactly 0 for ``float32`` (bit-for-bit after decoding), float16 roundin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,27 @@ CODE = {c: np.int8(i) for i, c in enumerate(CLASS_ORDER)}
 NO_RECORD = -1
 """Expected version of a key the lineage never wrote."""
 
-_SEQ_BITS = 32
+
+@dataclass(frozen=True)
+class Holds:
+    """What a store keeps, as far as classifying its rows goes.
+
+    Attributes:
+        versions: rows carry their version. Without, a stored row is checked by its values
+            only: MATCH within the dtype's tolerance, else DIFFERENT (a row of a newer dump
+            cannot be told from a wrong row).
+        deletes: an evicted key is removed. Without, an evicted key (``op = 1``) must hold the
+            row its record carries (the fallback row of an evicted ZCH id, as TorchEasyRec
+            writes it) and is compared by value like a present key.
+    """
+
+    versions: bool = True
+    deletes: bool = True
+
+    @classmethod
+    def of(cls, capabilities: Any) -> Holds:
+        """From a store's :class:`~deltarec.stores.types.Capabilities`."""
+        return cls(versions=bool(capabilities.versions), deletes=bool(capabilities.deletes))
 
 
 @dataclass
@@ -102,6 +123,7 @@ def classify(
     dim: int,
     point_version: int,
     rollback_generations: frozenset[int] = frozenset(),
+    holds: Holds = Holds(),
 ) -> BatchOutcome:
     """Classify every key of a batch (see :class:`~deltarec.verify.types.RowClass`).
 
@@ -114,6 +136,7 @@ def classify(
             lineage never wrote is SUPERSEDED if newer than this, UNEXPECTED otherwise.
         rollback_generations: generations that are rollbacks to exactly this point; their rows
             are compared by value against the expected rows instead of being SUPERSEDED.
+        holds: what the store keeps (versions, deletes); see :class:`Holds`.
     """
     n = len(expected.keys)
     ev = np.asarray(expected.versions, np.int64)
@@ -122,10 +145,15 @@ def classify(
     sv = np.where(found, np.asarray(stored.versions, np.int64), -1)
     threshold = np.where(ev == NO_RECORD, point_version, ev)
     by_rollback = np.zeros(n, bool)
-    if rollback_generations:
-        gens = np.fromiter(rollback_generations, np.int64)
-        by_rollback = found & (sv > threshold) & np.isin(sv >> _SEQ_BITS, gens)
-    newer = found & (sv > threshold) & ~by_rollback
+    newer = np.zeros(n, bool)
+    if holds.versions:
+        if rollback_generations:
+            by_rollback = found & (sv > threshold) & _of_generations(sv, rollback_generations)
+        newer = found & (sv > threshold) & ~by_rollback
+    # A key that must hold a row: present, or evicted on a store that cannot delete (its
+    # record's row, the fallback row, was written in its place).
+    fallback = ~present & (ev != NO_RECORD) if not holds.deletes else np.zeros(n, bool)
+    must = present | fallback
 
     classes = np.full(n, CODE[RowClass.MATCH], np.int8)
     reasons = [""] * n
@@ -138,15 +166,20 @@ def classify(
             reasons[i] = reason
 
     # Expected absent.
-    absent = ~present
+    absent = ~must
     mark(absent & newer, RowClass.SUPERSEDED, "a newer version is in the store")
     mark(absent & found & ~newer & ~by_rollback, RowClass.UNEXPECTED, _absent_reason(ev))
     mark(absent & by_rollback, RowClass.UNEXPECTED, "a rollback should have removed it")
-    # Expected present.
+    # Expected present (or holding its fallback row).
     mark(present & ~found, RowClass.MISSING, "absent from the store")
-    mark(present & newer, RowClass.SUPERSEDED, "a newer version is in the store")
-    mark(present & found & ~newer & ~by_rollback & (sv < ev), RowClass.DIFFERENT, "stale version")
-    compare = present & found & (by_rollback | (sv == ev))
+    mark(fallback & ~found, RowClass.MISSING, "the evicted id's fallback row is absent")
+    mark(must & newer, RowClass.SUPERSEDED, "a newer version is in the store")
+    if holds.versions:
+        stale = must & found & ~newer & ~by_rollback & (sv < ev)
+        mark(stale, RowClass.DIFFERENT, "stale version")
+        compare = must & found & (by_rollback | (sv == ev))
+    else:
+        compare = must & found
     idx = np.nonzero(compare)[0]
     if len(idx):
         # Rows stored exactly as encoded (the normal case: nothing re-encodes on the way) are
@@ -163,12 +196,29 @@ def classify(
         bad = ~(d <= t)
         for j in idx[bad]:
             classes[j] = CODE[RowClass.DIFFERENT]
-            reasons[j] = (
-                "rollback row differs from the expected values"
-                if by_rollback[j]
-                else "values differ"
-            )
+            if by_rollback[j]:
+                reasons[j] = "rollback row differs from the expected values"
+            elif fallback[j]:
+                reasons[j] = "an evicted id must hold its fallback row; values differ"
+            else:
+                reasons[j] = "values differ"
     return BatchOutcome(classes, reasons, diffs, tol)
+
+
+def _of_generations(versions: np.ndarray, generations: frozenset[int]) -> np.ndarray:
+    """Whether each version belongs to one of ``generations`` (a range of versions each)."""
+    out = np.zeros(len(versions), bool)
+    for g in generations:
+        out |= (versions >= make_version(g, 0)) & (versions <= _last_version(g))
+    return out
+
+
+def _last_version(generation: int) -> int:
+    return make_version(generation, 0) + _SEQ_SPAN - 1
+
+
+_SEQ_SPAN = make_version(2, 0) - make_version(1, 0)
+"""Versions per generation (every seq of one generation)."""
 
 
 def _same_rows(expected: np.ndarray, stored: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import Op, TableSpec
 from deltarec.errors import ArtifactError
+from deltarec.ids import split_version
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def newer_records(root: ArtifactRoot, run: str, point: int) -> dict[str, NewerRe
     parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     specs: dict[str, TableSpec] = {}
     for gen in root.list_generations(run):
-        if gen < point >> 32:
+        if gen < split_version(point)[0]:
             continue
         tables = root.read_generation(run, gen).tables
         for seq in root.list_dumps(run, gen):

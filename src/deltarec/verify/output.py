@@ -29,7 +29,8 @@ JSON schema (``schema_version`` 1; fields may be added, none removed or renamed)
       "dumps": [{"generation": 2, "seq": 1, "version": 8589934593, "kind": "delta",
                  "created_at": "...", "first_step": 1, "last_step": 50, "rows": 1234,
                  "age_s": 60.5, "live_rows": 321,
-                 "lag_s": 0.8}]
+                 "lag_s": 0.8}],
+      "notes": ["..."]                # what the store cannot show (no key listing, ...)
     }
 
 Numbers that are not finite (NaN) are written as ``null``. Tables are sorted by table id,
@@ -109,6 +110,7 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
             }
             for d in result.dumps
         ],
+        "notes": list(result.notes),
     }
 
 

@@ -61,6 +61,8 @@ def print_summary(result: VerifyResult, console: Console | None = None) -> None:
         console.print(f"[red]shard {f.path}: {f.problem}[/red]", highlight=False)
     for e in result.errors:
         console.print(f"[red]error: {e}[/red]", highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False)
     worst = _worst(result, 10)
     if worst:
         console.print("worst mismatches:")

@@ -176,6 +176,8 @@ class VerifyResult:
             compared by value.
         staged_tables: tables read through the generation's staging view (merged over the
             live view) because it was published in staged mode and is not promoted yet.
+        notes: what the store cannot show, and how its rows were classified for it (a store
+            without versions, deletes or key listing); not failures.
     """
 
     run: str
@@ -195,6 +197,7 @@ class VerifyResult:
     dumps: list[DumpFreshness] = field(default_factory=list)
     rollback_generations: list[int] = field(default_factory=list)
     staged_tables: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def totals(self) -> dict[RowClass, int]:
         """Class -> keys, over every table."""

@@ -1,0 +1,119 @@
+"""Accumulating one table's classification: counts, the worst mismatches, live versions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deltarec.artifacts.types import DType
+from deltarec.verify.compare import (
+    CODE,
+    NO_RECORD,
+    BatchOutcome,
+    ExpectedBatch,
+    Holds,
+    StoreBatch,
+    classify,
+)
+from deltarec.verify.reader import LaterDeletes
+from deltarec.verify.types import CLASS_ORDER, Mismatch, RowClass, TableResult
+
+_DEFAULT = Holds()
+
+
+class Collector:
+    """Accumulates counts, the worst mismatches and live versions of one table.
+
+    Args:
+        res: the table's result, updated in place.
+        limit: the worst non-MATCH keys kept.
+        later: deletes by dumps newer than the point (a MISSING key they deleted is SUPERSEDED).
+        holds: what the store keeps (versions, deletes), see :class:`Holds`.
+    """
+
+    def __init__(
+        self, res: TableResult, limit: int, later: LaterDeletes, holds: Holds = _DEFAULT
+    ) -> None:
+        self.res = res
+        self.limit = limit
+        self.later = later
+        self.holds = holds
+        self.dtype = DType(res.dtype)
+
+    def add(
+        self,
+        exp: ExpectedBatch,
+        got: StoreBatch,
+        point_version: int,
+        rollbacks: frozenset[int],
+    ) -> None:
+        """Classify a batch of expected records against the store's rows and count it."""
+        dim = self.res.dim
+        out = classify(
+            exp,
+            got,
+            self.dtype,
+            dim,
+            point_version,
+            rollbacks,
+            self.holds,  # type: ignore[arg-type]
+        )
+        missing = np.nonzero(out.classes == CODE[RowClass.MISSING])[0]
+        if len(missing):
+            for i in missing[self.later.mask(self.res.table, exp.keys[missing])]:
+                out.classes[i] = CODE[RowClass.SUPERSEDED]
+                out.reasons[i] = "deleted by a newer version"
+        res = self.res
+        res.checked += len(exp.keys)
+        counts = np.bincount(out.classes, minlength=len(CLASS_ORDER))
+        for i, c in enumerate(CLASS_ORDER):
+            res.counts[c] += int(counts[i])
+        compared = out.diffs[~np.isnan(out.diffs)]
+        if len(compared):
+            res.max_abs_diff = max(res.max_abs_diff, float(compared.max()))
+        if (np.isnan(out.diffs) & ~np.isnan(out.tolerance)).any():
+            res.max_abs_diff = float("nan")
+        if self.holds.versions:
+            for v, live in version_counts(got.versions[got.found]):
+                res.live_by_version[v] = res.live_by_version.get(v, 0) + live
+        self._keep_worst(exp, got, out)
+
+    def _keep_worst(self, exp: ExpectedBatch, got: StoreBatch, out: BatchOutcome) -> None:
+        bad = np.nonzero(out.classes != CODE[RowClass.MATCH])[0]
+        if len(bad) == 0 or self.limit == 0:
+            return
+        failing = np.isin(
+            out.classes[bad],
+            [CODE[RowClass.DIFFERENT], CODE[RowClass.MISSING], CODE[RowClass.UNEXPECTED]],
+        )
+        diff = np.where(np.isnan(out.diffs[bad]), np.inf, out.diffs[bad])
+        top = bad[np.lexsort((-diff, ~failing))[: self.limit]]
+        for i in top.tolist():
+            ev = int(exp.versions[i])
+            self.res.mismatches.append(
+                Mismatch(
+                    table=self.res.table,
+                    key=int(exp.keys[i]),
+                    row_class=CLASS_ORDER[int(out.classes[i])],
+                    reason=out.reasons[i],
+                    expected_version=None if ev == NO_RECORD else ev,
+                    expected_present=bool(exp.present[i]),
+                    store_version=int(got.versions[i])
+                    if got.found[i] and self.holds.versions
+                    else None,
+                    max_abs_diff=None if np.isnan(out.diffs[i]) else float(out.diffs[i]),
+                    tolerance=None if np.isnan(out.tolerance[i]) else float(out.tolerance[i]),
+                )
+            )
+        self.res.mismatches.sort(key=Mismatch.severity, reverse=True)
+        del self.res.mismatches[self.limit :]
+
+
+def version_counts(versions: np.ndarray) -> list[tuple[int, int]]:
+    """``(version, rows)`` pairs; a batch of one version (the usual case) needs no sort."""
+    if len(versions) and (versions == versions[0]).all():
+        return [(int(versions[0]), len(versions))]
+    vers, n = np.unique(versions, return_counts=True)
+    return list(zip(vers.tolist(), n.tolist(), strict=True))
+
+
+__all__ = ["Collector", "version_counts"]

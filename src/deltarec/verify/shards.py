@@ -1,0 +1,92 @@
+"""The artifact side of a verification: shard checksums, and rollbacks to a point.
+
+Every shard a lineage lists is checked against its manifest entry (sha256, size, row count);
+a failure names the shard's full path. Rollback generations (GENERATION.json field
+:data:`~deltarec.artifacts.types.ROLLBACK_FIELD`) are the generations whose rows restore a
+point's values under a newer version, compared by value.
+"""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+
+from deltarec.artifacts.lineage import ShardRef
+from deltarec.artifacts.root import ArtifactRoot
+from deltarec.artifacts.shards import check_shard
+from deltarec.artifacts.types import ROLLBACK_FIELD
+from deltarec.errors import ArtifactError
+from deltarec.ids import split_version
+from deltarec.verify.types import ShardFailure
+
+
+def check_shards(root: ArtifactRoot, refs: list[ShardRef]) -> tuple[int, list[ShardFailure]]:
+    """Check sha256, size and row count of each shard against its manifest entry.
+
+    Returns:
+        ``(shards checked, failures)``; a failure names the shard's full path.
+    """
+    failures: list[ShardFailure] = []
+    for ref in refs:
+        problem = _shard_problem(root, ref)
+        if problem is not None:
+            gen, seq = split_version(ref.version)
+            path = root.url(f"{ref.dump_dir}/{ref.shard.path}")
+            failures.append(ShardFailure(path, ref.shard.table, ref.shard.rank, gen, seq, problem))
+    return len(refs), failures
+
+
+def _shard_problem(root: ArtifactRoot, ref: ShardRef) -> str | None:
+    try:
+        check_shard(root, ref.dump_dir, ref.shard)
+    except ArtifactError as e:
+        return e.problem
+    path = f"{ref.dump_dir}/{ref.shard.path}"
+    try:
+        with root.fs.open(path, "rb") as f:
+            rows = pq.ParquetFile(f).metadata.num_rows
+    except Exception as e:  # any parquet failure is this shard's problem
+        return f"unreadable parquet: {e}"
+    if rows != ref.shard.rows:
+        return f"holds {rows} rows, the manifest says {ref.shard.rows}"
+    return None
+
+
+def lineage_shard_refs(
+    root: ArtifactRoot, run: str, generation: int, through_seq: int | None
+) -> list[ShardRef]:
+    """Every shard of every committed dump of the lineage (ancestors in full), for checksums."""
+    refs: list[ShardRef] = []
+    for info in root.lineage(run, generation):
+        for seq in root.list_dumps(run, info.generation):
+            if info.generation == generation and through_seq is not None and seq > through_seq:
+                break
+            try:
+                m = root.read_manifest(run, info.generation, seq)
+            except ArtifactError:
+                continue  # reported through the expected-state error
+            d = root.dump_dir(run, info.generation, seq)
+            refs.extend(ShardRef(d, s, m.version) for s in m.shards)
+    return refs
+
+
+def rollback_generations(
+    root: ArtifactRoot, run: str, generation: int, through_seq: int | None
+) -> frozenset[int]:
+    """Generations of ``run`` that are rollbacks to exactly ``generation`` through ``through_seq``.
+
+    A rollback generation's GENERATION.json carries ``"rollback": {"to_generation": G,
+    "through_seq": S}``; its rows restore the values G had at S under a newer version.
+    """
+    found: set[int] = set()
+    for g in root.list_generations(run):
+        if g == generation:
+            continue
+        target = root.read_generation(run, g).extra.get(ROLLBACK_FIELD)
+        if not isinstance(target, dict):
+            continue
+        if target.get("to_generation") == generation and target.get("through_seq") == through_seq:
+            found.add(g)
+    return frozenset(found)
+
+
+__all__ = ["check_shards", "lineage_shard_refs", "rollback_generations"]
