@@ -167,6 +167,7 @@ def discover_plain_sources(
     by_module: dict[str, list[_Table]] = {}
     for t in tables:
         by_module.setdefault(t.module_fqn, []).append(t)
+    state = {id(m): m.state_dict() for _, m, _ in modules}
     recorders = []
     by_torchrec: list[list[_Table]] = []
     by_deltarec: list[list[_Table]] = []
@@ -176,7 +177,7 @@ def discover_plain_sources(
             by_torchrec.append(group)
             continue
         log.info("deltarec records the lookups of %s itself: %s", [t.table_id for t in group], why)
-        recorders.append(_own_recorder(tracker, group))
+        recorders.append(_own_recorder(tracker, group, state[id(group[0].module)]))
         by_deltarec.append(group)
     hub = TrackerHub(
         tracker,
@@ -187,7 +188,6 @@ def discover_plain_sources(
         explain=_explainer(tracker, tables),
         checks=[_hooks_unchanged(tracker, by_torchrec, by_deltarec)],
     )
-    state = {id(m): m.state_dict() for _, m, _ in modules}
     return [
         _source(t.module_fqn, t.name, t.module, t.attr, t.path, hub, state[id(t.module)])
         for t in tables
@@ -215,7 +215,13 @@ def _not_attributed(tracker: Any, group: list[_Table]) -> str | None:
     return None
 
 
-def _own_recorder(tracker: Any, group: list[_Table]) -> LookupRecorder:
+def _own_recorder(tracker: Any, group: list[_Table], state: dict[str, Any]) -> LookupRecorder:
+    """Build deltarec's recorder for one module (torchrec's tracker detached from it).
+
+    Raises:
+        TrackingError: a table this rank holds rows of is looked up by none of the module's
+            embedding kernels here, so its lookups could not be recorded.
+    """
     mod = group[0].module
     if tracker is not None and getattr(mod, "post_lookup_tracker_fn", None) == getattr(
         tracker, "record_lookup", None
@@ -227,7 +233,32 @@ def _own_recorder(tracker: Any, group: list[_Table]) -> LookupRecorder:
     for name in mod._table_name_to_config:
         paths.setdefault(name, f"{group[0].path.rsplit('.', 1)[0]}.{name}")
         table_ids.setdefault(name, make_table_id(group[0].module_fqn, name))
-    return LookupRecorder(mod, paths, table_ids)
+    recorder = LookupRecorder(mod, paths, table_ids)
+    unseen = [
+        t.table_id
+        for t in group
+        if t.name not in recorder.tables_seen
+        and _holds_rows(state.get(f"{t.attr}.{t.name}.weight"))
+    ]
+    if unseen:
+        recorder.close()
+        raise TrackingError(
+            unseen,
+            (),
+            "this rank holds rows of the table, but none of its module's embedding kernels "
+            "looks it up, so its lookups could not be recorded (an unsupported torchrec "
+            "lookup layout)",
+        )
+    return recorder
+
+
+def _holds_rows(value: Any) -> bool:
+    """Whether this rank holds rows of a table weight (a ShardedTensor or a replica)."""
+    if value is None:
+        return False
+    if hasattr(value, "local_shards"):
+        return any(s.tensor.numel() > 0 for s in value.local_shards())
+    return bool(value.numel() > 0)
 
 
 def _hooks_unchanged(

@@ -72,6 +72,8 @@ class LookupRecorder:
         self.store = self
         self.failure: TrackingError | None = None
         """The first lookup that could not be attributed (raised by :meth:`check`)."""
+        self.tables_seen: set[str] = set()
+        """Names of the tables this rank's kernels look up (the ones recorded here)."""
         self._handles: list[Any] = []
         self._table_ids = dict(table_ids)
         try:
@@ -103,6 +105,7 @@ class LookupRecorder:
                 )
             keys += features
             where += [paths[name]] * len(features)
+            self.tables_seen.add(name)
         names = tuple(sorted({self._table_ids[n] for n, _ in tables}))
 
         def record(_kernel: nn.Module, args: tuple[Any, ...]) -> None:
