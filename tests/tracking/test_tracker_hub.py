@@ -75,3 +75,14 @@ def test_evaluation_lookups_of_recorders_are_dropped_like_the_trackers():
     tracker.record("b", torch.tensor([3]))
     with pytest.raises(TrackingError, match="'b'"):
         hub.poll()
+
+
+def test_lookups_recorded_before_a_generation_starts_are_forgotten_unchecked():
+    tracker = ManualTracker()
+    hub = TrackerHub(tracker, {"a"})
+    tracker.record("a", torch.tensor([1]))
+    tracker.record("seq.history", torch.tensor([2]))  # before the snapshot: nothing to miss
+    hub.discard_all()
+    tracker.record("a", torch.tensor([3]))
+    ids = hub.take("a", 10)
+    assert ids is not None and ids.tolist() == [3]

@@ -73,8 +73,11 @@ class TrackerHub:
         self._checks = [*checks, *(r.check for r in self.recorders if hasattr(r, "check"))]
         self._pending: dict[str, list[torch.Tensor]] = {f: [] for f in self.fqns}
 
-    def _read(self) -> dict[str, list[torch.Tensor]]:
+    def _read(self, strict: bool = True) -> dict[str, list[torch.Tensor]]:
         """Drain the tracker and the recorders: ``{path: [id tensors]}`` since the last read.
+
+        Args:
+            strict: check what was recorded (False: everything is being forgotten anyway).
 
         Raises:
             TrackingError: the tracker reported ids under a path the hub does not know.
@@ -87,9 +90,9 @@ class TrackerHub:
                     out.setdefault(fqn, []).extend(parts)
                 elif fqn not in self.ignored:
                     unknown[fqn] = sum(int(p.numel()) for p in parts)
-        if unknown:
+        if strict and unknown:
             self._unknown(unknown)
-        for check in self._checks:
+        for check in self._checks if strict else ():
             check()
         for recorder in self.recorders:
             for fqn, parts in _drain(recorder).items():
@@ -145,8 +148,8 @@ class TrackerHub:
         self._read()
 
     def discard_all(self) -> None:
-        """Forget every pending and recorded id (at a generation's start)."""
-        self._read()
+        """Forget every pending and recorded id (at a generation's start, unchecked)."""
+        self._read(strict=False)
         for fqn in self._pending:
             self._pending[fqn] = []
 
