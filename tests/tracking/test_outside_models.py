@@ -349,7 +349,14 @@ def _train(layout: Layout, rank: int, artifacts: str) -> dict:
         }
     finally:
         hook.close()
-    return {"at_dump": at_dump, "losses": losses, "via": via, "dmp": dmp}
+    from deltarec.ids import table_id
+
+    ranks = {
+        table_id(module, name): sorted(set(param.ranks or ()))
+        for module, params in dmp.plan.plan.items()
+        for name, param in params.items()
+    }
+    return {"at_dump": at_dump, "losses": losses, "via": via, "ranks": ranks, "dmp": dmp}
 
 
 def _interfere(layout: Layout, rank: int, artifacts: str, dmp, run: str, action) -> str:
@@ -466,6 +473,8 @@ def test_outside_models_dump_every_table_right_at_every_dump_on_two_ranks(tmp_pa
         .sharding
         == "table_column_wise"
     )
+    assert r0["clash"]["ranks"]["dlrm.sparse_arch.embedding_bag_collection.t_user"] == [0, 1]
+    assert r0["shared"]["ranks"]["dlrm.sparse_arch.embedding_bag_collection.b"] == [0, 1]
 
     # where torchrec's tracker cannot attribute lookups, deltarec records them itself
     bag = "dlrm.sparse_arch.embedding_bag_collection"
