@@ -9,6 +9,13 @@ Every pod runs ``torchrun --no-python -- deltarec train ...``; the operator sets
 ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``, which torchrun reads from the environment.
 Credentials reach the pods as ``envFrom`` Secret references, never as values.
 
+The job lives no longer than the step that created it: it names the step's pod as its owner
+(``ownerReferences``, from ``DELTAREC_POD_NAME``/``DELTAREC_POD_UID``, which the step's pod
+sets from the Downward API), so Kubernetes' garbage collector deletes the job with the pod;
+and :func:`run_train_job` deletes the job itself when it is stopped by a signal (SIGTERM when
+the pod is deleted or the run is cancelled, SIGINT, SIGHUP) or leaves for any other reason
+than the job's success or failure.
+
 Only the Kubernetes API boundary is exercised by the tests (with a fake ``CustomObjectsApi``);
 no cluster is started here.
 """
@@ -17,9 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +43,7 @@ GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the Training Operator requires this container name
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+POD_NAME_ENV, POD_UID_ENV = "DELTAREC_POD_NAME", "DELTAREC_POD_UID"
 
 
 class CustomObjectsApiLike(Protocol):
@@ -46,6 +58,44 @@ class CustomObjectsApiLike(Protocol):
         self, group: str, version: str, namespace: str, plural: str, name: str
     ) -> dict[str, Any]:
         """Read a custom object."""
+
+    def delete_namespaced_custom_object(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        *,
+        propagation_policy: str = ...,
+    ) -> Any:
+        """Delete a custom object; raises an ``ApiException`` with status 404 if it is gone."""
+
+
+@dataclass(frozen=True)
+class OwnerPod:
+    """The pod of the step that creates a job: the job's owner for garbage collection."""
+
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        """The ``ownerReferences`` entry naming this pod."""
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+def step_pod(environ: dict[str, str] | None = None) -> OwnerPod | None:
+    """The step's own pod from ``DELTAREC_POD_NAME``/``DELTAREC_POD_UID``, else None."""
+    env = os.environ if environ is None else environ
+    name, uid = env.get(POD_NAME_ENV, ""), env.get(POD_UID_ENV, "")
+    return OwnerPod(name, uid) if name and uid else None
 
 
 @dataclass(frozen=True)
@@ -141,24 +191,28 @@ def _replica(spec: TrainJobSpec, replicas: int) -> dict[str, Any]:
     return {"replicas": replicas, "restartPolicy": "Never", "template": {"spec": pod}}
 
 
-def build_manifest(spec: TrainJobSpec) -> dict[str, Any]:
+def build_manifest(spec: TrainJobSpec, owner: OwnerPod | None = None) -> dict[str, Any]:
     """The ``PyTorchJob`` object for ``spec`` (a plain dict, ready for the Kubernetes API).
 
     One ``Master`` replica and ``nodes - 1`` ``Worker`` replicas; ``nprocPerNode`` is the number
     of ranks per pod. Pods never restart on their own (``restartPolicy: Never``,
-    ``backoffLimit: 0``): a failed rank fails the job, and the pipeline step with it.
+    ``backoffLimit: 0``): a failed rank fails the job, and the pipeline step with it. With
+    ``owner`` the job is owned by that pod and garbage-collected with it.
     """
     replica_specs = {"Master": _replica(spec, 1)}
     if spec.nodes > 1:
         replica_specs["Worker"] = _replica(spec, spec.nodes - 1)
+    metadata: dict[str, Any] = {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "labels": {"app.kubernetes.io/part-of": "deltarec", **spec.labels},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner.reference()]
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {
-            "name": spec.name,
-            "namespace": spec.namespace,
-            "labels": {"app.kubernetes.io/part-of": "deltarec", **spec.labels},
-        },
+        "metadata": metadata,
         "spec": {
             "nprocPerNode": str(spec.procs_per_node),
             "runPolicy": {
@@ -265,20 +319,95 @@ def kubernetes_api() -> CustomObjectsApiLike:  # pragma: no cover - needs a clus
     return client.CustomObjectsApi()  # type: ignore[no-any-return]
 
 
+class StepStopped(BaseException):
+    """The step was stopped by a signal while its job ran (the job is deleted)."""
+
+
+@contextmanager
+def _signals_raise(signals: tuple[int, ...]) -> Iterator[None]:
+    """Turn ``signals`` into :class:`StepStopped` while inside (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise StepStopped(f"stopped by signal {signal.Signals(signum).name}")
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def delete_job(api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
+    """Delete the job and its pods (foreground propagation); False if it was already gone."""
+    try:
+        api.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground"
+        )
+    except Exception as e:
+        if getattr(e, "status", None) == 404:
+            return False
+        raise
+    log.warning("deleted PyTorchJob %s/%s: the step that created it is stopping", namespace, name)
+    return True
+
+
 def run_train_job(
     spec: TrainJobSpec,
     api: CustomObjectsApiLike | None = None,
     *,
     poll_s: float = 15.0,
     sleep: Callable[[float], None] = time.sleep,
+    owner: OwnerPod | None = None,
 ) -> dict[str, Any]:
     """Create (or follow) the PyTorchJob of ``spec`` and wait until it has succeeded.
 
+    The job never outlives this call unless it finished: it is owned by ``owner`` (default:
+    :func:`step_pod`), and it is deleted when this call is stopped by SIGTERM, SIGINT or
+    SIGHUP or fails while following it (API errors, timeouts).
+
     Raises:
         TrainJobFailedError: the job failed or timed out.
+        StepStopped: a signal stopped the step (after the job was deleted).
     """
     api = api if api is not None else kubernetes_api()
-    create_or_follow(api, build_manifest(spec))
-    return wait_for_job(
-        api, spec.namespace, spec.name, timeout_s=spec.timeout_s + 300, poll_s=poll_s, sleep=sleep
-    )
+    owner = owner if owner is not None else step_pod()
+    if owner is None:
+        log.warning(
+            "%s/%s unset: PyTorchJob %s is not owned by this step's pod and is deleted only if "
+            "this process is stopped by a signal",
+            POD_NAME_ENV,
+            POD_UID_ENV,
+            spec.name,
+        )
+    with _signals_raise((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+        try:
+            create_or_follow(api, build_manifest(spec, owner))
+            return wait_for_job(
+                api,
+                spec.namespace,
+                spec.name,
+                timeout_s=spec.timeout_s + 300,
+                poll_s=poll_s,
+                sleep=sleep,
+            )
+        except BaseException:
+            _stop_unfinished(api, spec.namespace, spec.name)
+            raise
+
+
+def _stop_unfinished(api: CustomObjectsApiLike, namespace: str, name: str) -> None:
+    """Delete the job unless it already ended (a finished job is kept for its record)."""
+    try:
+        state, _ = job_state(
+            api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        )
+    except Exception as e:
+        if getattr(e, "status", None) == 404:
+            return
+        state = "Unknown"
+    if state not in ("Succeeded", "Failed"):
+        delete_job(api, namespace, name)
