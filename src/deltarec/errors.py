@@ -70,6 +70,23 @@ class StoreError(DeltarecError):
     """A store operation failed for a reason that retrying will not fix."""
 
 
+class StaleGenerationError(StoreError):
+    """A write from a generation older than the newest the store has seen for its run.
+
+    One writer per run (SPEC §5): once a newer generation registered, the older one's rows and
+    marks are refused. Never retried.
+    """
+
+    def __init__(self, store: str, run: str, generation: int, newest: int) -> None:
+        self.run = run
+        self.generation = generation
+        self.newest = newest
+        super().__init__(
+            f"{store}: refused a write of run {run!r} generation {generation}: the store has "
+            f"seen generation {newest} of the run, which superseded it"
+        )
+
+
 class StoreUnavailableError(StoreError):
     """A store could not be reached (connection refused/reset, timeout). Retried with backoff."""
 

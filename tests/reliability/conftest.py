@@ -29,3 +29,19 @@ def s3_uri() -> Iterator[tuple[str, dict[str, object]]]:
         yield "s3://deltarec-lease/artifacts", opts
     finally:
         server.stop()
+
+
+LONG_ENV = "DELTAREC_FAULTS_LONG"
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """The long fault campaign runs only on demand: ``-m faults_long`` or DELTAREC_FAULTS_LONG=1."""
+    import os
+
+    wanted = os.environ.get(LONG_ENV) == "1" or "faults_long" in (config.option.markexpr or "")
+    if wanted:
+        return
+    skip = pytest.mark.skip(reason=f"long fault campaign: run with -m faults_long or {LONG_ENV}=1")
+    for item in items:
+        if item.get_closest_marker("faults_long") is not None:
+            item.add_marker(skip)

@@ -66,10 +66,17 @@ class DumpHook:
         self._state: dict[str, Any] | None = None
 
     def on_start(self, model: torch.nn.Module, step: int, restored_from: int | None) -> None:
-        """Discover the tables, open the generation (snapshot or republish)."""
+        """Discover the tables, open the generation (snapshot or republish).
+
+        With a store, rank 0 first publishes what earlier generations committed but did not
+        publish (a trainer killed between a commit and its publish), while the store still
+        accepts them: once this generation registers, the store refuses older ones.
+        """
         sources = self._sources(model)
         on_commit = None
         keep = 0
+        if self.store is not None and _rank() == 0:
+            self._publish_earlier_generations()
         if self.store is not None:
             self.publisher = self._make_publisher()
             on_commit = self._submit
@@ -78,6 +85,45 @@ class DumpHook:
         if self._state is not None:
             self.dumper.load_state_dict(self._state)
         self.dumper.start(step, restored_from)
+
+    def _publish_earlier_generations(self) -> None:
+        """Publish earlier generations' committed dumps that the store does not hold yet.
+
+        Only those the store may still take (its newest generation and any newer), in order;
+        nothing if another trainer holds the run.
+        """
+        from deltarec.artifacts.lease import check_free
+        from deltarec.artifacts.root import ArtifactRoot
+        from deltarec.errors import StaleGenerationError
+        from deltarec.publish import DumpPublisher
+        from deltarec.stores import open_store
+
+        assert self.store is not None
+        root = ArtifactRoot(self.config.artifacts, self.config.storage_options)
+        run = self.config.run
+        generations = root.list_generations(run)
+        if not generations:
+            return
+        check_free(root, run)  # another trainer writes this run: leave its dumps to it
+        store = open_store(self.store)
+        try:
+            publisher = DumpPublisher(store, root, run, mode=self.publish_mode)
+            seen = store.registry.generations(run)
+            for g in [g for g in generations if not seen or g >= seen[-1]]:
+                try:
+                    parts = publisher.publish_generation(g)
+                except StaleGenerationError as e:
+                    log.warning("not publishing generation %d any more: %s", g, e)
+                    continue
+                if parts:
+                    log.info(
+                        "published %d dump parts that generation %d had committed but not "
+                        "published",
+                        len(parts),
+                        g,
+                    )
+        finally:
+            store.close()
 
     def _make_publisher(self) -> Any:
         import torch.distributed as dist
@@ -116,12 +162,18 @@ class DumpHook:
             self.dumper.after_eval()
 
     def before_checkpoint(self) -> None:
-        """Collective: stop (raise on every rank) if a newer trainer owns the run.
+        """Wait until every dump so far is committed; stop if a newer trainer owns the run.
+
+        A checkpoint records the dumper's position: were a queued dump still uncommitted, a
+        crash after the checkpoint would lose its rows for good (the restored tracker no longer
+        knows them). Collective: every rank waits for its worker, then rank 0 checks the lease.
 
         Raises:
+            DumpError: a dump failed.
             LeaseLostError: the run's lease was taken over; no checkpoint may be written.
         """
         if self.dumper is not None:
+            self.dumper.wait_idle()
             self.dumper.check_owner()
 
     def on_end(self, step: int) -> None:
@@ -155,6 +207,12 @@ class DumpHook:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep the checkpoint's dumper state; applied in :meth:`on_start`."""
         self._state = dict(state)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def make_train_hook(

@@ -36,6 +36,7 @@ from deltarec.dump.exchange import Exchange
 from deltarec.dump.gather import HostRows
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.errors import DumpError
+from deltarec.testing.faults import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +250,7 @@ class DumpWorker:
             )
             state.writers[table] = writer
         writer.write(rows)
+        failpoint("shard.write")
         self._keep(state, table, rows, encoded)
 
     def _exchange_part(self, part: Part) -> None:
@@ -354,6 +356,7 @@ class DumpWorker:
         outcome: str | None = None
         if rank == 0:
             try:
+                failpoint("commit.manifest")
                 if self.fence is not None:
                     self.fence()
             except Exception as e:

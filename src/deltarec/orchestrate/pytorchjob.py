@@ -384,8 +384,8 @@ def run_train_job(
             spec.name,
         )
     with _signals_raise((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+        create_or_follow(api, build_manifest(spec, owner))
         try:
-            create_or_follow(api, build_manifest(spec, owner))
             return wait_for_job(
                 api,
                 spec.namespace,

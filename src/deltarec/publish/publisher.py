@@ -38,6 +38,7 @@ from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores.base import Store
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
+from deltarec.testing.faults import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,9 @@ class DumpPublisher:
         start = time.monotonic()
         g, s = manifest.generation, manifest.seq
         self.prepare(g)
+        self._call(  # one writer per run: never publish a superseded generation
+            lambda: self.registry.check_writer(self.run, g), f"check generation {g} is the newest"
+        )
         info = self.generation_info(g)
         result = PartResult(g, s, rank)
         done = self._marks(g, s, rank)
@@ -333,6 +337,7 @@ class DumpPublisher:
                 stage or 0,
             )
             self._write(manifest, reader, mark, done, stage)
+            failpoint("publish.batch")
             n = end - done
             nbytes = n * codec.row_bytes(spec.dtype, spec.dim)
             result.rows += n

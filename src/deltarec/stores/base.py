@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from deltarec.artifacts.types import TableSpec
+from deltarec.errors import StaleGenerationError
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,
@@ -255,6 +256,24 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     def generations(self, run: str) -> list[int]:
         """The generations of ``run`` known to the store, ascending."""
+
+    def check_writer(self, run: str, generation: int) -> None:
+        """The publish fence: raise unless ``generation`` is the newest of ``run`` seen here.
+
+        Backends with ``atomic_marks`` also check it inside every write that carries a mark,
+        in the rows' transaction, so a writer superseded mid-dump commits nothing more.
+
+        Raises:
+            StaleGenerationError: a newer generation of ``run`` is registered.
+        """
+        known = self.generations(run)
+        if known and known[-1] > generation:
+            raise StaleGenerationError(self.describe_registry(), run, generation, known[-1])
+
+    def describe_registry(self) -> str:
+        """The registry's place, for messages (no credentials)."""
+        describe = getattr(self, "describe", None)
+        return str(describe()) if callable(describe) else type(self).__name__
 
     @abc.abstractmethod
     def record_progress(self, mark: ProgressMark) -> None:

@@ -214,6 +214,8 @@ class FeatureStoreStore(Store):
             raise self._unsupported("staging views")
         view_info = self._spec(table)
         keys, ops, versions = checked_arrays(table, view_info, keys, embedding, ops, versions)
+        if mark is not None:  # FeatureStore has no transactions: the fence goes first
+            self.registry.check_writer(mark.run, mark.generation)
         values = codec.decode(embedding, view_info.dtype, view_info.dim).astype(np.float32)
         view = self._ensure_view()
         n = int(keys.shape[0])

@@ -15,6 +15,7 @@ retries.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from collections.abc import Iterable, Iterator
@@ -196,6 +197,13 @@ class PostgresStore(RelationalStore):
         with self._lock, self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
             return super().provision(tables, staging_generation)
+
+    def _lock_run(self, cur: Any, run: str, shared: bool) -> None:
+        """Advisory lock per run: a registration waits for in-flight writes' commits."""
+        key = int.from_bytes(hashlib.sha256(f"deltarec-run:{run}".encode()).digest()[:8], "big")
+        key -= 1 << 63 if key >= 1 << 63 else 0
+        fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        cur.execute(f"SELECT {fn}(%s)", (key,))
 
     def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
         emb = "BYTEA" if self.layout == "bytea" else "REAL[]"

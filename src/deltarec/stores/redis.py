@@ -35,7 +35,13 @@ from redis.retry import Retry
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
-from deltarec.errors import BadInputError, StoreError, StoreUnavailableError, ViewMismatchError
+from deltarec.errors import (
+    BadInputError,
+    StaleGenerationError,
+    StoreError,
+    StoreUnavailableError,
+    ViewMismatchError,
+)
 from deltarec.ids import make_version, validate_run, validate_table_id
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import RedisConfig, env_password
@@ -171,6 +177,25 @@ _SCAN_CHUNK = 1000
 _READ_CHUNK = 10000
 
 
+_LUA_REGISTER = """
+-- KEYS: generations hash, newest-generation key; ARGV: generation, record
+local newest = redis.call('GET', KEYS[2])
+if not newest then
+  newest = 0
+  for _, g in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if tonumber(g) > newest then newest = tonumber(g) end
+  end
+else
+  newest = tonumber(newest)
+end
+local gen = tonumber(ARGV[1])
+if gen > newest then newest = gen end
+redis.call('SET', KEYS[2], newest)
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+return newest
+"""
+
+
 def pack_version(version: int) -> bytes:
     """The 8-byte little-endian form of a version (the head of every stored value)."""
     return struct.pack("<q", version)
@@ -210,6 +235,7 @@ class RedisStore(Store, Registry):
         self._merge_script = self._client.register_script(_LUA_MERGE)
         self._sweep_script = self._client.register_script(_LUA_SWEEP)
         self._floor_script = self._client.register_script(_LUA_FLOOR)
+        self._register_script = self._client.register_script(_LUA_REGISTER)
         self._lock = threading.RLock()
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with self._errors():
@@ -327,8 +353,8 @@ class RedisStore(Store, Registry):
         op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
         key_text = [str(k) for k in keys.tolist()]
         live = self._hash(table)
-        with self._errors():
-            pipe = self._client.pipeline(transaction=True)
+
+        def queue(pipe: Any) -> None:
             step = self.config.rows_per_script
             for s in range(0, n, step):
                 e = min(n, s + step)
@@ -346,8 +372,37 @@ class RedisStore(Store, Registry):
                 )
             if mark is not None:
                 self._mark(pipe, mark, stage)
-            pipe.execute()
+
+        self._execute_fenced(queue, mark)
         return n
+
+    def _execute_fenced(self, queue: Callable[[Any], None], mark: ProgressMark | None) -> None:
+        """One MULTI/EXEC of what ``queue`` adds; with a mark, fenced by its generation.
+
+        The run's newest-generation key is WATCHed: a registration of a newer generation
+        between the check and EXEC aborts the transaction, which is then checked again.
+        """
+        with self._errors():
+            for _ in range(20):
+                pipe = self._client.pipeline(transaction=True)
+                try:
+                    if mark is not None:
+                        key = self._reg("newest", mark.run)
+                        pipe.watch(key)
+                        newest = pipe.get(key)
+                        if newest is not None and int(newest) > mark.generation:
+                            raise StaleGenerationError(
+                                self.describe(), mark.run, mark.generation, int(newest)
+                            )
+                        pipe.multi()
+                    queue(pipe)
+                    pipe.execute()
+                    return
+                except redis_lib.WatchError:
+                    continue
+                finally:
+                    pipe.reset()
+            raise StoreError(f"{self.describe()}: the write kept racing with registrations")
 
     def _mark(self, pipe: Any, mark: ProgressMark, stage: int) -> None:
         validate_run(mark.run)
@@ -365,10 +420,7 @@ class RedisStore(Store, Registry):
 
     def record_progress(self, mark: ProgressMark) -> None:
         """See :meth:`Registry.record_progress`."""
-        with self._errors():
-            pipe = self._client.pipeline(transaction=True)
-            self._mark(pipe, mark, mark.staging_generation)
-            pipe.execute()
+        self._execute_fenced(lambda pipe: self._mark(pipe, mark, mark.staging_generation), mark)
 
     def read(
         self, table: str, keys: np.ndarray, staging_generation: int | None = None
@@ -524,7 +576,10 @@ class RedisStore(Store, Registry):
         validate_run(run)
         record = json.dumps({"registered_at": time.time()})
         with self._errors():
-            self._client.hsetnx(self._reg("gens", run), str(int(generation)), record)
+            self._register_script(
+                keys=[self._reg("gens", run), self._reg("newest", run)],
+                args=[str(int(generation)), record],
+            )
 
     def generations(self, run: str) -> list[int]:
         """See :meth:`Registry.generations`."""

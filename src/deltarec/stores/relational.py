@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from deltarec.artifacts.types import DType, TableSpec
-from deltarec.errors import BadInputError, ViewMismatchError
+from deltarec.errors import BadInputError, StaleGenerationError, ViewMismatchError
 from deltarec.ids import make_version, validate_run
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.naming import staging_prefix, view_names
@@ -332,6 +332,7 @@ class RelationalStore(Store, Registry):
         """See :meth:`Registry.register_generation`."""
         validate_run(run)
         with self._tx() as cur:
+            self._lock_run(cur, run, shared=False)
             self._exec(
                 cur,
                 "INSERT INTO deltarec_generations (run, generation, registered_at) "
@@ -349,8 +350,22 @@ class RelationalStore(Store, Registry):
             )
         return [int(g) for (g,) in rows]
 
+    def _lock_run(self, cur: Any, run: str, shared: bool) -> None:
+        """Order a write's fence check against a concurrent registration of ``run``.
+
+        SQLite needs nothing (its write transactions are serial); PostgreSQL takes an advisory
+        transaction lock (shared for writes, exclusive for a registration).
+        """
+
     def _write_mark(self, cur: Any, mark: ProgressMark, stage: int) -> None:
+        """Write ``mark`` in the rows' transaction, after the fence (raises; rolls all back)."""
         validate_run(mark.run)
+        self._lock_run(cur, mark.run, shared=True)
+        (newest,) = self._rows(
+            cur, "SELECT MAX(generation) FROM deltarec_generations WHERE run = ?", (mark.run,)
+        )[0]
+        if newest is not None and int(newest) > mark.generation:
+            raise StaleGenerationError(self.describe(), mark.run, mark.generation, int(newest))
         self._exec(
             cur,
             _MARK_UPSERT,

@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from deltarec.model.sharding import ShardedModel
+from deltarec.testing.faults import failpoint
 from deltarec.train.errors import CheckpointError
 from deltarec.train.hooks import TrainHook
 
@@ -130,6 +131,7 @@ class CheckpointManager:
             dcp.save(state, checkpoint_id=str(path))
         except Exception as e:
             raise CheckpointError(str(path), f"save failed: {e}") from e
+        failpoint("checkpoint.save")
         dist.barrier()
         if dist.get_rank() == 0:
             marker = {"step": progress.step, "world_size": progress.world_size, "time": time.time()}

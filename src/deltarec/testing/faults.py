@@ -1,0 +1,52 @@
+"""Named fault points for crash tests: hold a process at a chosen moment so a test can kill it.
+
+Production code calls :func:`failpoint` at the moments a crash is most harmful (mid shard
+write, between the shards and the manifest, mid publish, during a checkpoint). Unless
+``DELTAREC_FAULT`` names that point it returns at once (one dictionary lookup). When it does,
+the calling thread writes ``<DELTAREC_FAULT_DIR>/<point>.<pid>`` and then blocks forever, so
+that the test sees the process held exactly there and kills the whole process tree (``kill
+-9``) - the way a machine loss or an OOM kill strikes.
+
+``DELTAREC_FAULT`` is ``POINT``, ``POINT@N`` (the N-th time this process reaches it, default
+1) or ``POINT@N:R`` (only on rank R, from ``RANK``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+ENV = "DELTAREC_FAULT"
+DIR_ENV = "DELTAREC_FAULT_DIR"
+POINTS = ("shard.write", "commit.manifest", "publish.batch", "checkpoint.save")
+"""The fault points, in the order a dump and its checkpoint reach them."""
+
+_lock = threading.Lock()
+_hits: dict[str, int] = {}
+
+
+def _parse(spec: str) -> tuple[str, int, int | None]:
+    point, _, rest = spec.partition("@")
+    nth, _, rank = rest.partition(":")
+    return point, int(nth or 1), int(rank) if rank else None
+
+
+def failpoint(point: str) -> None:
+    """Hold the calling thread forever if ``DELTAREC_FAULT`` selects this hit of ``point``."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    name, nth, rank = _parse(spec)
+    if name != point or (rank is not None and int(os.environ.get("RANK", "0")) != rank):
+        return
+    with _lock:
+        _hits[point] = _hits.get(point, 0) + 1
+        if _hits[point] != nth:
+            return
+    where = Path(os.environ.get(DIR_ENV, "."))
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{point}.{os.getpid()}").write_text(f"{time.time()}\n")
+    while True:  # until the test kills this process tree
+        time.sleep(3600)

@@ -1,0 +1,184 @@
+"""The fault campaign: a publishing 2-rank ``deltarec train`` killed (``kill -9`` of its whole
+process tree) at its worst moments, its store server stopped mid-publish, and a second trainer
+started on its run - and at the end the store equals the model's final tables, key by key.
+
+``make test`` runs the short campaign (marker ``faults``); the long one (``faults_long``) runs
+on demand (``pytest -m faults_long tests/reliability`` or ``DELTAREC_FAULTS_LONG=1``) and
+writes its figures to ``$DELTAREC_FAULTS_REPORT`` (JSON) for RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from deltarec.artifacts import ArtifactRoot, parse_time
+from deltarec.testing.campaign import Campaign, Trainer
+from deltarec.testing.faults import POINTS
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
+
+ORPHAN_LIMIT_S = 5.0
+
+
+def _committed(c: Campaign) -> int:
+    root = ArtifactRoot(str(c.artifacts))
+    return sum(len(root.list_dumps(c.run, g)) for g in root.list_generations(c.run))
+
+
+def _wait_for(what: str, check, trainer: Trainer, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert trainer.proc.poll() is None, f"trainer exited before {what}: {trainer.tail()}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s: {trainer.tail()}"
+        time.sleep(0.05)
+
+
+def _kill_at(c: Campaign, point: str, while_held=None) -> None:  # type: ignore[no-untyped-def]
+    trainer = c.start(fault=point)
+    reached = c.wait_fault(trainer, point.split("@")[0])
+    assert reached, f"the trainer ended before {point}: {trainer.tail()}"
+    if while_held is not None:
+        while_held(trainer)
+    assert c.kill(trainer, point) < ORPHAN_LIMIT_S, "ranks outlived their launcher"
+
+
+def _finish(c: Campaign, trainer: Trainer | None = None) -> tuple[int, int]:
+    trainer = trainer or c.start()
+    rc = trainer.wait(600)
+    assert rc == 0, trainer.tail()
+    checked, lost, per_table = c.compare()
+    assert checked > 10000 and lost == 0, per_table
+    return checked, lost
+
+
+def _second_trainer_refused(c: Campaign, first: Trainer) -> None:
+    _wait_for("lease", lambda: (c.artifacts / c.run / "LEASE").exists(), first)
+    second = c.start()
+    rc = second.wait(120)
+    text = second.tail()
+    assert rc == 2, text
+    assert "being trained by another trainer" in text, text
+    assert any(f"pid {pid} since" in text for pid in first.ranks()), text
+
+
+@pytest.mark.faults
+def test_a_trainer_killed_at_its_worst_moments_restarts_and_the_store_equals_the_model(tmp_path):
+    c = Campaign(tmp_path, f"sqlite:///{tmp_path}/store.db", steps=60)
+    # shards written, manifest not; meanwhile a second trainer of the run refuses to start
+    _kill_at(c, "commit.manifest@3", while_held=lambda t: _second_trainer_refused(c, t))
+    _kill_at(c, "publish.batch@4")  # a dump half in the store
+    _finish(c)
+    assert len(ArtifactRoot(str(c.artifacts)).list_generations(c.run)) == 3
+
+
+def _outage(c: Campaign, server, seconds: float) -> Trainer:  # type: ignore[no-untyped-def]
+    trainer = c.start()
+    _wait_for("two committed dumps", lambda: _committed(c) >= 2, trainer)
+    server.stop()
+    try:
+        time.sleep(seconds)
+    finally:
+        server.start()
+    return trainer
+
+
+@pytest.mark.faults
+def test_the_store_server_down_mid_publish_loses_nothing(tmp_path, postgres_server):
+    c = Campaign(tmp_path, f"{postgres_server.url}?schema=outage", steps=120)
+    trainer = _outage(c, postgres_server, 5.0)
+    _finish(c, trainer)
+    assert "retrying in" in trainer.log.read_text(), "the outage did not hit a publish"
+
+
+# ---- the long campaign (on demand) ---------------------------------------------------------
+def _report(name: str, figures: dict[str, object]) -> None:
+    path = os.environ.get("DELTAREC_FAULTS_REPORT")
+    if not path:
+        return
+    report = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    report[name] = figures
+    Path(path).write_text(json.dumps(report, indent=2))
+
+
+@pytest.mark.faults_long
+def test_long_campaign_kills_at_every_moment_and_at_random_times(tmp_path):
+    rng = random.Random(int(os.environ.get("DELTAREC_FAULTS_SEED", "7")))
+    c = Campaign(tmp_path, f"sqlite:///{tmp_path}/store.db", steps=400, checkpoint_every=40)
+    for point in POINTS:
+        for nth in (2, 7):
+            _kill_at(c, f"{point}@{nth}")
+    for _ in range(int(os.environ.get("DELTAREC_FAULTS_RANDOM_KILLS", "8"))):
+        trainer = c.start()
+        trainer.wait_ranks()
+        time.sleep(rng.uniform(2.0, 12.0))
+        if trainer.proc.poll() is not None:
+            assert trainer.proc.returncode == 0, trainer.tail()
+            break
+        assert c.kill(trainer, "random") < ORPHAN_LIMIT_S
+    checked, lost = _finish(c)
+    _report(
+        "kills",
+        {
+            "kills": len(c.kills),
+            "moments": [k["moment"] for k in c.kills],
+            "slowest_rank_exit_s": max(float(k["ranks_gone_s"]) for k in c.kills),  # type: ignore[arg-type]
+            "launches": c.launches,
+            "keys_checked": checked,
+            "keys_lost": lost,
+        },
+    )
+
+
+@pytest.mark.faults_long
+def test_long_campaign_store_server_down_for_30_seconds(tmp_path, postgres_server):
+    seconds = float(os.environ.get("DELTAREC_FAULTS_OUTAGE_S", "30"))
+    c = Campaign(tmp_path, f"{postgres_server.url}?schema=outage_long", steps=400)
+    trainer = _outage(c, postgres_server, seconds)
+    checked, lost = _finish(c, trainer)
+    assert "retrying in" in trainer.log.read_text()
+    _report("outage", {"outage_s": seconds, "keys_checked": checked, "keys_lost": lost})
+
+
+@pytest.mark.faults_long
+def test_long_campaign_a_hung_trainer_is_taken_over_and_stops_without_committing(tmp_path):
+    c = Campaign(tmp_path, f"sqlite:///{tmp_path}/store.db", steps=300, lease_ttl=3.0)
+    first = c.start()
+    first.wait_ranks()
+    _second_trainer_refused(c, first)
+    _wait_for("three committed dumps", lambda: _committed(c) >= 3, first)
+    first.signal_tree(signal.SIGSTOP)  # hung: it neither renews nor writes
+    try:
+        time.sleep(4.0)  # past its lease
+        second = c.start()
+        _wait_for("the second generation", lambda: _generations(c) >= 2, second)
+        _wait_for("a dump of the second generation", lambda: _committed_of(c, 2) >= 1, second)
+    finally:
+        first.signal_tree(signal.SIGCONT)
+    rc = first.wait(300)
+    text = first.tail()
+    assert rc != 0 and "taken over" in text, text
+    root = ArtifactRoot(str(c.artifacts))
+    taken = parse_time(root.read_generation(c.run, 2).created_at)
+    late = [s for s in root.list_dumps(c.run, 1) if _manifest_time(root, c, 1, s) > taken]
+    assert late == [], f"generation 1 committed dumps {late} after generation 2 took over"
+    checked, lost = _finish(c, second)
+    _report("takeover", {"first_exit": rc, "keys_checked": checked, "keys_lost": lost})
+
+
+def _generations(c: Campaign) -> int:
+    return len(ArtifactRoot(str(c.artifacts)).list_generations(c.run))
+
+
+def _committed_of(c: Campaign, generation: int) -> int:
+    return len(ArtifactRoot(str(c.artifacts)).list_dumps(c.run, generation))
+
+
+def _manifest_time(root: ArtifactRoot, c: Campaign, g: int, s: int) -> float:
+    return parse_time(root.read_manifest(c.run, g, s).created_at)
