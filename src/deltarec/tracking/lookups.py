@@ -20,7 +20,10 @@ looked up in a model-wide map. The recorder answers like torchrec's tracker stor
 (``per_fqn_lookups``), so :class:`~deltarec.tracking.tracker.TrackerHub` drains both alike.
 
 Hooks are installed on the module's kernel instances (never on a class) and removed by
-:meth:`LookupRecorder.close`.
+:meth:`LookupRecorder.close`. torchrec's post-lookup hook, which discovery detaches from such a
+module, stays detached after ``close``: it could not attribute that module's lookups. A
+kernel input the recorder cannot attribute is not raised inside the model's forward; it is
+kept and raised by :meth:`LookupRecorder.check` at the next dump.
 """
 
 from __future__ import annotations
