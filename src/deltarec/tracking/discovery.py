@@ -171,14 +171,20 @@ def discover_plain_sources(
     recorders = []
     by_torchrec: list[list[_Table]] = []
     by_deltarec: list[list[_Table]] = []
-    for group in by_module.values():
-        why = _not_attributed(tracker, group)
-        if why is None:
-            by_torchrec.append(group)
-            continue
-        log.info("deltarec records the lookups of %s itself: %s", [t.table_id for t in group], why)
-        recorders.append(_own_recorder(tracker, group, state[id(group[0].module)]))
-        by_deltarec.append(group)
+    try:
+        for group in by_module.values():
+            why = _not_attributed(tracker, group)
+            if why is None:
+                by_torchrec.append(group)
+                continue
+            tids = [t.table_id for t in group]
+            log.info("deltarec records the lookups of %s itself: %s", tids, why)
+            recorders.append(_own_recorder(tracker, group, state[id(group[0].module)]))
+            by_deltarec.append(group)
+    except BaseException:
+        for recorder in recorders:
+            recorder.close()
+        raise
     hub = TrackerHub(
         tracker,
         {t.path for t in tables},
