@@ -1,223 +1,241 @@
-"""The PAI FeatureStore backend against a fake ``feature_store_py`` at the SDK boundary.
+"""PAI FeatureStore through the strict test SDK (``tests/stores/sdk``): what it guarantees.
 
-The real SDK is not on PyPI and needs an Alibaba Cloud account; the fake implements the calls
-the backend makes (client, project, entity, DynamicEmbedding view, MERGE writes with
-timestamps, flush summaries, online reads) with FeatureStore's documented semantics.
+The SDK double has the classes, methods and keyword names TorchEasyRec's uploader and readback
+tool call, and nothing else; its rows live in a file, so commands started as processes see them.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 import types
 
+import fs_state
 import numpy as np
 import pytest
 
 from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.types import DType, TableKind, TableSpec
-from deltarec.errors import ConfigError, StoreUnavailableError, ViewMismatchError
+from deltarec.cli import main
+from deltarec.errors import ConfigError, StoreError, StoreUnavailableError, ViewMismatchError
+from deltarec.ids import make_version
 from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
-from deltarec.stores import parse_store_url
+from deltarec.stores import open_store, parse_store_url
 from deltarec.stores.featurestore import FeatureStoreStore
+from deltarec.stores.featurestore_sdk import tzrec_embedding_name
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
+from deltarec.verify import RowClass, verify
 
+FS_PROJECT, FS_VIEW, FS_VERSION = fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION
 T = "sparse.ebc.user_id"
 Z = "sparse.zch.ad_id"
 TABLES = {
     T: TableSpec(dim=4),
     Z: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH),
 }
+FAST = RetryPolicy(initial_s=0.01, max_s=0.05, deadline_s=10)
 
 
-class FakeView:
-    pk_field, sk_field, embedding_field = "embedding_name", "key_id", "embedding"
-
-    def __init__(self, arrow: bool = True) -> None:
-        self.rows: dict[tuple[str, str, int], tuple[int, np.ndarray]] = {}
-        self.pending = 0
-        self.fail_next_flush = 0
-        self.calls: list[str] = []
-        if not arrow:  # an SDK wheel without the columnar call
-            self.write_features_arrow = None  # type: ignore[assignment]
-
-    def _merge(self, version, pk, sk, ts, value):  # type: ignore[no-untyped-def]
-        old = self.rows.get((version, pk, sk))
-        if old is None or old[0] <= ts:  # MERGE: the newest timestamp wins
-            self.rows[(version, pk, sk)] = (ts, np.asarray(value, np.float32))
-        self.pending += 1
-
-    def write_features_arrow(self, *, batch, version, write_mode, ts):  # type: ignore[no-untyped-def]
-        assert write_mode == "MERGE"
-        self.calls.append("arrow")
-        for pk, sk, emb in zip(
-            batch.column("embedding_name").to_pylist(),
-            batch.column("key_id").to_pylist(),
-            batch.column("embedding").to_pylist(),
-            strict=True,
-        ):
-            self._merge(version, pk, sk, ts, emb)
-
-    def write_features(self, *, data, version, write_mode, ts):  # type: ignore[no-untyped-def]
-        assert write_mode == "MERGE"
-        self.calls.append("rows")
-        for row in data:
-            self._merge(version, row["embedding_name"], row["key_id"], ts, row["embedding"])
-
-    def write_flush(self):  # type: ignore[no-untyped-def]
-        n, self.pending = self.pending, 0
-        failed = n if self.fail_next_flush else 0
-        self.fail_next_flush = max(0, self.fail_next_flush - 1)
-        return {
-            "total_batches": 1,
-            "failed_batches": int(bool(failed)),
-            "total_records": n,
-            "success_records": n - failed,
-            "failed_records": failed,
-            "errors": [],
-        }
-
-    def get_online_features(self, *, feature_name, keys, version):  # type: ignore[no-untyped-def]
-        out = []
-        for k in keys:
-            hit = self.rows.get((version, feature_name, k))
-            if hit is not None:
-                out.append({"sk": k, "embedding": hit[1].tolist()})
-        return out
-
-    def close(self, wait=True):  # type: ignore[no-untyped-def]
-        self.calls.append("close")
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "featurestore.db")
+    fs_state.use_test_sdk(monkeypatch, path)
+    return path
 
 
-class FakeProject:
-    def __init__(self, view: FakeView | None) -> None:
-        self.view = view
-        self.entities: dict[str, str] = {}
-        self.created: list[dict] = []
-        self.arrow = True
-
-    def get_dynamic_embedding_feature_view(self, name):  # type: ignore[no-untyped-def]
-        return self.view
-
-    def create_dynamic_embedding_feature_view(self, **kwargs):  # type: ignore[no-untyped-def]
-        self.created.append(kwargs)
-        self.view = FakeView(self.arrow)
-        return self.view
-
-    def get_entity(self, name):  # type: ignore[no-untyped-def]
-        return self.entities.get(name)
-
-    def create_entity(self, name, join_id):  # type: ignore[no-untyped-def]
-        self.entities[name] = join_id
+def url(tmp_path, **options) -> str:  # type: ignore[no-untyped-def]
+    opts = {"region": "cn-hangzhou", "registry": f"sqlite:///{tmp_path}/reg.db", **options}
+    return f"featurestore://{FS_PROJECT}/{FS_VIEW}?" + "&".join(f"{k}={v}" for k, v in opts.items())
 
 
-def fake_sdk(project: FakeProject) -> types.ModuleType:
-    module = types.ModuleType("feature_store_py")
-    module.clients = []  # type: ignore[attr-defined]
-
-    class FeatureStoreClient:
-        def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
-            module.clients.append(kwargs)  # type: ignore[attr-defined]
-
-        def get_project(self, name):  # type: ignore[no-untyped-def]
-            return project if name == "proj" else None
-
-    module.FeatureStoreClient = FeatureStoreClient  # type: ignore[attr-defined]
-    return module
-
-
-class FakeCredentials:
-    def get_credential(self):  # type: ignore[no-untyped-def]
-        return types.SimpleNamespace(
-            access_key_id="ak", access_key_secret="sk", security_token="sts"
-        )
-
-
-def open_fs(tmp_path, project, view_name="emb"):  # type: ignore[no-untyped-def]
-    url = f"featurestore://proj/{view_name}?region=cn-hangzhou&registry=sqlite:///{tmp_path}/reg.db"
-    return FeatureStoreStore(
-        parse_store_url(url), sdk=fake_sdk(project), credentials=FakeCredentials()
-    )
-
-
-def test_provision_creates_view_and_entity_once_and_checks_dims(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("FEATUREDB_USERNAME", "fdb-user")
-    monkeypatch.setenv("FEATUREDB_PASSWORD", "fdb-pass")
-    project = FakeProject(None)
-    sdk = fake_sdk(project)
-    url = f"featurestore://proj/emb?region=cn-hangzhou&registry=sqlite:///{tmp_path}/reg.db"
-    store = FeatureStoreStore(parse_store_url(url), sdk=sdk, credentials=FakeCredentials())
-    store.provision(TABLES)
-    store.provision(TABLES)
-    assert len(project.created) == 1
-    created = project.created[0]
-    assert (created["name"], created["pk_field_name"], created["sk_field_name"]) == (
-        "emb",
-        "embedding_name",
-        "key_id",
-    )
-    assert project.entities == {"deltarec_key": "deltarec_key_id"}
-    assert sdk.clients[0]["featuredb_username"] == "fdb-user"  # type: ignore[attr-defined]
-    assert sdk.clients[0]["access_key_id"] == "ak"  # type: ignore[attr-defined]
-    with pytest.raises(ViewMismatchError, match=r"dim=4.*dim=8"):
-        store.provision({T: TableSpec(dim=8)})
-    store.close()
-
-
-@pytest.mark.parametrize("arrow", [True, False], ids=["write_features_arrow", "write_features"])
-def test_dump_published_through_the_sdk_reads_back(tmp_path, arrow):  # type: ignore[no-untyped-def]
-    project = FakeProject(None)
-    project.arrow = arrow
-    store = open_fs(tmp_path, project)
+def publish(tmp_path, store, rows, tables=TABLES):  # type: ignore[no-untyped-def]
     root = ArtifactRoot(str(tmp_path / "art"))
-    info = new_generation(root, "r", TABLES, world_size=1)
-    rows = {
-        T: {0: random_rows(range(2500), TABLES[T], 1)},
-        Z: {0: random_rows([-1, 5, 9], TABLES[Z], 2, ops=[0, 1, 0])},
+    info = new_generation(root, "r", tables, world_size=1)
+    write_dump(root, info, 1, {t: {0: r} for t, r in rows.items()})
+    DumpPublisher(store, root, "r", retry=FAST).publish_generation(1)
+    return root
+
+
+def first_rows():  # type: ignore[no-untyped-def]
+    return {
+        T: random_rows(range(50), TABLES[T], 1),
+        Z: random_rows([-1, 5, 9], TABLES[Z], 2, ops=np.array([0, 1, 0], np.int8)),
     }
-    write_dump(root, info, 1, rows)
-    DumpPublisher(store, root, "r").publish_generation(1)
-    assert project.view is not None
-    assert {c for c in project.view.calls if c != "close"} == {"arrow" if arrow else "rows"}
-    got = store.read(T, np.arange(2500))
-    np.testing.assert_array_equal(got.embedding, rows[T][0].embedding)
-    z = store.read(Z, np.array([-1, 5, 9]))
-    assert z.found.all()  # the evicted id holds the row passed (the fallback row)
-    want = codec.decode(rows[Z][0].embedding, DType.INT8_ROWWISE, 4)
-    back = codec.decode(z.embedding, DType.INT8_ROWWISE, 4)  # stored as float32, re-encoded
-    assert (np.abs(want - back) <= 2 * codec.tolerance(DType.INT8_ROWWISE, want)[:, None]).all()
-    assert all(m.complete for m in store.registry.progress("r", 1))
-    assert DumpPublisher(store, root, "r").publish_generation(1) == []
-    store.close()
 
 
-def test_failed_flush_is_retried_as_transient(tmp_path):  # type: ignore[no-untyped-def]
-    project = FakeProject(None)
-    store = open_fs(tmp_path, project)
-    root = ArtifactRoot(str(tmp_path / "art"))
-    info = new_generation(root, "r", {T: TABLES[T]}, world_size=1)
-    rows = random_rows(range(10), TABLES[T], 3)
-    write_dump(root, info, 1, {T: {0: rows}})
-    store.provision({T: TABLES[T]})
-    project.view.fail_next_flush = 2  # type: ignore[union-attr]
+def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_path, state):  # type: ignore[no-untyped-def]
+    with open_store(url(tmp_path)) as store:
+        root = publish(tmp_path, store, first_rows())
+        sampled = verify(root, "r", store, sample=1000)
+        assert sampled.passed, sampled.failure_summary()
+        assert sampled.tables[T].counts[RowClass.MATCH] == 50
+        assert sampled.tables[Z].counts[RowClass.MATCH] == 3  # evicted id 5 holds the fallback row
+        every = verify(root, "r", store, sample=None)
+        assert every.passed and every.tables[T].store_keys_scanned is None
+        assert any("cannot list its keys" in n for n in every.notes)
+        fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, T, 7, [9.0, 9.0, 9.0, 9.0])
+        fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, Z, 5, [1.0, 2.0, 3.0, 4.0])
+        bad = verify(root, "r", store, sample=None)
+    assert not bad.passed
+    assert [m.key for m in bad.tables[T].mismatches] == [7]
+    assert bad.tables[T].mismatches[0].row_class is RowClass.DIFFERENT
+    assert "fallback row" in bad.tables[Z].mismatches[0].reason
+
+
+def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_path, state):  # type: ignore[no-untyped-def]
+    with open_store(url(tmp_path)) as store:
+        store.provision(TABLES)
+        store.provision(TABLES)
+    with open_store(url(tmp_path)) as again:
+        again.provision(TABLES)
+    meta = fs_state.connect(state).execute("SELECT entity, ttl, shard_count, replication_count "
+                                           "FROM views").fetchall()  # fmt: skip
+    assert meta == [("deltarec_key", 15 * 86400, 20, 1)]
+    clients = fs_state.calls(state, "client")
+    assert clients and all(
+        c["has_token"] and c["featuredb_username"] == "fdb-user" for c in clients
+    )
+    assert all("secret" not in json.dumps(c) for c in clients)
+
+
+def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_path, state):  # type: ignore[no-untyped-def]
+    config = parse_store_url(url(tmp_path, create_wait_s=20))
+    waiting = FeatureStoreStore(config, rank=1)
+    done: list[object] = []
+    thread = threading.Thread(target=lambda: done.append(waiting.provision(TABLES)))
+    thread.start()
+    time.sleep(0.5)
+    assert not done and not fs_state.connect(state).execute("SELECT * FROM views").fetchall()
+    with FeatureStoreStore(config, rank=0) as creator:
+        creator.provision(TABLES)
+    thread.join(20)
+    assert done, "rank 1 did not pick up the view rank 0 created"
+    waiting.close()
+    # another job creates the view between our look-up and our create: its view is used
+    other = parse_store_url(url(tmp_path, registry=f"sqlite:///{tmp_path}/reg2.db"))
+    fs_state.inject_fault(state, "create_dynamic_embedding_feature_view", 1, "race")
+    with FeatureStoreStore(other.model_copy(update={"view": "emb2"}), rank=0) as late:
+        late.provision(TABLES)
+        rows = random_rows(range(3), TABLES[T], 1)
+        late.write(T, rows.keys, rows.embedding, rows.ops, np.full(3, make_version(1, 1)))
+        assert late.read(T, rows.keys).found.all()
+
+
+def test_an_existing_view_of_another_field_type_is_refused_naming_both(tmp_path, state):  # type: ignore[no-untyped-def]
+    with open_store(url(tmp_path)) as store:
+        store.provision({T: TABLES[T]})
+    with (
+        pytest.raises(ViewMismatchError, match=r"ARRAY<FLOAT>.*ARRAY<UINT8>"),
+        open_store(url(tmp_path, contract="tzrec", registry=f"sqlite:///{tmp_path}/r2.db")) as s,
+    ):
+        s.provision({Z: TABLES[Z]})
+    with (
+        pytest.raises(ConfigError, match=r"ARRAY<FLOAT>.*ARRAY<UINT8>"),
+        open_store(url(tmp_path, contract="tzrec", registry=f"sqlite:///{tmp_path}/r3.db")) as s,
+    ):
+        s.provision(TABLES)
+
+
+def test_writes_follow_the_sdk_batches_window_and_flush_summary(tmp_path, state):  # type: ignore[no-untyped-def]
+    spec = TableSpec(dim=4)
+    rows = random_rows(range(2500), spec, 3)
+    with open_store(url(tmp_path, batch_size=300)) as store:
+        store.provision({T: spec})
+        store.write(T, rows.keys, rows.embedding, rows.ops, np.full(2500, make_version(1, 1)))
+        np.testing.assert_array_equal(store.read(T, rows.keys).embedding, rows.embedding)
+    flushes = fs_state.calls(state, "write_flush")
+    # 9 batches of <= 300 rows, 4 in flight (the view's _max_workers), then write_flush
+    assert [f["total_batches"] for f in flushes if f["total_batches"]][:3] == [4, 4, 1]
+    assert sum(f["success_records"] for f in flushes) == 2500
+
+
+def test_failed_flush_is_retried_on_a_new_client_and_auth_errors_fail_at_once(tmp_path, state):  # type: ignore[no-untyped-def]
+    spec = TableSpec(dim=4)
+    rows = random_rows(range(10), spec, 3)
+    fetched: list[int] = []
+
+    class Chain:
+        def get_credential(self):  # type: ignore[no-untyped-def]
+            fetched.append(1)
+            return types.SimpleNamespace(
+                access_key_id="ak", access_key_secret="sk", security_token="sts"
+            )
+
+    store = FeatureStoreStore(parse_store_url(url(tmp_path)), credentials=Chain())
+    store.provision({T: spec})
+    fs_state.inject_fault(state, "write_flush", 2, "429 Throttling.User")
     metrics = PublishMetrics()
-    retry = RetryPolicy(initial_s=0.01, max_s=0.02, deadline_s=10)
-    DumpPublisher(store, root, "r", retry=retry, metrics=metrics).publish_generation(1)
+    root = ArtifactRoot(str(tmp_path / "art"))
+    info = new_generation(root, "r", {T: spec}, world_size=1)
+    write_dump(root, info, 1, {T: {0: rows}})
+    DumpPublisher(store, root, "r", retry=FAST, metrics=metrics).publish_generation(1)
     assert metrics.value("deltarec_publish_retries_total") == 2
+    assert len(fetched) == 3  # credentials fetched again for every new client
     np.testing.assert_array_equal(store.read(T, rows.keys).embedding, rows.embedding)
+    fs_state.inject_fault(state, "write_features", 1, "403 InvalidAccessKeyId.NotFound")
+    with pytest.raises(
+        StoreError, match=r"view 'emb' table 'sparse.ebc.user_id'.*credentials"
+    ) as e:
+        store.write(T, rows.keys, rows.embedding, rows.ops, np.full(10, make_version(1, 2)))
+    assert not isinstance(e.value, StoreUnavailableError)
+    fs_state.inject_fault(state, "get_online_features", 1, "network: connection reset")
     with pytest.raises(StoreUnavailableError):
-        project.view.fail_next_flush = 1  # type: ignore[union-attr]
-        store.write(T, rows.keys, rows.embedding, rows.ops, np.full(10, 5, np.int64))
+        store.read(T, rows.keys)
     store.close()
 
 
-def test_credentials_in_the_url_and_unsupported_operations_are_refused(tmp_path):  # type: ignore[no-untyped-def]
+def test_tzrec_contract_names_tables_and_writes_int8_as_uint8_rows(tmp_path, state):  # type: ignore[no-untyped-def]
+    assert tzrec_embedding_name("model.embedding_group.ebc_user.user_id") == (
+        "model.embedding_group.ebc.embedding_bags.user_id"
+    )
+    assert tzrec_embedding_name("sparse.mc_ec_dict_user.seq") == "sparse.mc_ec_dict.embeddings.seq"
+    z = "emb_group.mc_ebc.ad_id"
+    spec = TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH)
+    rows = random_rows([-1, 5, 9], spec, 2, ops=np.array([0, 1, 0], np.int8))
+    with open_store(url(tmp_path, contract="tzrec")) as store:
+        root = publish(tmp_path, store, {z: rows}, {z: spec})
+        assert verify(root, "r", store, sample=None).passed
+    stored = fs_state.stored_rows(state, FS_PROJECT, FS_VIEW, FS_VERSION)
+    name = "emb_group.mc_ebc.embedding_bags.ad_id"
+    assert sorted(stored) == [(name, -1), (name, 5), (name, 9)]
+    assert stored[(name, 9)] == rows.embedding[2].tolist() and len(stored[(name, 9)]) == 8
+    values = codec.decode(rows.embedding, DType.INT8_ROWWISE, 4)
+    assert np.allclose(codec.dequantize_int8_rowwise(np.array([stored[(name, 9)]]), 4), values[2])
+
+
+def test_options_the_sdk_cannot_use_and_a_missing_registry_are_refused(tmp_path, state):  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="datasource"):
+        parse_store_url("featurestore://proj/emb?region=x&datasource=fdb")
     with pytest.raises(ConfigError, match="credentials never go in the URL"):
         parse_store_url("featurestore://ak:secret@proj/emb?region=cn-hangzhou")
-    with pytest.raises(ConfigError, match="unknown option 'colour'"):
-        parse_store_url("featurestore://proj/emb?region=x&colour=red")
-    store = open_fs(tmp_path, FakeProject(None))
-    store.provision(TABLES)
-    with pytest.raises(NotImplementedError, match="featurestore"):
-        list(store.scan_keys(T))
-    with pytest.raises(NotImplementedError, match="featurestore"):
-        store.merge_staging("r", 1)
-    store.close()
+    bare = "featurestore://proj/emb?region=cn-hangzhou"
+    with pytest.raises(ConfigError, match="registry"):
+        open_store(bare)
+    with pytest.raises(ConfigError, match="not a local path"):
+        open_store(bare, "s3://bucket/art")
+    with open_store(bare, str(tmp_path / "art")) as store:
+        store.provision(TABLES)
+    assert (tmp_path / "art" / "_registry" / "featurestore-proj-emb.db").exists()
+    with open_store(bare, str(tmp_path / "art")) as again:
+        assert set(again.views()) == {T, Z}
+
+
+def test_cli_round_trip_provision_publish_verify_all_promote(tmp_path, state, capsys):  # type: ignore[no-untyped-def]
+    root = ArtifactRoot(str(tmp_path / "art"))
+    info = new_generation(root, "r", TABLES, world_size=1)
+    write_dump(root, info, 1, {t: {0: r} for t, r in first_rows().items()})
+    store = "featurestore://proj/emb?region=cn-hangzhou"
+    loc = ["--artifacts", root.uri, "--run", "r", "--store", store]
+    assert main(["provision", *loc]) == 0
+    assert main(["publish", *loc, "--generation", "1"]) == 0
+    out = tmp_path / "verify.json"
+    assert main(["verify", *loc, "--all", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["passed"] and doc["totals"]["MATCH"] == 53 and doc["notes"]
+    assert main(["promote", *loc, "--generation", "1"]) == 0
+    fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, T, 3, [0.5, 0.5, 0.5, 0.5])
+    capsys.readouterr()
+    assert main(["verify", *loc, "--all"]) == 1
+    err = capsys.readouterr().err
+    assert "DIFFERENT 1" in err and "Traceback" not in err

@@ -81,6 +81,7 @@ def provision_tables(
     tables: Mapping[str, TableSpec],
     generation: int | None = None,
     staged: bool = False,
+    artifacts: str | None = None,
 ) -> ProvisionResult:
     """Create the live views of ``tables`` (and the generation's staging views if ``staged``).
 
@@ -93,7 +94,7 @@ def provision_tables(
 
     if staged and generation is None:
         raise BadInputError("staging views need the generation they belong to")
-    with open_store(store_url) as store:
+    with open_store(store_url, artifacts) as store:
         views = store.provision(dict(tables))
         staging = store.provision(dict(tables), staging_generation=generation) if staged else {}
         if generation is not None:
@@ -114,7 +115,7 @@ def provision_generation(
     root = ArtifactRoot(artifacts)
     gen = generation if generation is not None else root.latest_generation(run)
     tables = root.read_generation(run, gen).tables
-    return provision_tables(store_url, run, tables, gen, staged), dict(tables)
+    return provision_tables(store_url, run, tables, gen, staged, artifacts), dict(tables)
 
 
 def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
@@ -169,7 +170,9 @@ def provision(params: PipelineParams) -> ProvisionResult:
         log.info("fresh run %r declares no tables; the training ranks create the views",
                  params.run_name)  # fmt: skip
         return ProvisionResult(params.run_name, None, {})
-    return provision_tables(params.store_url, params.run_name, tables)
+    return provision_tables(
+        params.store_url, params.run_name, tables, artifacts=params.artifact_root
+    )
 
 
 # ---- train -------------------------------------------------------------------------------------
@@ -413,7 +416,7 @@ def run_verification(
     from deltarec.verify import write_record as write_verification
 
     root = ArtifactRoot(artifacts)
-    with open_store(store_url) as store:
+    with open_store(store_url, artifacts) as store:
         result = verify_store(
             root,
             run,
@@ -510,7 +513,7 @@ def verify_serving(
     from deltarec.stores import open_store
     from deltarec.verify import dumps_json, render_html
 
-    with open_store(store_url) as s:
+    with open_store(store_url, artifacts) as s:
         pointer = s.registry.get_serving(run)
     if pointer is None:
         raise BadInputError(f"run {run!r} has no promoted generation in the store")
@@ -558,7 +561,7 @@ def promote_generation(
     from deltarec.promote import promote as promote_store
     from deltarec.stores import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, artifacts) as store:
         return promote_store(
             ArtifactRoot(artifacts), run, store, generation, through_seq=through_seq, force=force
         )
@@ -571,7 +574,7 @@ def rollback(
     from deltarec.promote import rollback as rollback_store
     from deltarec.stores import open_store
 
-    with open_store(store_url) as store:
+    with open_store(store_url, artifacts) as store:
         return rollback_store(
             ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq
         )
@@ -626,7 +629,7 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
     run, gen = outcome.run, outcome.generation
     rolled_back_to: int | None = None
     dropped = 0
-    with open_store(params.store_url) as store:
+    with open_store(params.store_url, params.artifact_root) as store:
         if params.publish_mode == "staged" or is_staged(store, run, gen):
             dropped = store.drop_staging(run, gen)
             action = "dropped-staging"

@@ -173,7 +173,8 @@ class BackgroundPublisher:
     def _open(self) -> DumpPublisher:
         if self._store is None:
             self._store = self.retry.call(
-                lambda: open_store(self.store_url), f"open store for rank {self.rank}"
+                lambda: open_store(self.store_url, self.root.uri),
+                f"open store for rank {self.rank}",
             )
         return DumpPublisher(
             self._store,

@@ -128,34 +128,62 @@ class RedisConfig(_Config):
 
 
 class FeatureStoreConfig(_Config):
-    """Alibaba PAI FeatureStore through its Python SDK (``feature_store_py``)."""
+    """Alibaba PAI FeatureStore through its Python SDK (``feature_store_py``).
+
+    The defaults of the view settings are TorchEasyRec's (TTL 15 days, 20 shards, 1 replica,
+    1000 rows per SDK batch, a 600 s shutdown drain).
+    """
 
     type: Literal["featurestore"] = "featurestore"
     project: str
     """FeatureStore project name."""
     view: str
-    """Feature view name prefix: table ``t`` goes to the view ``<view>_<t mapped>``."""
-    region: str
-    """Alibaba Cloud region id, e.g. ``cn-hangzhou``."""
+    """The DynamicEmbedding feature view holding every table (one ``embedding_name`` each)."""
+    region: str = Field(
+        default_factory=lambda: os.environ.get("ALIBABA_CLOUD_REGION", ""), validate_default=True
+    )
+    """Alibaba Cloud region id, e.g. ``cn-hangzhou`` (default: ``ALIBABA_CLOUD_REGION``)."""
     entity: str = "deltarec_key"
-    """Feature entity the views join on (provisioned if missing)."""
-    datasource: str | None = None
-    """Online datasource (FeatureDB) name; None uses the project's default."""
+    """Feature entity the view joins on (created by rank 0 if missing)."""
     endpoint: str | None = None
     """PAI-FeatureStore OpenAPI endpoint override."""
     sdk_version: str = "deltarec"
     """The SDK's ``version`` namespace the rows are written under and read from."""
     registry: str | None = None
-    """Store URL holding the registry (default: a SQLite file in the working directory)."""
+    """Store URL holding the registry (default: a SQLite file under the artifact root)."""
+    contract: Literal["deltarec", "tzrec"] = "deltarec"
+    """``tzrec``: TorchEasyRec's serving contract (its embedding names, INT8 as uint8 rows)."""
     ttl_s: int = Field(15 * 86400, gt=0)
     """TTL of rows in a view deltarec creates (seconds)."""
-    shard_count: int = Field(5, ge=1, le=20)
+    shard_count: int = Field(20, ge=1, le=20)
     """Shards of a view deltarec creates."""
+    replication_count: int = Field(1, ge=1, le=3)
+    """Replicas of a view deltarec creates."""
+    batch_size: int = Field(1000, ge=1, le=1000)
+    """Rows per ``write_features`` call (capped by the view's own ``_batch_size``)."""
+    shutdown_timeout_s: float = Field(600.0, gt=0)
+    """How long closing the store waits for the SDK writer to drain."""
+    create_wait_s: float = Field(600.0, gt=0)
+    """How long a rank other than 0 waits for rank 0 to create the view."""
 
     @field_validator("project", "view", "entity")
     @classmethod
     def _names(cls, v: str) -> str:
         return _as_value_error(check_identifier, v, "FeatureStore name")
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("required: add ?region=<region id> or set ALIBABA_CLOUD_REGION")
+        return v.strip()
+
+    @field_validator("sdk_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not v.strip() or v.strip() == "default":
+            raise ValueError("sdk_version must be an explicit version name, not 'default'")
+        return v.strip()
 
 
 StoreConfig = Annotated[
@@ -281,6 +309,12 @@ def _featurestore_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
     view = parts.path.strip("/")
     if not parts.hostname or not view or "/" in view:
         raise ValueError("expected featurestore://<project>/<view>?region=<region>")
+    options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    if "datasource" in options:
+        raise ValueError(
+            "option 'datasource' is not supported: the FeatureStore SDK writes to the "
+            "project's online datasource; remove it from the URL"
+        )
     return {"project": parts.hostname, "view": view}
 
 

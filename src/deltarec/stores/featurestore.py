@@ -1,73 +1,76 @@
 """Alibaba PAI FeatureStore through its Python SDK ``feature_store_py`` (optional, not on PyPI).
 
-Install the SDK wheel from Alibaba Cloud (see docs/stores.md) and ``deltarec[featurestore]``.
-The backend was written against the SDK's documented surface and is tested against a fake
-module at that boundary (``tests/stores/test_featurestore.py``); it has not run against a live
-FeatureStore from this repository.
+Install the SDK wheel from Alibaba Cloud and ``deltarec[featurestore]`` (docs/featurestore.md).
+The backend is tested against a strict test double of the SDK (``tests/stores/sdk``) modelled
+on how TorchEasyRec's uploader and readback tool call the real one; it has not run against a
+live FeatureStore from this repository.
 
-Layout: one **DynamicEmbedding** feature view ``<view>`` in project ``<project>`` holds every
-table: primary key ``embedding_name`` = the table id, secondary key ``key_id`` = the row key,
-``embedding`` = the row's values as float32 (float16 and int8_rowwise rows are decoded first;
-reads re-encode them). The view and its feature entity are provisioned if missing.
+Layout: one **DynamicEmbedding** feature view ``<view>`` of project ``<project>`` holds every
+table: primary key ``embedding_name`` (the table id; with ``contract=tzrec`` TorchEasyRec's
+name, see :func:`~deltarec.stores.featurestore_sdk.tzrec_embedding_name`), sub key ``key_id``
+(the row key), ``embedding`` the row's values: ``ARRAY<FLOAT>`` of the decoded row, or with
+``contract=tzrec`` for ``int8_rowwise`` tables ``ARRAY<UINT8>`` of the ``dim + 4`` encoded bytes
+(uint8 codes, fp16 scale, fp16 offset: QUint8RowwiseF16). Rank 0 creates the entity and the
+view if missing; other ranks wait for it; an existing view's field names and types are checked
+when it is opened.
 
-Writes: ``write_features_arrow`` (columnar) with ``write_mode="MERGE"``, falling back to the
-row-wise ``write_features`` when the SDK lacks the Arrow call; every write carries a timestamp
-that increases strictly within the process, and ``write_flush`` must report every record
-written. FeatureStore cannot delete: an evicted ZCH id (``op = 1``) is written with the row
-passed (the fallback row), as SPEC §5 asks. The SDK offers no version-guarded write, so the
-version guard is the publisher's: parts are published in dump order and never re-published
-once their progress mark is complete.
+Writes: ``write_features`` with ``write_mode="MERGE"`` in batches of ``batch_size`` rows (at
+most the view's ``_batch_size``), ``_max_workers`` batches in flight, then ``write_flush``,
+whose every summary field is checked; after a failed attempt the writer is drained and the
+client rebuilt before the retry. Every batch carries a timestamp that increases strictly
+within the process. FeatureStore cannot delete: an evicted ZCH id (``op = 1``) is written with
+the row passed (its fallback row), as SPEC §5 asks, and it keeps no versions: the version guard
+is the publisher's (parts are published in dump order and never again once their progress mark
+is complete), and verify compares rows by value.
 
 Registry: FeatureStore has no place for it, so generations, progress marks, serving pointer and
-freshness live in a small **registry store** (``registry=`` URL option; default a SQLite file
-``deltarec-registry-<project>-<view>.db`` in the working directory). Marks are written right
-after the rows (``atomic_marks = False``: at-least-once, replays are MERGEs of the same rows).
-
-Credentials: only the Alibaba Cloud default credential chain (``alibabacloud_credentials``) and
-``FEATUREDB_USERNAME``/``FEATUREDB_PASSWORD``; never the URL.
+freshness live in a side store (:attr:`registry`): ``registry=<store URL>``, by default a
+SQLite file under the artifact root (``<root>/_registry/featurestore-<project>-<view>.db``),
+which every step of a pipeline sees. Marks are written right after the rows
+(``atomic_marks = False``: at-least-once; a replay MERGEs the same rows again).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
-from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
+from deltarec.errors import BadInputError, ConfigError, StoreError
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import FeatureStoreConfig
-from deltarec.stores.rows import checked_arrays
-from deltarec.stores.types import (
-    Capabilities,
-    ProgressMark,
-    ReadResult,
-    ViewInfo,
+from deltarec.stores.featurestore_sdk import (
+    SK_FIELD,
+    VALUE_FIELD,
+    WRITE_MODE,
+    Layout,
+    Session,
+    check_summary,
+    sdk_error,
+    view_field_type,
 )
+from deltarec.stores.rows import checked_arrays
+from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, ViewInfo
 
-PK_FIELD = "embedding_name"
-SK_FIELD = "key_id"
-VALUE_FIELD = "embedding"
-WRITE_MODE = "MERGE"
-_SDK_ROWS = 1000  # rows per SDK call (the SDK's own HTTP batch size)
-_TRANSIENT = (ConnectionError, TimeoutError, OSError)
+REGISTRY_DIR = "_registry"
+"""Directory under the artifact root holding the default registry of FeatureStore stores."""
 
 
 class FeatureStoreStore(Store):
-    """The PAI FeatureStore backend (write, read back, registry in a side store).
+    """The PAI FeatureStore backend (rows in FeatureStore, registry in a side store).
 
     Args:
         config: the parsed ``featurestore://project/view?region=...`` URL.
-        sdk: the ``feature_store_py`` module (default: imported); tests pass a fake.
+        artifacts: the artifact root, where the default registry lives (a local path).
+        sdk: the ``feature_store_py`` module (default: imported).
         credentials: an object with ``get_credential()`` (default: the Alibaba Cloud chain).
+        rank: this process's rank (default: ``$RANK``, else 0); rank 0 creates the view.
     """
 
     kind = "featurestore"
@@ -82,101 +85,63 @@ class FeatureStoreStore(Store):
     )
 
     def __init__(
-        self, config: FeatureStoreConfig, sdk: Any = None, credentials: Any = None
+        self,
+        config: FeatureStoreConfig,
+        artifacts: str | None = None,
+        sdk: Any = None,
+        credentials: Any = None,
+        rank: int | None = None,
     ) -> None:
         from deltarec.stores.registry import open_store
 
         self.config = config
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else int(rank)
         self._lock = threading.RLock()
         self._last_ts = 0
-        registry = config.registry or (
-            f"sqlite:///deltarec-registry-{config.project}-{config.view}.db?prefix=fsview_"
-        )
-        if registry.startswith("featurestore:"):
+        self._session = Session(config, self.describe(), sdk, credentials)
+        url = config.registry or default_registry(config, artifacts)
+        if url.startswith("featurestore:"):
             raise ConfigError("the registry of a featurestore store cannot be a featurestore")
-        self._side = open_store(registry)
-        try:
-            self._view = self._open_view(sdk, credentials)
-        except BaseException:
-            self._side.close()
-            raise
+        self._side = open_store(url)
 
     def describe(self) -> str:
-        """``featurestore://project/view?region=...``."""
+        """``featurestore://project/view?region=...`` (with the contract when not the default)."""
         c = self.config
-        return f"featurestore://{c.project}/{c.view}?region={c.region}"
+        out = f"featurestore://{c.project}/{c.view}?region={c.region}"
+        return out + ("&contract=tzrec" if c.contract == "tzrec" else "")
 
-    # ---- SDK -----------------------------------------------------------------------------
-    def _open_view(self, sdk: Any, credentials: Any) -> Any:
-        sdk = sdk or _import("feature_store_py", "the FeatureStore SDK wheel from Alibaba Cloud")
-        if credentials is None:
-            creds = _import("alibabacloud_credentials.client", "alibabacloud-credentials")
-            credentials = creds.Client()
-        c = self.config
-        with self._errors("connect"):
-            cred = credentials.get_credential()
-            client = sdk.FeatureStoreClient(
-                access_key_id=cred.access_key_id,
-                access_key_secret=cred.access_key_secret,
-                security_token=getattr(cred, "security_token", None) or None,
-                region=c.region,
-                endpoint=c.endpoint,
-                featuredb_username=os.environ.get("FEATUREDB_USERNAME") or None,
-                featuredb_password=os.environ.get("FEATUREDB_PASSWORD") or None,
-            )
-            project = client.get_project(c.project)
-        if project is None:
-            raise ConfigError(f"{self.describe()}: FeatureStore project {c.project!r} not found")
-        self._project = project
-        with self._errors("open view"):
-            return project.get_dynamic_embedding_feature_view(c.view)
-
-    def _errors(self, what: str) -> AbstractContextManager[None]:
-        return _error_map(f"{self.describe()}: {what}")
-
-    def _ensure_view(self) -> Any:
-        if self._view is not None:
-            return self._view
-        c = self.config
-        with self._errors("provision"):
-            if self._project.get_entity(c.entity) is None:
-                self._project.create_entity(c.entity, f"{c.entity}_id")
-            self._project.create_dynamic_embedding_feature_view(
-                name=c.view,
-                entity=c.entity,
-                pk_field_name=PK_FIELD,
-                sk_field_name=SK_FIELD,
-                embedding_field_name=VALUE_FIELD,
-                pk_field_type="STRING",
-                sk_field_type="INT64",
-                ttl=c.ttl_s,
-                shard_count=c.shard_count,
-                replication_count=1,
-            )
-            self._view = self._project.get_dynamic_embedding_feature_view(c.view)
-        if self._view is None:
-            raise StoreError(f"{self.describe()}: the view did not appear after creation")
-        fields = (self._view.pk_field, self._view.sk_field, self._view.embedding_field)
-        if fields != (PK_FIELD, SK_FIELD, VALUE_FIELD):
-            raise StoreError(
-                f"{self.describe()}: view fields {fields} are not "
-                f"{(PK_FIELD, SK_FIELD, VALUE_FIELD)}; it was not created by deltarec"
-            )
-        return self._view
-
-    def _next_ts(self) -> int:
-        with self._lock:
-            self._last_ts = max(time.time_ns() // 1_000_000, self._last_ts + 1)
-            return self._last_ts
+    # ---- registry ------------------------------------------------------------------------
+    @property
+    def registry(self) -> Registry:
+        """The side store's registry (FeatureStore has no place for one)."""
+        return self._side.registry
 
     # ---- views ---------------------------------------------------------------------------
     def provision(
         self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
     ) -> dict[str, ViewInfo]:
-        """Create the DynamicEmbedding view and entity if missing; record dims and dtypes."""
+        """Create (rank 0) or open the view, check it, and record the tables' dims and dtypes.
+
+        Raises:
+            ViewMismatchError: the view's fields, or a table's recorded dim or dtype, differ.
+            ConfigError: the tables need two embedding field types in one view.
+        """
         if staging_generation:
             raise self._unsupported("staging views (use publish mode 'direct')")
-        self._ensure_view()
+        layouts = {t: self._layout(t, s) for t, s in tables.items()}
+        names: dict[str, str] = {}
+        for lay in layouts.values():
+            if names.setdefault(lay.name, lay.table) != lay.table:
+                raise BadInputError(
+                    f"{self.describe()}: tables {names[lay.name]!r} and {lay.table!r} have "
+                    f"one embedding_name {lay.name!r}"
+                )
+        known = {
+            t: Layout.of(t, TableSpec(v.dim, v.dtype), self.config.contract)
+            for t, v in self._side.views().items()
+        }
+        field_type = view_field_type({**known, **layouts}, self.describe())
+        self._open(field_type)
         recorded = self._side.provision(tables)
         return {t: ViewInfo(t, self.config.view, v.dim, v.dtype) for t, v in recorded.items()}
 
@@ -188,15 +153,25 @@ class FeatureStoreStore(Store):
             t: ViewInfo(t, self.config.view, v.dim, v.dtype) for t, v in self._side.views().items()
         }
 
-    def _spec(self, table: str) -> ViewInfo:
-        views = self.views()
-        if table not in views:
-            from deltarec.errors import BadInputError
+    def _layout(self, table: str, spec: TableSpec) -> Layout:
+        return Layout.of(table, spec, self.config.contract)
 
+    def _table(self, table: str) -> Layout:
+        views = self._side.views()
+        if table not in views:
             raise BadInputError(
                 f"table {table!r} is not provisioned in {self.describe()}; run `deltarec provision`"
             )
-        return views[table]
+        v = views[table]
+        return self._layout(table, TableSpec(v.dim, v.dtype))
+
+    def _open(self, field_type: str | None) -> Any:
+        return self._session.open_view(field_type, self.rank)
+
+    def _next_ts(self) -> int:
+        with self._lock:
+            self._last_ts = max(time.time_ns() // 1_000_000, self._last_ts + 1)
+            return self._last_ts
 
     # ---- rows ----------------------------------------------------------------------------
     def write(
@@ -209,127 +184,160 @@ class FeatureStoreStore(Store):
         mark: ProgressMark | None = None,
         staging_generation: int | None = None,
     ) -> int:
-        """MERGE the rows (op=1 rows written as given: the fallback row), then the mark."""
+        """MERGE the rows (``op = 1`` rows written as given: the fallback row), then the mark.
+
+        Raises:
+            StoreUnavailableError: a transient failure (the writer was drained and the client is
+                rebuilt on the next call, with fresh credentials).
+            StoreError: a failure retrying cannot fix (names the view, the table, the fix).
+        """
         if staging_generation:
             raise self._unsupported("staging views")
-        view_info = self._spec(table)
-        keys, ops, versions = checked_arrays(table, view_info, keys, embedding, ops, versions)
+        lay = self._table(table)
+        info = ViewInfo(table, self.config.view, lay.spec.dim, lay.spec.dtype)
+        keys, ops, versions = checked_arrays(table, info, keys, embedding, ops, versions)
         if mark is not None:  # FeatureStore has no transactions: the fence goes first
             self.registry.check_writer(mark.run, mark.generation)
-        values = codec.decode(embedding, view_info.dtype, view_info.dim).astype(np.float32)
-        view = self._ensure_view()
         n = int(keys.shape[0])
-        with self._errors(f"write {n} rows of {table!r}"):
-            for start in range(0, n, _SDK_ROWS):
-                stop = min(n, start + _SDK_ROWS)
-                self._send(view, table, keys[start:stop], values[start:stop])
-            if n:
-                self._flush(view, n)
+        if n:
+            with self._lock:
+                self._send(lay, keys, embedding)
         if mark is not None:
             self.registry.record_progress(mark)
         return n
 
-    def _send(self, view: Any, table: str, keys: np.ndarray, values: np.ndarray) -> None:
-        ts = self._next_ts()
-        version = self.config.sdk_version
-        write_arrow = getattr(view, "write_features_arrow", None)
-        if callable(write_arrow):  # older SDK wheels only have the row-wise call
-            dim = values.shape[1]
-            emb = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), dim)
-            batch = pa.RecordBatch.from_arrays(
-                [pa.array([table] * len(keys), pa.string()), pa.array(keys, pa.int64()), emb],
-                names=[PK_FIELD, SK_FIELD, VALUE_FIELD],
-            )
-            write_arrow(batch=batch, version=version, write_mode=WRITE_MODE, ts=ts)
-            return
-        data = [
-            {PK_FIELD: table, SK_FIELD: int(k), VALUE_FIELD: v}
-            for k, v in zip(keys.tolist(), values, strict=True)
-        ]
-        view.write_features(data=data, version=version, write_mode=WRITE_MODE, ts=ts)
-
-    def _flush(self, view: Any, expected: int) -> None:
-        summary = view.write_flush()
-        keys = ("total_records", "success_records", "failed_records")
-        if not isinstance(summary, dict) or not all(k in summary for k in keys):
-            raise StoreError(f"{self.describe()}: write_flush returned {summary!r}")
-        if int(summary["failed_records"]) or int(summary["success_records"]) != expected:
-            raise StoreUnavailableError(
-                f"{self.describe()}: {summary['failed_records']} of {summary['total_records']} "
-                f"records failed (expected {expected} written): {summary.get('errors')}"
-            )
+    def _send(self, lay: Layout, keys: np.ndarray, embedding: np.ndarray) -> None:
+        view = self._open(lay.field_type)
+        where = self._session.where(f"write {len(keys)} rows", lay.table)
+        try:
+            batch = min(self.config.batch_size, int(getattr(view, "_batch_size", 1000)))
+            window = max(1, int(getattr(view, "_max_workers", 1)))
+            starts = list(range(0, len(keys), batch))
+            for w in range(0, len(starts), window):
+                sent = 0
+                for s in starts[w : w + window]:
+                    k, e = keys[s : s + batch], embedding[s : s + batch]
+                    data = [
+                        {"embedding_name": lay.name, SK_FIELD: key, VALUE_FIELD: value}
+                        for key, value in zip(k.tolist(), lay.values(e), strict=True)
+                    ]
+                    view.write_features(
+                        data=data,
+                        version=self.config.sdk_version,
+                        write_mode=WRITE_MODE,
+                        ts=self._next_ts(),
+                    )
+                    sent += len(data)
+                batches = len(starts[w : w + window])
+                check_summary(view.write_flush(), sent, batches, where)
+        except Exception as e:
+            # A write_features() call may have queued part of its work before failing: drain
+            # it and start the next attempt on a new client, so a retry never mixes with it.
+            self._session.reset()
+            raise sdk_error(e, where) from e
 
     def read(
         self, table: str, keys: np.ndarray, staging_generation: int | None = None
     ) -> ReadResult:
-        """Read rows back with ``get_online_features`` (versions are not stored: 0)."""
+        """Read rows back with ``get_online_features`` (no versions are stored: 0)."""
         if staging_generation:
             raise self._unsupported("staging views")
-        info = self._spec(table)
+        lay = self._table(table)
         keys = np.asarray(keys, dtype=np.int64)
         n = int(keys.shape[0])
-        width = codec.encoded_width(info.dtype, info.dim)
+        width = codec.encoded_width(lay.spec.dtype, lay.spec.dim)
         out = ReadResult(
             np.zeros(n, bool),
             np.zeros(n, np.int64),
-            np.zeros((n, width), codec.element_type(info.dtype)),
+            np.zeros((n, width), codec.element_type(lay.spec.dtype)),
         )
+        if not n:
+            return out
         position = {int(k): i for i, k in enumerate(keys.tolist())}
-        view = self._ensure_view()
-        for start in range(0, n, _SDK_ROWS):
-            chunk = keys[start : start + _SDK_ROWS].tolist()
-            with self._errors(f"read {len(chunk)} rows of {table!r}"):
+        view = self._open(None)
+        step = int(getattr(view, "_batch_size", 1000))
+        where = self._session.where(f"read rows of {lay.name!r}", table)
+        for start in range(0, n, step):
+            chunk = keys[start : start + step].tolist()
+            try:
                 rows = view.get_online_features(
-                    feature_name=table, keys=chunk, version=self.config.sdk_version
+                    feature_name=lay.name, keys=chunk, version=self.config.sdk_version
                 )
+            except Exception as e:
+                self._session.reset()
+                raise sdk_error(e, where) from e
+            seen: set[int] = set()
             for row in rows:
-                i = position[int(row.get("sk", row.get(SK_FIELD)))]
-                value = np.asarray(row[VALUE_FIELD], np.float32).reshape(1, -1)
+                raw = row.get("sk", row.get(SK_FIELD))
+                key = int(raw.decode() if isinstance(raw, bytes) else raw)
+                if key in seen or key not in position:
+                    raise StoreError(f"{where}: key {key} came back twice or was not asked for")
+                seen.add(key)
+                i = position[key]
                 out.found[i] = True
-                out.embedding[i] = codec.encode(value, info.dtype)[0]
+                out.embedding[i] = lay.encoded(row[VALUE_FIELD], key, where)
         return out
 
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
-        """Not available: the SDK cannot list a view's keys."""
-        raise self._unsupported("listing keys (verify --all); verify a sample instead")
-
-    # ---- registry ------------------------------------------------------------------------
-    @property
-    def registry(self) -> Registry:
-        """The side store's registry (FeatureStore has no place for one)."""
-        return self._side.registry
+        """Not available: the SDK cannot list a view's keys (``capabilities.scan`` is False)."""
+        raise self._unsupported("listing keys; verify reads back every expected key instead")
 
     def close(self) -> None:
-        """Close the SDK writer and the registry store (idempotent)."""
+        """Drain the SDK writer (bounded by ``shutdown_timeout_s``) and close the registry."""
         try:
-            if self._view is not None and hasattr(self._view, "close"):
-                with self._errors("close"):
-                    self._view.close(wait=True)
-            self._view = None
+            view = self._session.view
+            if view is not None:
+                self._drain(view)
         finally:
+            self._session.view = None
             self._side.close()
 
+    def _drain(self, view: Any) -> None:
+        errors: list[BaseException] = []
 
-@contextmanager
-def _error_map(where: str) -> Iterator[None]:
-    """Map SDK exceptions: network ones to StoreUnavailableError, the rest to StoreError."""
-    try:
-        yield
-    except (StoreError, ConfigError):
-        raise
-    except _TRANSIENT as e:
-        raise StoreUnavailableError(f"{where}: {type(e).__name__}: {e}") from e
-    except Exception as e:
-        raise StoreError(f"{where}: {type(e).__name__}: {e}") from e
+        def close() -> None:
+            try:
+                view.close(wait=True)
+            except BaseException as e:  # handed to the closing thread
+                errors.append(e)
+
+        thread = threading.Thread(target=close, name="featurestore-drain", daemon=True)
+        thread.start()
+        thread.join(self.config.shutdown_timeout_s)
+        if thread.is_alive():
+            raise StoreError(
+                self._session.where(
+                    f"the SDK writer did not drain within {self.config.shutdown_timeout_s:.0f}s"
+                    "; rows not flushed are republished from the artifacts by `deltarec publish`"
+                )
+            )
+        if errors:
+            raise sdk_error(errors[0], self._session.where("close"))
 
 
-def _import(module: str, what: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
+def default_registry(config: FeatureStoreConfig, artifacts: str | None) -> str:
+    """The default registry URL: a SQLite file under a local artifact root.
+
+    Raises:
+        ConfigError: no artifact root is known, or it is not a local path (then name a
+            registry store with ``registry=<store URL>``, e.g. a PostgreSQL URL).
+    """
+    if not artifacts:
         raise ConfigError(
-            f"the featurestore store needs {module!r} ({what}); it is not installed"
-        ) from e
+            f"featurestore://{config.project}/{config.view}: no registry: add "
+            "registry=<store URL> (e.g. postgresql://...) or open it with the artifact root"
+        )
+    path = artifacts[len("file://") :] if artifacts.startswith("file://") else artifacts
+    if "://" in path:
+        raise ConfigError(
+            f"featurestore://{config.project}/{config.view}: the artifact root {artifacts!r} is "
+            "not a local path, so it cannot hold the registry's SQLite file; add "
+            "registry=<store URL> (e.g. postgresql://...) that every pipeline step reaches"
+        )
+    directory = os.path.join(os.path.abspath(path), REGISTRY_DIR)
+    os.makedirs(directory, exist_ok=True)
+    name = f"featurestore-{config.project}-{config.view}.db"
+    return f"sqlite:///{os.path.join(directory, name)}?prefix=fsview_"
 
 
-__all__ = ["FeatureStoreStore"]
+__all__ = ["REGISTRY_DIR", "FeatureStoreStore", "default_registry"]

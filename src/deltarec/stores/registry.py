@@ -40,8 +40,11 @@ def store_class(kind: str) -> type[Store]:
     return cls
 
 
-def open_store(url_or_config: str | dict[str, Any] | Any) -> Store:
+def open_store(url_or_config: str | dict[str, Any] | Any, artifacts: str | None = None) -> Store:
     """Open a store from its URL (``sqlite:///store.db``), a config mapping or a config model.
+
+    ``artifacts`` is the artifact root the store is used with: a PAI FeatureStore store keeps
+    its registry under it unless its URL names one (``registry=``); other stores ignore it.
 
     Raises:
         ConfigError: bad URL or config, unknown backend, missing optional dependency.
@@ -54,4 +57,6 @@ def open_store(url_or_config: str | dict[str, Any] | Any) -> Store:
     else:
         config = url_or_config
     cls = store_class(config.type)
+    if config.type == "featurestore":
+        return cls(config, artifacts=artifacts)  # type: ignore[call-arg]
     return cls(config)  # type: ignore[call-arg]
