@@ -68,6 +68,40 @@ def test_a_cuda_table_is_dumped_with_the_rows_of_each_dump_step(tmp_path):
     assert np.array_equal(et.load(et.keys), w.cpu().numpy()[et.keys - 100])
 
 
+@pytest.mark.parametrize("device_room", [None, 1024])
+def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer_is_full(
+    tmp_path, device_room
+):
+    tracker = ManualTracker()
+    hub = TrackerHub(tracker, {"a"})
+    w = torch.randn(50_000, 32, device="cuda")
+    spec = TableSpec(dim=32, kind=TableKind.PLAIN, num_embeddings=50_000)
+    src = RowShardSource("m.a", spec, hub, "a", w, 0)
+    cfg = DumperConfig(artifacts=str(tmp_path), run="s", snapshot=False, chunk_rows=1000)
+    d = Dumper(cfg, [src])
+    d.device_budget.fixed = device_room  # 1 KiB: no table fits, every dump falls back
+    d.start(step=0)
+    ids = torch.randint(0, 50_000, (20_000,), device="cuda")
+    tracker.record("a", ids)
+    d.dump_now(1)
+    keys = torch.unique(ids)
+    want = w[keys].cpu().numpy()
+    w.add_(1.0)  # the next training step: the dump keeps the rows of step 1
+    d.wait_idle(timeout=60)
+    stats = d.device_budget.metrics()
+    d.close()
+    got_keys, got_rows, _, _ = read_dump(ArtifactRoot(str(tmp_path)), "s", 1, 1)["m.a"]
+    order = np.argsort(got_keys)
+    assert np.array_equal(got_keys[order], keys.cpu().numpy())
+    assert np.array_equal(got_rows[order], want)
+    assert stats["held_bytes"] == 0
+    if device_room is None:
+        assert stats["staged"] == 1 and stats["full"] == 0
+        assert stats["peak_bytes"] == len(keys) * (32 * 4 + 8)
+    else:
+        assert stats["staged"] == 0 and stats["full"] == 1
+
+
 def _cuda_ranks(rank: int, world_size: int, tmp: str) -> dict:
     torch.manual_seed(0)
     full = torch.randn(500, 8, device="cuda")  # same values on both ranks

@@ -11,8 +11,8 @@ from dump_helpers import HandTables, assert_rows, read_dump
 
 from deltarec.artifacts import ArtifactRoot, DType, Parent, check_shard
 from deltarec.artifacts.lineage import expected_state, keys_published_after
-from deltarec.artifacts.shards import ShardWriter
 from deltarec.dump import Dumper, DumperConfig
+from deltarec.dump.encode import ParallelShardWriter
 from deltarec.errors import ConfigError, DumpError
 
 
@@ -104,16 +104,17 @@ def test_evaluation_lookups_are_not_dumped(tmp_path):
 
 
 def test_the_byte_bounded_queue_makes_training_wait_instead_of_growing(tmp_path, monkeypatch):
-    slow_write = ShardWriter.write
+    slow_write = ParallelShardWriter._append
 
-    def write(self, rows):
+    def write(self, data):
         time.sleep(0.02)
-        slow_write(self, rows)
+        slow_write(self, data)
 
-    monkeypatch.setattr(ShardWriter, "write", write)
+    monkeypatch.setattr(ParallelShardWriter, "_append", write)
     tables = HandTables(seed=3, rows=4000, dim=32)
     cap = 64 * 1024
-    d = Dumper(_config(tmp_path, queue_bytes=cap, chunk_rows=100), tables.sources())
+    cfg = _config(tmp_path, queue_bytes=cap, chunk_rows=100, encode_workers=2)
+    d = Dumper(cfg, tables.sources())
     t0 = time.perf_counter()
     d.start(step=0)  # snapshot: 4000 + 2000 rows in 60 chunks of <= 12.9 kB
     assert time.perf_counter() - t0 > 0.02 * 30  # the training thread waited for the writer
@@ -129,14 +130,14 @@ def test_a_worker_failure_is_raised_at_the_next_call_naming_dump_and_table(tmp_p
     tables = HandTables(seed=4)
     d = Dumper(_config(tmp_path, snapshot=False, every_steps=1), tables.sources())
     d.start(step=0)
-    real_write = ShardWriter.write
+    real_write = ParallelShardWriter._append
 
-    def failing(self, rows):
-        if self.table == "sparse.b":
+    def failing(self, data):
+        if self.table == "sparse.b" and self.size > 0:  # the first chunk's bytes
             raise OSError("disk full")
-        real_write(self, rows)
+        real_write(self, data)
 
-    monkeypatch.setattr(ShardWriter, "write", failing)
+    monkeypatch.setattr(ParallelShardWriter, "_append", failing)
     tables.step(1)
     assert d.maybe_dump(1) == 1
     with pytest.raises(DumpError) as e:

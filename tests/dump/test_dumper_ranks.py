@@ -171,8 +171,8 @@ def _one_rank_fails(rank: int, tmp: str) -> str | None:
     """Rank 1 cannot write a shard: the dump fails on both ranks, naming rank and table."""
     from dump_helpers import HandTables
 
-    from deltarec.artifacts.shards import ShardWriter
     from deltarec.dump import Dumper, DumperConfig
+    from deltarec.dump.encode import ParallelShardWriter
     from deltarec.errors import DumpError
 
     tables = HandTables(seed=rank)
@@ -181,14 +181,14 @@ def _one_rank_fails(rank: int, tmp: str) -> str | None:
     d = Dumper(cfg, tables.sources())
     d.start(step=0)
     if rank == 1:
-        real = ShardWriter.write
+        real = ParallelShardWriter._append
 
-        def failing(self, rows):
-            if self.table == "sparse.b":
+        def failing(self, data):
+            if self.table == "sparse.b" and self.size > 0:  # the first chunk's bytes
                 raise OSError("No space left on device")
-            real(self, rows)
+            real(self, data)
 
-        ShardWriter.write = failing  # type: ignore[method-assign]
+        ParallelShardWriter._append = failing  # type: ignore[method-assign]
     tables.step(1)
     d.dump_now(1)
     try:

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deltarec.artifacts.types import DType
+from deltarec.dump.staging import default_encode_workers, default_host_budget
 from deltarec.errors import InvalidIdentifierError
 from deltarec.ids import validate_run, validate_table_id
 
@@ -37,9 +38,21 @@ class DumperConfig(BaseModel):
     """Per-table encoding (``float32`` | ``float16`` | ``int8_rowwise``), by table id."""
     chunk_rows: int = Field(default=65536, ge=1)
     """Rows per gathered chunk (one parquet row group)."""
-    queue_bytes: int = Field(default=64 << 20, ge=1 << 16)
-    """Bytes of gathered rows the dump path may hold on the host (queued plus being written).
-    When full, the training thread waits: nothing is dropped."""
+    queue_bytes: int | None = Field(default=None, ge=1 << 16)
+    """Host staging budget: bytes of gathered rows and their encoded copies that the dump path
+    may hold in host memory (queued, copied from a device staging buffer, being encoded or
+    written). None: sized from the available memory
+    (:func:`~deltarec.dump.staging.default_host_budget`). When it is full the training thread
+    waits (rows gathered into host memory) or the worker does (rows staged on the device):
+    nothing is dropped."""
+    device_staging_share: float = Field(default=0.25, ge=0.0, lt=1.0)
+    """CUDA tables: share of the device's free memory (measured at the first dump) that device
+    staging buffers may hold. A dump's touched rows are gathered into such a buffer and the
+    training thread goes on at once; a table that does not fit is logged, counted, and
+    gathered into host memory under the host budget instead. 0 disables device staging."""
+    encode_workers: int | None = Field(default=None, ge=1)
+    """Threads that encode and checksum chunks in parallel. None: the cores the training
+    processes leave free (:func:`~deltarec.dump.staging.default_encode_workers`)."""
     fsync: bool = True
     """fsync shards and manifests on local disks before renaming them into place."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
@@ -75,12 +88,20 @@ class DumperConfig(BaseModel):
     def _chunk_fits_queue(self) -> DumperConfig:
         # A chunk of a 1-dim float32 table must fit, else every put would wait for an empty
         # queue and the writer could never overlap with the gather.
-        if self.chunk_rows * 13 > self.queue_bytes:
+        if self.queue_bytes is not None and self.chunk_rows * 13 > self.queue_bytes:
             raise ValueError(
                 f"queue_bytes {self.queue_bytes} cannot hold one chunk of {self.chunk_rows} "
                 "rows (13 bytes per row at least); lower chunk_rows or raise queue_bytes"
             )
         return self
+
+    def host_budget_bytes(self) -> int:
+        """The host staging budget in bytes (``queue_bytes``, or sized from memory now)."""
+        return self.queue_bytes if self.queue_bytes is not None else default_host_budget()
+
+    def encode_threads(self) -> int:
+        """The number of encoding threads (``encode_workers``, or the cores left free)."""
+        return self.encode_workers or default_encode_workers()
 
     def dtype_of(self, table: str) -> DType:
         """The encoding of ``table``."""

@@ -37,8 +37,9 @@ from deltarec.dump.assemble import LocalParts, Part
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import HostRows, rows_to_host
+from deltarec.dump.gather import DeviceRows, HostRows, rows_to_host
 from deltarec.dump.queue import ByteBoundedQueue
+from deltarec.dump.staging import DeviceBudget, device_staging
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.plain import AssembledSource
@@ -80,7 +81,8 @@ class Dumper:
         self.on_commit = on_commit
         self.keep_rows_bytes = keep_rows_bytes
         self.generation: GenerationInfo | None = None
-        self.queue = ByteBoundedQueue(config.queue_bytes, abort_check=self._check_worker)
+        self.queue = ByteBoundedQueue(config.host_budget_bytes(), abort_check=self._check_worker)
+        self.device_budget = DeviceBudget(config.device_staging_share)
         self._worker: DumpWorker | None = None
         self.lease: RunLease | None = None
         """The run's lease (rank 0 only): acquired in :meth:`start`, checked at every commit."""
@@ -152,6 +154,8 @@ class Dumper:
             on_commit=self.on_commit,
             keep_rows_bytes=self.keep_rows_bytes,
             fence=self._fence if self.lease is not None else None,
+            encode_workers=self.config.encode_threads(),
+            chunk_rows=self.config.chunk_rows,
         )
         self._cadence = Cadence(
             self.config.every_steps,
@@ -433,7 +437,8 @@ class Dumper:
                     if kind is DumpKind.SNAPSHOT
                     else _collect(source, self)
                 )
-                self._enqueue(seq, source.table_id, step, chunks)
+                with device_staging(self.device_budget):
+                    self._enqueue(seq, source.table_id, step, chunks)
             timing[source.table_id] = time.perf_counter() - t0
         self.queue.put(EndOfDump(seq, kind, first, step), 0)
         self.dump_seconds.append(time.perf_counter() - started)
@@ -446,7 +451,9 @@ class Dumper:
             self._cadence.start(step)
         return seq
 
-    def _enqueue(self, seq: int, table: str, step: int, chunks: Iterator[HostRows]) -> None:
+    def _enqueue(
+        self, seq: int, table: str, step: int, chunks: Iterator[HostRows | DeviceRows]
+    ) -> None:
         for host in chunks:
             if len(host) == 0:
                 continue

@@ -6,6 +6,11 @@ stream: the gather of chunk ``k + 1`` overlaps the copy of chunk ``k``, and each
 carries an event the background worker waits on before it reads the bytes. On CPU the gather
 already produces a host tensor and no copy is made.
 
+Inside a :func:`~deltarec.dump.staging.device_staging` block (the dumper's), a CUDA table's
+rows are instead gathered at once into a device staging buffer (:class:`DeviceRows`) when the
+block's budget has room: the training thread then waits only for the device, and the dump
+worker copies the buffer to host memory chunk by chunk (:meth:`DeviceRows.to_host`).
+
 Typical use (training thread)::
 
     ids = dedup_ids(touched_local_rows)              # sorted, unique, on the table's device
@@ -20,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from deltarec.dump.staging import DeviceBudget, current_budget
 
 _BITMAP_PER_ID = 16
 _BITMAP_MIN_ROWS = 1 << 16
@@ -74,10 +81,13 @@ class HostRows:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes this chunk holds (rows + keys + ops)."""
-        return int(
-            self.rows.numel() * self.rows.element_size() + self.keys.numel() * 8 + self.ops.numel()
-        )
+        """Host bytes this chunk takes on the dump path.
+
+        The rows, keys and ops, and their encoded copy (the parquet piece: at most the rows
+        again plus 24 bytes per row).
+        """
+        host = self.rows.numel() * self.rows.element_size() + self.keys.numel() * 9
+        return int(2 * host + self.keys.numel() * 15)
 
     def wait(self) -> None:
         """Block until the device→host copy has finished (no-op on CPU)."""
@@ -91,6 +101,59 @@ class HostRows:
         return self.keys.numpy(), self.rows.numpy(), self.ops.numpy()
 
 
+@dataclass
+class DeviceRows:
+    """A table's gathered rows in a device staging buffer, copied to host by the dump worker.
+
+    Holds ``nbytes`` of a :class:`~deltarec.dump.staging.DeviceBudget` until :meth:`release`.
+    Host bytes: none (``nbytes`` is 0 for the host queue; see :attr:`device_bytes`).
+
+    Attributes:
+        keys: int64 ``[n]`` serving keys on the device.
+        rows: ``[n, dim]`` values on the device (a copy: later training steps do not change it).
+        event: recorded on the producing stream after the gather.
+        budget: the budget the buffer is charged to.
+        device_bytes: bytes charged.
+    """
+
+    keys: torch.Tensor
+    rows: torch.Tensor
+    event: torch.cuda.Event
+    budget: DeviceBudget
+    device_bytes: int
+    nbytes: int = 0
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    def host_bytes(self, start: int, stop: int) -> int:
+        """Host bytes rows ``start:stop`` take once copied (as :attr:`HostRows.nbytes`)."""
+        n = max(0, min(stop, len(self)) - start)
+        return n * (2 * (int(self.rows.shape[1]) * self.rows.element_size() + 9) + 15)
+
+    def to_host(self, start: int, stop: int) -> HostRows:
+        """Start copying rows ``start:stop`` into pinned host memory.
+
+        The copy stream first waits for the gather; :meth:`HostRows.wait` completes the copy.
+        """
+        eng = _engine(self.rows.device)
+        assert eng.stream is not None
+        eng.stream.wait_event(self.event)
+        keys, rows = self.keys[start:stop], self.rows[start:stop]
+        ops = torch.zeros(int(keys.shape[0]), dtype=torch.int8)
+        (hkeys, hrows), event = eng.to_host(keys, rows, wait_current=False)
+        return HostRows(hkeys, hrows, ops, event)
+
+    def release(self) -> None:
+        """Give the buffer's bytes back to the budget and drop the device tensors (idempotent)."""
+        if self.device_bytes:
+            device = self.rows.device
+            self.keys = self.keys.new_empty(0)
+            self.rows = self.rows.new_empty((0, int(self.rows.shape[1])))
+            self.budget.give_back(device, self.device_bytes)
+            self.device_bytes = 0
+
+
 class _CopyEngine:
     """One copy stream per device; pinned buffers come from torch's caching host allocator."""
 
@@ -99,13 +162,19 @@ class _CopyEngine:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
 
-    def to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-        """Copy device tensors into fresh pinned host tensors asynchronously."""
+    def to_host(
+        self, *tensors: torch.Tensor, wait_current: bool = True
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Copy device tensors into fresh pinned host tensors asynchronously.
+
+        With ``wait_current`` the copy stream first waits for the calling thread's current
+        stream (the producer of ``tensors``).
+        """
         if not self.cuda:
             return list(tensors), None
         assert self.stream is not None
-        producer = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(producer)
+        if wait_current:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         out = []
         with torch.cuda.stream(self.stream):
             for t in tensors:
@@ -171,12 +240,20 @@ def gather_to_host(
         keys: explicit serving keys (same length as ``ids``) instead of ``ids + key_offset``.
 
     Yields:
-        :class:`HostRows` chunks in ``ids`` order; ``ops`` are all upserts.
+        :class:`HostRows` chunks in ``ids`` order; ``ops`` are all upserts. Inside a
+        :func:`~deltarec.dump.staging.device_staging` block with room on a CUDA device: one
+        :class:`DeviceRows` with every row instead.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     n = int(ids.shape[0])
     eng = _engine(weight.device)
+    budget = current_budget()
+    if eng.cuda and budget is not None and n > 0:
+        staged = stage_on_device(weight, ids, budget, key_offset, keys)
+        if staged is not None:
+            yield staged
+            return
     for start in range(0, n, chunk_rows):
         idx = ids[start : start + chunk_rows]
         rows = weight.index_select(0, idx)
@@ -188,3 +265,33 @@ def gather_to_host(
             yield HostRows(host[0], host[1], host[2], event, keepalive=(k, rows, ops))
         else:
             yield HostRows(k, rows, ops)
+
+
+def stage_on_device(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    budget: DeviceBudget,
+    key_offset: int = 0,
+    keys: torch.Tensor | None = None,
+) -> DeviceRows | None:
+    """Gather ``weight[ids]`` into one device staging buffer if ``budget`` has room.
+
+    Returns None (nothing taken) when the rows do not fit the budget or the device has no
+    memory left for them; the caller then gathers into host memory as before.
+    """
+    n = int(ids.shape[0])
+    nbytes = n * (int(weight.shape[1]) * weight.element_size() + 8)
+    device = weight.device
+    if not budget.try_take(device, nbytes, f"a table of {n} rows"):
+        return None
+    try:
+        rows = weight.index_select(0, ids)
+        k = ids + key_offset if keys is None else keys
+        k = k.to(device=device, dtype=torch.int64)
+    except torch.OutOfMemoryError:
+        budget.give_back(device, nbytes)
+        budget.full += 1
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return DeviceRows(k, rows, event, budget, nbytes)

@@ -80,7 +80,7 @@ class DumpHook:
         if self.store is not None:
             self.publisher = self._make_publisher()
             on_commit = self._submit
-            keep = self.config.queue_bytes
+            keep = self.config.host_budget_bytes()
         self.dumper = Dumper(self.config, sources, on_commit=on_commit, keep_rows_bytes=keep)
         if self._state is not None:
             self.dumper.load_state_dict(self._state)

@@ -5,6 +5,11 @@ their bytes only when it has finished with them (written and dropped). So the by
 the dump path (queued plus in the worker's hands) never exceed the capacity, except for one
 item larger than the capacity, which is admitted alone when the queue is empty (otherwise it
 could never pass). Nothing is ever dropped.
+
+The worker may also :meth:`reserve` bytes for what it makes from an item (the host copy of a
+device staging buffer, the encoded form of a chunk): it waits, in the background, until the
+bytes it already holds elsewhere are released, never for the items still queued (only it can
+take those), so the outstanding bytes stay within the capacity plus one reservation.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class ByteBoundedQueue:
         self._abort_check = abort_check
         self._items: collections.deque[tuple[Any, int]] = collections.deque()
         self._outstanding = 0
+        self._queued = 0
         self._cond = threading.Condition()
         self._closed = False
         self.peak_bytes = 0
@@ -81,6 +87,7 @@ class ByteBoundedQueue:
                 raise QueueClosedError("the dump queue is closed")
             self._items.append((item, nbytes))
             self._outstanding += nbytes
+            self._queued += nbytes
             self.peak_bytes = max(self.peak_bytes, self._outstanding)
             self._cond.notify_all()
 
@@ -95,7 +102,32 @@ class ByteBoundedQueue:
                 self._cond.wait()
             if not self._items:
                 raise QueueClosedError("the dump queue is closed")
-            return self._items.popleft()
+            item, nbytes = self._items.popleft()
+            self._queued -= nbytes
+            return item, nbytes
+
+    def reserve(self, nbytes: int, held: int = 0) -> None:
+        """Count ``nbytes`` more as outstanding (the consumer's side; :meth:`release` them).
+
+        Waits while they would push the outstanding bytes over capacity and the consumer
+        holds bytes beyond ``held`` (its current item's) that other threads will release;
+        never waits for queued items.
+
+        Raises:
+            QueueClosedError: if the queue is closed.
+        """
+        nbytes = max(0, int(nbytes))
+        with self._cond:
+            while (
+                not self._closed
+                and self._outstanding - self._queued - held > 0
+                and self._outstanding + nbytes > self.capacity
+            ):
+                self._cond.wait(timeout=0.5)
+            if self._closed:
+                raise QueueClosedError("the dump queue is closed")
+            self._outstanding += nbytes
+            self.peak_bytes = max(self.peak_bytes, self._outstanding)
 
     def release(self, nbytes: int) -> None:
         """Give back the bytes of an item the consumer has finished with."""

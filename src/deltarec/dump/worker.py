@@ -1,10 +1,13 @@
 """The background worker: encode gathered chunks, write shards, commit each dump across ranks.
 
 The training thread puts, in order, for each dump: :class:`Chunk` items (one table's rows at a
-time) and then one :class:`EndOfDump`. The worker waits for each chunk's device→host copy,
-encodes it with the table's dtype, appends it to the table's :class:`ShardWriter` (streamed,
-hashed, temp name), and at the end of the dump closes the shards (durable, renamed) and runs
-the commit protocol:
+time) and then one :class:`EndOfDump`. A chunk is either rows in host memory or a table's
+device staging buffer (:class:`~deltarec.dump.gather.DeviceRows`), which the worker copies to
+pinned host memory chunk by chunk, reserving each chunk's bytes in the host budget first. Each
+host chunk is encoded on the :class:`~deltarec.dump.encode.EncodePool` (several cores) and
+appended, in order, to the table's :class:`~deltarec.dump.encode.ParallelShardWriter`
+(streamed, hashed, temp name); its bytes return to the budget once written and hashed. At the
+end of the dump the worker closes the shards (durable, renamed) and runs the commit protocol:
 
 1. every rank's worker sends its shard list - or the error that stopped it - to every other
    rank over the worker's own gloo group (``all_gather``);
@@ -27,16 +30,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows, ShardWriter
+from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
 from deltarec.dump.assemble import Assembly, Part
+from deltarec.dump.encode import (
+    Encoded,
+    EncodePool,
+    ParallelShardWriter,
+    encode_rows,
+)
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import HostRows
+from deltarec.dump.gather import DeviceRows, HostRows
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.errors import DumpError
-from deltarec.testing.faults import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ class Chunk:
     seq: int
     table: str
     step: int
-    rows: HostRows
+    rows: HostRows | DeviceRows
 
 
 @dataclass
@@ -69,7 +76,7 @@ class _Stop:
 @dataclass
 class _DumpState:
     seq: int
-    writers: dict[str, ShardWriter] = field(default_factory=dict)
+    writers: dict[str, ParallelShardWriter] = field(default_factory=dict)
     shards: list[ShardInfo] = field(default_factory=list)
     kept: dict[str, list[ShardRows]] = field(default_factory=dict)
     kept_bytes: int = 0
@@ -79,6 +86,24 @@ class _DumpState:
 
 OnCommit = Callable[[Manifest, "dict[str, ShardRows] | None"], None]
 """Called on the worker thread after a dump is committed, with this rank's rows when kept."""
+
+
+class _Release:
+    """Gives an item's budget bytes back to the queue exactly once."""
+
+    def __init__(self, queue: ByteBoundedQueue, nbytes: int) -> None:
+        self.queue = queue
+        self.nbytes = nbytes
+        self.taken = False  # a writer releases it later
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.queue.release(self.nbytes)
 
 
 class DumpWorker:
@@ -96,6 +121,9 @@ class DumpWorker:
             ``on_commit``; a larger dump is handed over without rows (read from artifacts).
         fence: called on rank 0 right before MANIFEST.json is written; if it raises (a newer
             trainer owns the run), the dump fails on every rank and nothing is committed.
+        encode_workers: threads that encode chunks (see
+            :func:`~deltarec.dump.staging.default_encode_workers`).
+        chunk_rows: rows per host chunk copied from a device staging buffer.
     """
 
     def __init__(
@@ -110,6 +138,8 @@ class DumpWorker:
         on_commit: OnCommit | None = None,
         keep_rows_bytes: int = 0,
         fence: Callable[[], None] | None = None,
+        encode_workers: int = 1,
+        chunk_rows: int = 65536,
     ) -> None:
         self.root = root
         self.fence = fence
@@ -121,7 +151,10 @@ class DumpWorker:
         self.fsync = fsync
         self.on_commit = on_commit
         self.keep_rows_bytes = keep_rows_bytes
+        self.chunk_rows = chunk_rows
+        self.pool = EncodePool(encode_workers)
         self.committed: list[Manifest] = []
+        self._keep_lock = threading.Lock()
         self.failure: DumpError | None = None
         self._cond = threading.Condition()
         self._dump: _DumpState | None = None
@@ -166,6 +199,7 @@ class DumpWorker:
         alive = self._thread.is_alive()
         if not alive:
             self.queue.close()
+            self.pool.close()
         return not alive
 
     # ---- worker thread -------------------------------------------------------------------
@@ -178,21 +212,25 @@ class DumpWorker:
             if isinstance(item, _Stop):
                 self.queue.release(nbytes)
                 return
+            release = _Release(self.queue, nbytes)
             try:
                 if self.failure is None:
-                    self._handle(item)
+                    self._handle(item, release)
             except BaseException as e:
                 log.exception("dump worker failed")
                 self._fail_local(item, e)
             finally:
+                if isinstance(item, Chunk) and isinstance(item.rows, DeviceRows):
+                    item.rows.release()
                 item = None  # drop the host rows before their bytes are released
-                self.queue.release(nbytes)
+                if not release.taken:
+                    release()
                 with self._cond:
                     self._cond.notify_all()
 
-    def _handle(self, item: object) -> None:
+    def _handle(self, item: object, release: _Release) -> None:
         if isinstance(item, Chunk):
-            self._write_chunk(item)
+            self._write_chunk(item, release)
         elif isinstance(item, Part):
             self._exchange_part(item)
         elif isinstance(item, EndOfDump):
@@ -206,17 +244,68 @@ class DumpWorker:
             self._dump = _DumpState(seq)
         return self._dump
 
-    def _write_chunk(self, chunk: Chunk) -> None:
+    def _write_chunk(self, chunk: Chunk, release: _Release) -> None:
         state = self._state(chunk.seq)
         if state.error is not None:
             return
         try:
-            chunk.rows.wait()
-            keys, values, ops = chunk.rows.numpy()
-            self._write_rows(state, chunk.table, chunk.step, keys, values, ops)
+            if isinstance(chunk.rows, DeviceRows):
+                self._write_staged(state, chunk, chunk.rows)
+                return
+            release.taken = True  # its bytes cover the encoded copy too (HostRows.nbytes)
+            self._submit(state, chunk.table, chunk.step, chunk.rows, release)
         except Exception as e:
             state.error = (chunk.table, f"{type(e).__name__}: {e}")
             log.exception("writing dump %s table %s failed", chunk.seq, chunk.table)
+
+    def _write_staged(self, state: _DumpState, chunk: Chunk, staged: DeviceRows) -> None:
+        """Copy a device staging buffer to host chunk by chunk, each within the host budget."""
+        last: HostRows | None = None
+        for start in range(0, len(staged), self.chunk_rows):
+            stop = min(start + self.chunk_rows, len(staged))
+            nbytes = staged.host_bytes(start, stop)
+            self.queue.reserve(nbytes)
+            release = _Release(self.queue, nbytes)
+            try:
+                last = staged.to_host(start, stop)
+            except BaseException:
+                release()
+                raise
+            self._submit(state, chunk.table, chunk.step, last, release)
+        if last is not None and last.event is not None:
+            last.event.synchronize()  # every copy out of the buffer is done (one copy stream)
+        staged.release()
+
+    def _submit(
+        self, state: _DumpState, table: str, step: int, host: HostRows, release: _Release
+    ) -> None:
+        spec = self.tables[table]
+
+        def job() -> Encoded:
+            host.wait()
+            keys, values, ops = host.numpy()
+            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim)
+
+        self._writer(state, table).write(job, release, self._keeper(state, table))
+
+    def _writer(self, state: _DumpState, table: str) -> ParallelShardWriter:
+        writer = state.writers.get(table)
+        if writer is None:
+            spec = self.tables[table]
+            writer = ParallelShardWriter(
+                self.root,
+                self.run,
+                self.generation,
+                state.seq,
+                table,
+                self.exchange.rank,
+                spec.dtype,
+                spec.dim,
+                self.pool,
+                fsync=self.fsync,
+            )
+            state.writers[table] = writer
+        return writer
 
     def _write_rows(
         self,
@@ -228,30 +317,11 @@ class DumpWorker:
         ops: np.ndarray | None,
     ) -> None:
         spec = self.tables[table]
-        encoded = codec.encode(values, spec.dtype)
-        rows = ShardRows(
-            keys=keys.astype(np.int64, copy=False),
-            embedding=encoded,
-            ops=np.zeros(len(keys), np.int8) if ops is None else ops.astype(np.int8, copy=False),
-            steps=np.full(len(keys), step, dtype=np.int64),
-        )
-        writer = state.writers.get(table)
-        if writer is None:
-            writer = ShardWriter(
-                self.root,
-                self.run,
-                self.generation,
-                state.seq,
-                table,
-                self.exchange.rank,
-                spec.dtype,
-                spec.dim,
-                fsync=self.fsync,
-            )
-            state.writers[table] = writer
-        writer.write(rows)
-        failpoint("shard.write")
-        self._keep(state, table, rows, encoded)
+
+        def job() -> Encoded:
+            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim)
+
+        self._writer(state, table).write(job, None, self._keeper(state, table))
 
     def _exchange_part(self, part: Part) -> None:
         """One part of an assembled table: its round(s) of the exchange on the worker's group.
@@ -291,27 +361,31 @@ class DumpWorker:
         finally:
             asm.done += 1
 
-    def _keep(self, state: _DumpState, table: str, rows: ShardRows, encoded: np.ndarray) -> None:
-        if self.on_commit is None or state.kept_bytes < 0:
-            return
-        size = encoded.nbytes + rows.keys.nbytes + rows.ops.nbytes + rows.steps.nbytes
-        if state.kept_bytes + size > self.keep_rows_bytes:
-            state.kept.clear()
-            state.kept_bytes = -1  # too large: hand over without rows
-            return
-        copy = ShardRows(rows.keys.copy(), encoded.copy(), rows.ops.copy(), rows.steps.copy())
-        state.kept.setdefault(table, []).append(copy)
-        state.kept_bytes += size
+    def _keeper(self, state: _DumpState, table: str) -> Callable[[ShardRows], None] | None:
+        if self.on_commit is None:
+            return None
+        return lambda rows: self._keep(state, table, rows)
+
+    def _keep(self, state: _DumpState, table: str, rows: ShardRows) -> None:
+        """Keep a copy of written rows for ``on_commit`` (called by the shards' sink threads)."""
+        with self._keep_lock:
+            if state.kept_bytes < 0:
+                return
+            size = rows.embedding.nbytes + rows.keys.nbytes + rows.ops.nbytes + rows.steps.nbytes
+            if state.kept_bytes + size > self.keep_rows_bytes:
+                state.kept.clear()
+                state.kept_bytes = -1  # too large: hand over without rows
+                return
+            copy = ShardRows(
+                rows.keys.copy(), rows.embedding.copy(), rows.ops.copy(), rows.steps.copy()
+            )
+            state.kept.setdefault(table, []).append(copy)
+            state.kept_bytes += size
 
     def _end_dump(self, end: EndOfDump) -> None:
         state = self._state(end.seq)
         if state.error is None:
-            for table, writer in list(state.writers.items()):
-                try:
-                    state.shards.append(writer.close())
-                except Exception as e:
-                    state.error = (table, f"{type(e).__name__}: {e}")
-                    break
+            self._close_writers(state)
         if state.error is not None:
             self._abort_writers()
         manifest = self._commit(end, state)
@@ -324,6 +398,33 @@ class DumpWorker:
             if state.kept_bytes >= 0:
                 kept = {t: ShardRows.concat(parts) for t, parts in state.kept.items()}
             self.on_commit(manifest, kept)
+
+    def _close_writers(self, state: _DumpState) -> None:
+        """Close every shard of the dump, all at once (each waits for its chunks and fsync)."""
+        writers = list(state.writers.items())
+        results: list[ShardInfo | BaseException | None] = [None] * len(writers)
+
+        def close(i: int) -> None:
+            try:
+                results[i] = writers[i][1].close()
+            except BaseException as e:  # reported below, in table order
+                results[i] = e
+
+        threads = [
+            threading.Thread(target=close, args=(i,), name="deltarec-shard-close", daemon=True)
+            for i in range(1, len(writers))
+        ]
+        for t in threads:
+            t.start()
+        if writers:
+            close(0)
+        for t in threads:
+            t.join()
+        for (table, _), result in zip(writers, results, strict=True):
+            if isinstance(result, ShardInfo):
+                state.shards.append(result)
+            elif state.error is None:
+                state.error = (table, f"{type(result).__name__}: {result}")
 
     def _commit(self, end: EndOfDump, state: _DumpState) -> Manifest:
         rank = self.exchange.rank

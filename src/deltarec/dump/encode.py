@@ -1,0 +1,370 @@
+"""Encoding a dump on several cores: chunks become parquet pieces in parallel, shards in order.
+
+A :class:`ParallelShardWriter` has the contract of
+:class:`~deltarec.artifacts.shards.ShardWriter` (one SPEC §3 shard per table, rank and dump,
+written under a temporary name, durable, then renamed, with its sha256 and size), but each
+chunk is encoded (dtype encoding, then pyarrow's parquet encoding, both outside the GIL) on a
+shared :class:`EncodePool`, into a piece of its own (:mod:`deltarec.dump.stitch`). Per shard
+three helper threads keep the file moving in chunk order:
+
+* the **sink** waits for each piece in turn and appends its body to the file;
+* the **hasher** feeds the same bytes to sha256 and then releases the chunk's memory budget;
+* the **syncer** (local files with ``fsync``) starts the disk write-back every 64 MiB, so the
+  final ``fsync`` finds little left to write.
+
+The shard's footer is written by :meth:`ParallelShardWriter.close`, after every piece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import posixpath
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.root import ArtifactRoot, shard_relpath
+from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.types import DType, ShardInfo
+from deltarec.dump.stitch import MAGIC, Piece, PieceMeta, footer_tail, stitched_footer
+from deltarec.testing.faults import failpoint
+
+log = logging.getLogger(__name__)
+
+Encoded = tuple[Piece, ShardRows]
+"""An encoded chunk: its parquet piece and its rows as stored (for the publisher hand-off)."""
+
+
+def encode_piece(rows: ShardRows, dtype: DType, dim: int) -> Piece:
+    """Encode rows (already in their stored encoding) as a parquet file of their own.
+
+    The writer options are those of :class:`~deltarec.artifacts.shards.ShardWriter`.
+    """
+    sink = pa.BufferOutputStream()
+    writer = pq.ParquetWriter(
+        sink,
+        codec.shard_schema(dtype, dim),
+        compression="none",
+        use_dictionary=False,
+        write_statistics=[codec.KEY, codec.STEP],
+    )
+    try:
+        if len(rows):
+            writer.write_table(
+                codec.to_arrow(rows.keys, rows.embedding, rows.ops, rows.steps, dtype)
+            )
+    finally:
+        writer.close()
+    return Piece.parse(sink.getvalue())
+
+
+def encode_rows(
+    keys: np.ndarray,
+    values: np.ndarray,
+    ops: np.ndarray | None,
+    step: int,
+    dtype: DType,
+    dim: int,
+) -> Encoded:
+    """Encode float rows with the table's dtype, then as a parquet piece."""
+    encoded = codec.encode(values, dtype)
+    rows = ShardRows(
+        keys=keys.astype(np.int64, copy=False),
+        embedding=encoded,
+        ops=np.zeros(len(keys), np.int8) if ops is None else ops.astype(np.int8, copy=False),
+        steps=np.full(len(keys), step, dtype=np.int64),
+    )
+    return encode_piece(rows, dtype, dim), rows
+
+
+class EncodePool:
+    """The threads that encode every shard's chunks of one dump worker.
+
+    Args:
+        workers: number of threads (>= 1).
+    """
+
+    def __init__(self, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"encode workers must be >= 1, got {workers}")
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="deltarec-encode")
+
+    def submit(self, job: Callable[[], Encoded]) -> Future[Encoded]:
+        """Run ``job`` on a pool thread."""
+        return self._pool.submit(job)
+
+    def close(self) -> None:
+        """Finish the jobs submitted, then stop the threads."""
+        self._pool.shutdown(wait=True)
+
+
+@dataclass
+class _Pending:
+    future: Future[Encoded]
+    release: Callable[[], None] | None
+    on_rows: Callable[[ShardRows], None] | None
+
+
+class _Stop:
+    pass
+
+
+_STOP = _Stop()
+
+
+class ParallelShardWriter:
+    """One table's shard of one rank and dump, its chunks encoded on an :class:`EncodePool`.
+
+    Args:
+        root: the artifact root.
+        run, generation, seq, table, rank: where the shard goes.
+        dtype, dim: the table's encoding.
+        pool: the encoding threads.
+        fsync: make the file durable before the rename (local disks).
+        max_pending: chunks submitted and not yet written before :meth:`write` waits.
+    """
+
+    _SYNC_EVERY = 64 << 20
+
+    def __init__(
+        self,
+        root: ArtifactRoot,
+        run: str,
+        generation: int,
+        seq: int,
+        table: str,
+        rank: int,
+        dtype: DType,
+        dim: int,
+        pool: EncodePool,
+        fsync: bool = True,
+        max_pending: int | None = None,
+    ) -> None:
+        self.root = root
+        self.table = table
+        self.rank = rank
+        self.dtype = DType(dtype)
+        self.dim = dim
+        self.pool = pool
+        self.fsync = fsync
+        self.relpath = shard_relpath(table, rank)
+        self.final = root.shard_path(run, generation, seq, table, rank)
+        self.tmp = root.tmp_path(self.final)
+        self.rows = 0
+        self.size = 0
+        self._metas: list[PieceMeta] = []
+        self._sha = hashlib.sha256()
+        self._error: BaseException | None = None
+        self._closed = False
+        root.makedirs(posixpath.dirname(self.final))
+        self._fd = -1
+        self._stream: Any = None
+        if root.is_local:
+            self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            self._stream = root.fs.open(self.tmp, "wb")
+        bound = max_pending if max_pending is not None else 2 * pool.workers + 2
+        self._pending: queue.Queue[_Pending | _Stop] = queue.Queue(maxsize=bound)
+        self._hashing: queue.Queue[tuple[memoryview | None, _Pending | None]] = queue.Queue(4)
+        self._written = 0
+        self._synced = 0
+        self._sync_cond = threading.Condition()
+        self._sync_stop = False
+        self._syncer: threading.Thread | None = None
+        self._append(memoryview(MAGIC))
+        self._sha.update(MAGIC)
+        self._sink = self._thread(self._sink_loop, "sink")
+        self._hasher = self._thread(self._hash_loop, "sha256")
+        self._syncer = self._thread(self._sync_loop, "sync") if self._fd >= 0 and fsync else None
+
+    def _thread(self, target: Callable[[], None], what: str) -> threading.Thread:
+        t = threading.Thread(target=target, name=f"deltarec-shard-{what}", daemon=True)
+        t.start()
+        return t
+
+    # ---- the worker's side -----------------------------------------------------------------
+    def write(
+        self,
+        job: Callable[[], Encoded],
+        release: Callable[[], None] | None = None,
+        on_rows: Callable[[ShardRows], None] | None = None,
+    ) -> None:
+        """Encode a chunk on the pool (``job``) and append it after the chunks before it.
+
+        ``release`` is called exactly once, when the chunk's bytes are written and hashed
+        (or dropped after a failure); ``on_rows`` gets the stored rows, in chunk order.
+        Waits while ``max_pending`` chunks are in flight.
+        """
+        if self._closed:
+            raise RuntimeError("shard writer already closed")
+        try:
+            future = self.pool.submit(job)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        self._pending.put(_Pending(future, release, on_rows))
+
+    def close(self) -> ShardInfo:
+        """Wait for every chunk, write the footer, make the file durable, rename it into place.
+
+        Raises:
+            Exception: the first failure of an encoding job or of a write.
+        """
+        if self._closed:
+            raise RuntimeError("shard writer already closed")
+        self._closed = True
+        self._finish_threads()
+        if self._error is not None:
+            self._discard()
+            raise self._error
+        try:
+            if not self._metas:  # no rows: a file with the schema and no row group
+                empty = ShardRows.empty(self.dtype, self.dim)
+                self._metas.append(encode_piece(empty, self.dtype, self.dim).meta())
+            footer = stitched_footer(self._metas)
+            tail = footer + footer_tail(footer)
+            self._append(memoryview(tail))
+            self._sha.update(tail)
+            self._make_durable()
+        except BaseException:
+            self._discard()
+            raise
+        self.root.publish_file(self.tmp, self.final)
+        return ShardInfo(
+            path=self.relpath,
+            table=self.table,
+            rank=self.rank,
+            rows=self.rows,
+            bytes=self.size,
+            sha256=self._sha.hexdigest(),
+        )
+
+    def abort(self) -> None:
+        """Drop the chunks in flight (releasing their bytes) and the temporary file."""
+        if self._closed and self._sink is None:
+            return
+        self._closed = True
+        if self._error is None:
+            self._error = RuntimeError("shard writer aborted")
+        self._finish_threads()
+        self._discard()
+
+    # ---- helper threads ----------------------------------------------------------------------
+    def _finish_threads(self) -> None:
+        if self._sink is None:
+            return
+        self._pending.put(_STOP)
+        self._sink.join()
+        self._hasher.join()
+        if self._syncer is not None:
+            with self._sync_cond:
+                self._sync_stop = True
+                self._sync_cond.notify_all()
+            self._syncer.join()
+        self._sink = None  # type: ignore[assignment]
+
+    def _sink_loop(self) -> None:
+        while True:
+            item = self._pending.get()
+            if isinstance(item, _Stop):
+                self._hashing.put((None, None))
+                return
+            body: memoryview | None = None
+            try:
+                if self._error is not None:
+                    item.future.cancel()
+                piece, rows = item.future.result()
+                if self._error is None:
+                    body = piece.body
+                    self._append(body)
+                    self._metas.append(piece.meta())
+                    self.rows += piece.rows
+                    failpoint("shard.write")  # crash tests: a shard half written
+                    if item.on_rows is not None:
+                        item.on_rows(rows)
+            except BaseException as e:  # re-raised by close()
+                body = None
+                if self._error is None:
+                    self._error = e
+                    log.warning("encoding or writing a chunk of %s failed: %r", self.table, e)
+            self._hashing.put((body, item))
+
+    def _hash_loop(self) -> None:
+        while True:
+            body, item = self._hashing.get()
+            if item is None:
+                return
+            try:
+                if body is not None and self._error is None:
+                    self._sha.update(body)
+            finally:
+                if item.release is not None:
+                    item.release()
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._sync_cond:
+                self._sync_cond.wait_for(
+                    lambda: self._sync_stop or self._written - self._synced >= self._SYNC_EVERY
+                )
+                if self._sync_stop:
+                    return
+                target = self._written
+            try:
+                os.fdatasync(self._fd)
+            except OSError as e:
+                if self._error is None:
+                    self._error = e
+                return
+            self._synced = target
+
+    def _append(self, data: memoryview) -> None:
+        if self._fd >= 0:
+            view = data.cast("B") if data.format != "B" else data
+            while view.nbytes:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        else:
+            self._stream.write(data)
+        self.size += data.nbytes
+        if self._syncer is not None:
+            with self._sync_cond:
+                self._written = self.size
+                if self._written - self._synced >= self._SYNC_EVERY:
+                    self._sync_cond.notify_all()
+
+    def _make_durable(self) -> None:
+        if self._fd >= 0:
+            if self.fsync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        else:
+            self._stream.flush()
+            self._stream.close()
+            self._stream = None
+
+    def _discard(self) -> None:
+        try:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            elif self._stream is not None:
+                self._stream.close()
+                self._stream = None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self.root.fs.rm(self.tmp)

@@ -1,0 +1,163 @@
+"""Shards encoded in parallel: byte-identical to pyarrow's own file, verified, in chunk order."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from deltarec.artifacts import ArtifactRoot, DType, codec, read_shard
+from deltarec.artifacts.shards import ShardRows
+from deltarec.dump.encode import EncodePool, ParallelShardWriter, encode_piece, encode_rows
+from deltarec.dump.queue import ByteBoundedQueue
+from deltarec.dump.staging import (
+    MIN_HOST_BUDGET,
+    default_encode_workers,
+    default_host_budget,
+)
+from deltarec.dump.stitch import MAGIC, Piece, StitchError, footer_tail, stitched_footer
+
+
+def _rows(rng: np.random.Generator, n: int, start: int, dim: int, dtype: DType) -> ShardRows:
+    values = rng.standard_normal((n, dim), dtype=np.float32)
+    return ShardRows(
+        np.arange(start, start + n, dtype=np.int64),
+        codec.encode(values, dtype),
+        (rng.random(n) < 0.1).astype(np.int8),
+        np.full(n, 7 + start, np.int64),
+    )
+
+
+@pytest.mark.parametrize("dtype", list(DType))
+def test_a_stitched_shard_is_byte_identical_to_one_pyarrow_writer_of_the_same_chunks(dtype):
+    rng = np.random.default_rng(0)
+    chunks = [_rows(rng, n, s, 12, dtype) for n, s in ((100, 0), (3000, 500), (1, 9000))]
+    pieces = [encode_piece(c, dtype, 12) for c in chunks]
+    footer = stitched_footer([p.meta() for p in pieces])
+    stitched = MAGIC + b"".join(bytes(p.body) for p in pieces) + footer + footer_tail(footer)
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(
+        sink,
+        codec.shard_schema(dtype, 12),
+        compression="none",
+        use_dictionary=False,
+        write_statistics=[codec.KEY, codec.STEP],
+    ) as w:
+        for c in chunks:
+            w.write_table(codec.to_arrow(c.keys, c.embedding, c.ops, c.steps, dtype))
+    assert stitched == sink.getvalue().to_pybytes()
+    meta = pq.ParquetFile(pa.BufferReader(stitched)).metadata
+    assert meta.num_rows == 3101 and meta.num_row_groups == 3
+    assert meta.row_group(1).column(0).statistics.min == 500
+
+
+def test_a_file_that_is_not_parquet_is_refused_by_name():
+    with pytest.raises(StitchError, match="no PAR1 magic"):
+        Piece.parse(pa.py_buffer(b"PAR1 not really a parquet file"))
+
+
+def test_a_parallel_shard_keeps_chunk_order_and_verifies_when_early_chunks_are_slow(tmp_path):
+    root = ArtifactRoot(str(tmp_path))
+    pool = EncodePool(4)
+    w = ParallelShardWriter(root, "r", 1, 2, "m.t", 0, DType.FLOAT16, 16, pool, fsync=True)
+    rng = np.random.default_rng(1)
+    want_keys, released, kept = [], [], []
+    for i in range(12):
+        n = 50 + i
+        keys = rng.permutation(100_000)[:n].astype(np.int64)
+        values = rng.standard_normal((n, 16), dtype=np.float32)
+        want_keys.append(keys)
+
+        def job(keys=keys, values=values, slow=i < 2):
+            if slow:
+                time.sleep(0.2)  # finishes after the chunks submitted behind it
+            return encode_rows(keys, values, None, 5, DType.FLOAT16, 16)
+
+        w.write(job, release=lambda i=i: released.append(i), on_rows=kept.append)
+    info = w.close()
+    pool.close()
+    assert sorted(released) == list(range(12))
+    assert info.rows == sum(len(k) for k in want_keys) and info.path == "m.t/rank-00000.parquet"
+    got = read_shard(root, root.dump_dir("r", 1, 2), info, DType.FLOAT16)  # checks sha256
+    assert np.array_equal(got.keys, np.concatenate(want_keys))
+    assert np.array_equal(np.concatenate([k.keys for k in kept]), got.keys)
+    assert (got.steps == 5).all() and (got.ops == 0).all()
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
+def test_a_failing_chunk_fails_the_shard_releases_every_chunk_and_leaves_no_file(tmp_path):
+    root = ArtifactRoot(str(tmp_path))
+    pool = EncodePool(2)
+    w = ParallelShardWriter(root, "r", 1, 3, "m.t", 0, DType.FLOAT32, 4, pool, fsync=False)
+    released = []
+    lock = threading.Lock()
+
+    def release(i: int) -> None:
+        with lock:
+            released.append(i)
+
+    for i in range(6):
+
+        def job(i=i):
+            if i == 2:
+                raise ValueError("bad chunk 2")
+            return encode_rows(np.arange(3), np.ones((3, 4), np.float32), None, 1, DType.FLOAT32, 4)
+
+        w.write(job, release=lambda i=i: release(i))
+    with pytest.raises(ValueError, match="bad chunk 2"):
+        w.close()
+    w.abort()  # what the worker does after a failed close: nothing left to do
+    pool.close()
+    assert sorted(released) == list(range(6))
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_an_empty_parallel_shard_is_a_valid_parquet_file_with_no_rows(tmp_path):
+    root = ArtifactRoot(str(tmp_path))
+    pool = EncodePool(1)
+    info = ParallelShardWriter(root, "r", 1, 4, "m.t", 0, DType.INT8_ROWWISE, 8, pool).close()
+    pool.close()
+    got = read_shard(root, root.dump_dir("r", 1, 4), info, DType.INT8_ROWWISE)
+    assert info.rows == 0 and len(got) == 0
+
+
+def test_the_worker_reserves_host_bytes_without_waiting_for_queued_items():
+    q = ByteBoundedQueue(1000)
+    q.put("a", 600)
+    q.put("b", 400)  # queued, only the worker can take it
+    q.reserve(900)  # nothing else held by the worker: admitted at once (over capacity)
+    assert q.outstanding_bytes == 1900 and q.peak_bytes == 1900
+    _, n = q.get()
+    waited = []
+
+    def reserve_more() -> None:
+        t0 = time.perf_counter()
+        q.reserve(100)
+        waited.append(time.perf_counter() - t0)
+
+    t = threading.Thread(target=reserve_more)
+    t.start()  # the worker holds 1500 bytes other threads will release: it waits for them
+    time.sleep(0.2)
+    assert not waited
+    q.release(900)
+    q.release(n)
+    t.join(5)
+    assert waited and waited[0] >= 0.15
+
+
+def test_default_budgets_follow_the_machine_and_the_ranks_on_it(monkeypatch):
+    monkeypatch.setattr("deltarec.dump.staging.usable_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert default_encode_workers() == 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_encode_workers() == 7
+    monkeypatch.setattr("deltarec.dump.staging.usable_cores", lambda: 2)
+    assert default_encode_workers() == 1
+    monkeypatch.setattr("deltarec.dump.staging.available_memory", lambda: 16 << 30)
+    assert default_host_budget() == 1 << 30  # 16 GiB / 8 / 2 ranks
+    monkeypatch.setattr("deltarec.dump.staging.available_memory", lambda: 0)
+    assert default_host_budget() == MIN_HOST_BUDGET
