@@ -17,7 +17,7 @@ The committed shard is checked: sha256 and size against the manifest, row count,
 first and last row groups against the table.
 
     python bench/bench_dump_gpu.py [--rows 50000000] [--dim 128] [--touched 10000000]
-        [--dir /tmp] [--reps 3] [--json out.json]
+        [--dir /tmp] [--reps 3] [--queue-bytes N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="directory on the disk to measure")
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--no-before", action="store_true", help="skip the path without staging")
+    p.add_argument("--queue-bytes", type=int, default=None, help="host budget (default: sized)")
     a = p.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -147,7 +148,9 @@ def main() -> None:
     res: dict[str, Any] = {}
     try:
         gather = bare_gather(weight, raw, a.reps)
-        ours = run_dumps(os.path.join(work, "new"), weight, raw, a.touched, a.reps)
+        ours = run_dumps(
+            os.path.join(work, "new"), weight, raw, a.touched, a.reps, queue_bytes=a.queue_bytes
+        )
         disk = [baseline_write(os.path.join(work, "base.bin"), ours["bytes"]) for _ in range(2)]
         before = None
         if not a.no_before:

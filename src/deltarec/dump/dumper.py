@@ -37,7 +37,7 @@ from deltarec.dump.assemble import LocalParts, Part
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import DeviceRows, HostRows, rows_to_host
+from deltarec.dump.gather import HostRows, rows_to_host
 from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.staging import DeviceBudget, device_staging
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
@@ -451,9 +451,7 @@ class Dumper:
             self._cadence.start(step)
         return seq
 
-    def _enqueue(
-        self, seq: int, table: str, step: int, chunks: Iterator[HostRows | DeviceRows]
-    ) -> None:
+    def _enqueue(self, seq: int, table: str, step: int, chunks: Iterator[HostRows]) -> None:
         for host in chunks:
             if len(host) == 0:
                 continue

@@ -51,7 +51,24 @@ def encode_piece(rows: ShardRows, dtype: DType, dim: int) -> Piece:
 
     The writer options are those of :class:`~deltarec.artifacts.shards.ShardWriter`.
     """
-    sink = pa.BufferOutputStream()
+    # Into one numpy allocation of a safe upper size: large, so it is mapped and unmapped
+    # whole (resident memory follows the budget's accounting); a growing arrow buffer would be
+    # reallocated and kept by the allocator's caches.
+    stored = 4 if DType(dtype) is DType.INT8_ROWWISE else 1  # uint8 is stored as int32
+    room = rows.embedding.nbytes * stored + len(rows) * (40 + (dim + 7) // 8) + (256 << 10)
+    memory = np.empty(room, np.uint8)
+    try:
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(memory))
+        _write_piece(sink, rows, dtype, dim)
+        size = sink.tell()
+    except (OSError, pa.ArrowException):  # larger than the estimate: a growing buffer
+        grown = pa.BufferOutputStream()
+        _write_piece(grown, rows, dtype, dim)
+        return Piece.parse(grown.getvalue())
+    return Piece.parse(pa.py_buffer(memory[:size]))
+
+
+def _write_piece(sink: Any, rows: ShardRows, dtype: DType, dim: int) -> None:
     writer = pq.ParquetWriter(
         sink,
         codec.shard_schema(dtype, dim),
@@ -66,7 +83,6 @@ def encode_piece(rows: ShardRows, dtype: DType, dim: int) -> Piece:
             )
     finally:
         writer.close()
-    return Piece.parse(sink.getvalue())
 
 
 def encode_rows(

@@ -84,10 +84,10 @@ class HostRows:
         """Host bytes this chunk takes on the dump path.
 
         The rows, keys and ops, and their encoded copy (the parquet piece: at most the rows
-        again plus 24 bytes per row).
+        again, key, op and step, an int8 row's scale and bias, a repetition level bit per
+        value).
         """
-        host = self.rows.numel() * self.rows.element_size() + self.keys.numel() * 9
-        return int(2 * host + self.keys.numel() * 15)
+        return _budget_bytes(self.rows)
 
     def wait(self) -> None:
         """Block until the device→host copy has finished (no-op on CPU)."""
@@ -101,35 +101,38 @@ class HostRows:
         return self.keys.numpy(), self.rows.numpy(), self.ops.numpy()
 
 
+def _budget_bytes(rows: torch.Tensor) -> int:
+    n, dim = int(rows.shape[0]), int(rows.shape[1]) if rows.dim() > 1 else 1
+    return 2 * n * dim * rows.element_size() + n * (50 + (dim + 7) // 8)
+
+
 @dataclass
-class DeviceRows:
+class DeviceRows(HostRows):
     """A table's gathered rows in a device staging buffer, copied to host by the dump worker.
 
-    Holds ``nbytes`` of a :class:`~deltarec.dump.staging.DeviceBudget` until :meth:`release`.
-    Host bytes: none (``nbytes`` is 0 for the host queue; see :attr:`device_bytes`).
+    ``keys``, ``rows`` and ``ops`` are on the device until :meth:`wait` (the whole buffer at
+    once) or :meth:`release`; the dump worker instead copies it chunk by chunk with
+    :meth:`to_host`. It takes no host bytes (``nbytes`` is 0) but ``device_bytes`` of
+    ``budget`` until :meth:`release` (or :meth:`wait`).
 
     Attributes:
-        keys: int64 ``[n]`` serving keys on the device.
-        rows: ``[n, dim]`` values on the device (a copy: later training steps do not change it).
-        event: recorded on the producing stream after the gather.
+        gathered: recorded on the producing stream after the gather.
         budget: the budget the buffer is charged to.
-        device_bytes: bytes charged.
+        device_bytes: bytes charged (0 once given back).
     """
 
-    keys: torch.Tensor
-    rows: torch.Tensor
-    event: torch.cuda.Event
-    budget: DeviceBudget
-    device_bytes: int
-    nbytes: int = 0
+    gathered: torch.cuda.Event | None = None
+    budget: DeviceBudget | None = None
+    device_bytes: int = 0
 
-    def __len__(self) -> int:
-        return int(self.keys.shape[0])
+    @property
+    def nbytes(self) -> int:
+        """No host bytes: the buffer is charged to the device budget."""
+        return 0
 
     def host_bytes(self, start: int, stop: int) -> int:
         """Host bytes rows ``start:stop`` take once copied (as :attr:`HostRows.nbytes`)."""
-        n = max(0, min(stop, len(self)) - start)
-        return n * (2 * (int(self.rows.shape[1]) * self.rows.element_size() + 9) + 15)
+        return _budget_bytes(self.rows[start:stop])
 
     def to_host(self, start: int, stop: int) -> HostRows:
         """Start copying rows ``start:stop`` into pinned host memory.
@@ -137,19 +140,29 @@ class DeviceRows:
         The copy stream first waits for the gather; :meth:`HostRows.wait` completes the copy.
         """
         eng = _engine(self.rows.device)
-        assert eng.stream is not None
-        eng.stream.wait_event(self.event)
+        assert eng.stream is not None and self.gathered is not None
+        eng.stream.wait_event(self.gathered)
         keys, rows = self.keys[start:stop], self.rows[start:stop]
         ops = torch.zeros(int(keys.shape[0]), dtype=torch.int8)
         (hkeys, hrows), event = eng.to_host(keys, rows, wait_current=False)
         return HostRows(hkeys, hrows, ops, event)
 
+    def wait(self) -> None:
+        """Copy the whole buffer to host memory now (for callers that take it as host rows)."""
+        if self.keys.device.type == "cpu":
+            return
+        host = self.to_host(0, len(self))
+        host.wait()
+        self.release()
+        self.keys, self.rows, self.ops = host.keys, host.rows, host.ops
+
     def release(self) -> None:
         """Give the buffer's bytes back to the budget and drop the device tensors (idempotent)."""
-        if self.device_bytes:
+        if self.device_bytes and self.budget is not None:
             device = self.rows.device
             self.keys = self.keys.new_empty(0)
             self.rows = self.rows.new_empty((0, int(self.rows.shape[1])))
+            self.ops = self.ops.new_empty(0)
             self.budget.give_back(device, self.device_bytes)
             self.device_bytes = 0
 
@@ -292,6 +305,7 @@ def stage_on_device(
         budget.give_back(device, nbytes)
         budget.full += 1
         return None
+    ops = torch.zeros(n, dtype=torch.int8, device=device)
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
-    return DeviceRows(k, rows, event, budget, nbytes)
+    return DeviceRows(k, rows, ops, gathered=event, budget=budget, device_bytes=nbytes)

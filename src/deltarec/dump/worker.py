@@ -55,7 +55,7 @@ class Chunk:
     seq: int
     table: str
     step: int
-    rows: HostRows | DeviceRows
+    rows: HostRows  # a DeviceRows: a table's device staging buffer
 
 
 @dataclass
