@@ -44,6 +44,7 @@ from deltarec.dump.exchange import Exchange
 from deltarec.dump.gather import DeviceRows, HostRows
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.errors import DumpError
+from deltarec.testing.faults import failpoint
 
 log = logging.getLogger(__name__)
 
