@@ -271,7 +271,7 @@ def summary_table(result: DemoResult) -> Any:
         ("dumps", str(result.dumps)),
         ("rows published", f"{result.rows:,}"),
         ("ZCH evictions published", f"{result.evictions:,}"),
-        ("freshness p50 (commit → visible)", secs(result.freshness_p50_s)),
+        ("freshness p50 (training step → visible)", secs(result.freshness_p50_s)),
         ("freshness p99", secs(result.freshness_p99_s)),
         ("keys verified", f"{result.keys_checked:,}"),
         ("verify", f"[{verdict_style}]{result.verdict}[/{verdict_style}]"),

@@ -420,6 +420,7 @@ class Dumper:
         seq = self._seq + 1 if seq is None else seq
         first = self._last_dump_step + 1 if kind is not DumpKind.SNAPSHOT else step
         first = min(first, step)
+        taken_at = time.time()  # the freshness of this dump's rows counts from here
         started, cpu = time.perf_counter(), time.thread_time()
         timing = {}
         for source in self.sources:
@@ -440,7 +441,7 @@ class Dumper:
                 with device_staging(self.device_budget):
                     self._enqueue(seq, source.table_id, step, chunks)
             timing[source.table_id] = time.perf_counter() - t0
-        self.queue.put(EndOfDump(seq, kind, first, step), 0)
+        self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dump_seconds.append(time.perf_counter() - started)
         self.dump_cpu_seconds.append(time.thread_time() - cpu)
         self.dump_timings.append(timing)
@@ -479,6 +480,7 @@ class Dumper:
 
     def _republish(self, step: int, parent: Parent) -> None:
         assert self.generation is not None
+        taken_at = time.time()
         published = keys_published_after(self.root, self.config.run, parent)
         seq = 1
         for source in self.sources:
@@ -489,7 +491,7 @@ class Dumper:
                 self._enqueue_parts(seq, source.table_id, step, parts)
             else:
                 self._enqueue(seq, source.table_id, step, self._read_chunks(source, keys))
-        self.queue.put(EndOfDump(seq, DumpKind.DELTA, step, step), 0)
+        self.queue.put(EndOfDump(seq, DumpKind.DELTA, step, step, taken_at), 0)
         self._seq = seq
         self._last_dump_step = step
         log.info(

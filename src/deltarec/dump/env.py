@@ -49,6 +49,9 @@ class TrainSettings(BaseModel):
     """Training steps the pipeline asks for (the program's own loop reads it)."""
     checkpoint_dir: str | None = None
     """Where the program keeps its checkpoints; None: the program's default."""
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    """Serve the background publisher's Prometheus metrics (those of ``deltarec publish``) on
+    this port plus the process's ``LOCAL_RANK``; None: not served."""
 
     @classmethod
     def env_name(cls, field: str) -> str:
@@ -97,4 +100,5 @@ class TrainSettings(BaseModel):
             "every_minutes": self.dump_every_minutes,
             "store": self.store,
             "publish_mode": self.publish_mode,
+            "metrics_port": self.metrics_port,
         }

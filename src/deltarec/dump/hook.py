@@ -15,6 +15,7 @@ handed to a :class:`deltarec.publish.BackgroundPublisher` from memory.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,8 @@ class DumpHook:
         store: a store URL to publish committed dumps to (None: artifacts only).
         publish_mode: ``direct`` or ``staged`` (see SPEC §6).
         sources: builds the table sources from the model (default: DMP discovery).
+        metrics_port: serve the background publisher's Prometheus metrics on this port plus
+            the process's ``LOCAL_RANK`` (None: not served).
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class DumpHook:
         store: str | None = None,
         publish_mode: str = "direct",
         sources: SourceFactory = _default_sources,
+        metrics_port: int | None = None,
     ) -> None:
         if publish_mode not in ("direct", "staged"):
             raise ConfigError(f"publish_mode must be 'direct' or 'staged', got {publish_mode!r}")
@@ -61,6 +65,7 @@ class DumpHook:
         self.store = store
         self.publish_mode = publish_mode
         self._sources = sources
+        self.metrics_port = metrics_port
         self.dumper: Dumper | None = None
         self.publisher: Any = None
         self._state: dict[str, Any] | None = None
@@ -139,6 +144,11 @@ class DumpHook:
             rank=dist.get_rank() if distributed else 0,
             world_size=dist.get_world_size() if distributed else 1,
             mode=self.publish_mode,
+            metrics_port=(
+                None
+                if self.metrics_port is None
+                else self.metrics_port + int(os.environ.get("LOCAL_RANK", "0") or 0)
+            ),
         )
 
     def _submit(self, manifest: Manifest, rows: dict[str, ShardRows] | None) -> None:
@@ -224,6 +234,7 @@ def make_train_hook(
     snapshot: bool = True,
     store: str | None = None,
     publish_mode: str = "direct",
+    metrics_port: int | None = None,
     **options: Any,
 ) -> DumpHook:
     """Build the dump hook for ``deltarec train`` (keyword arguments only).
@@ -236,6 +247,8 @@ def make_train_hook(
         snapshot: write a snapshot (dump 0) when a generation starts without a parent.
         store: store URL to publish to while training (None: artifacts only).
         publish_mode: ``direct`` or ``staged``.
+        metrics_port: serve the background publisher's Prometheus metrics (the same as
+            ``deltarec publish --metrics-port``) on this port plus ``LOCAL_RANK``.
         **options: further :class:`DumperConfig` fields (``table_dtypes``, ``queue_bytes``...).
 
     Raises:
@@ -254,7 +267,7 @@ def make_train_hook(
         )
     except ValidationError as e:
         raise ConfigError(f"dumper configuration: {e}") from e
-    return DumpHook(config, store=store, publish_mode=publish_mode)
+    return DumpHook(config, store=store, publish_mode=publish_mode, metrics_port=metrics_port)
 
 
 def hook_from_env(
@@ -283,6 +296,10 @@ def hook_from_env(
     hook = make_train_hook(**settings.hook_arguments(), **options)
     if sources is not None:
         hook = DumpHook(
-            hook.config, store=hook.store, publish_mode=hook.publish_mode, sources=sources
+            hook.config,
+            store=hook.store,
+            publish_mode=hook.publish_mode,
+            sources=sources,
+            metrics_port=hook.metrics_port,
         )
     return hook

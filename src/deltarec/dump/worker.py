@@ -23,6 +23,7 @@ dump, so no rank waits for another).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import threading
 from collections.abc import Callable
@@ -67,6 +68,8 @@ class EndOfDump:
     kind: DumpKind
     first_step: int
     last_step: int
+    taken_at: float | None = None
+    """Unix time at which the training thread took the dump (read its rows), if known."""
 
 
 @dataclass
@@ -429,7 +432,11 @@ class DumpWorker:
 
     def _commit(self, end: EndOfDump, state: _DumpState) -> Manifest:
         rank = self.exchange.rank
-        mine = {"shards": [s.to_json() for s in state.shards], "error": state.error}
+        mine = {
+            "shards": [s.to_json() for s in state.shards],
+            "error": state.error,
+            "taken_at": end.taken_at,
+        }
         everyone = self.exchange.all_gather(mine)
         for r, payload in enumerate(everyone):
             if payload["error"] is not None:
@@ -454,6 +461,7 @@ class DumpWorker:
             world_size=self.exchange.world_size,
             shards=shards,
             tables=rows,
+            extra=_taken_at(everyone),
         )
         outcome: str | None = None
         if rank == 0:
@@ -495,3 +503,12 @@ class DumpWorker:
             except Exception:
                 log.warning("could not remove a temporary shard of dump %s", self._dump.seq)
         self._dump.writers.clear()
+
+
+def _taken_at(everyone: list[dict[str, object]]) -> dict[str, object]:
+    """MANIFEST.json's ``taken_at``: when the first rank took the dump (freshness starts)."""
+    times = [float(str(p["taken_at"])) for p in everyone if p.get("taken_at") is not None]
+    if not times:
+        return {}
+    first = datetime.datetime.fromtimestamp(min(times), tz=datetime.timezone.utc)
+    return {"taken_at": first.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}

@@ -1,14 +1,35 @@
-"""Prometheus metrics of the publisher: rows, bytes, dumps, retries, freshness lag.
+"""Prometheus metrics of the publisher: rows, bytes, dumps, retries, freshness.
 
 Each :class:`PublishMetrics` owns its own ``CollectorRegistry`` (several publishers in one
-process never clash); :meth:`PublishMetrics.serve` exposes it over HTTP for scraping.
+process never clash); :meth:`PublishMetrics.serve` exposes it over HTTP for scraping. The same
+metrics are served by ``deltarec publish --metrics-port`` and by the trainer's background
+publisher (``make_train_hook(metrics_port=...)``).
+
+**Freshness** counts from the training step whose rows a dump holds (the moment the dump was
+taken, MANIFEST.json's ``taken_at``) to the moment they are readable in the store; the lag
+counts from the manifest's commit. Both have a gauge (the last dump), a histogram, and p50 and
+p99 gauges over the last :data:`WINDOW` dumps.
 """
 
 from __future__ import annotations
 
+import collections
+import math
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _LAG_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+WINDOW = 1000
+"""Dumps the p50 / p99 gauges are computed over."""
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """The ``q`` quantile of ascending values (nearest rank; the highest for q = 1)."""
+    if not sorted_values:
+        raise ValueError("no values")
+    rank = min(len(sorted_values), max(1, math.ceil(q * len(sorted_values))))
+    return sorted_values[rank - 1]
 
 
 class PublishMetrics:
@@ -46,6 +67,30 @@ class PublishMetrics:
             buckets=_LAG_BUCKETS,
             registry=r,
         )
+        self.freshness = Gauge(
+            "deltarec_publish_freshness_seconds",
+            "Seconds from the training step of the last published dump (when it was taken) "
+            "to its rows being readable in the store",
+            registry=r,
+        )
+        self.freshness_hist = Histogram(
+            "deltarec_publish_freshness_hist_seconds",
+            "Step-to-visible freshness of published dumps",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.freshness_p50 = Gauge(
+            "deltarec_publish_freshness_p50_seconds",
+            f"Median step-to-visible freshness of the last {WINDOW} published dumps",
+            registry=r,
+        )
+        self.freshness_p99 = Gauge(
+            "deltarec_publish_freshness_p99_seconds",
+            f"99th percentile step-to-visible freshness of the last {WINDOW} published dumps",
+            registry=r,
+        )
+        self._recent: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self._lock = threading.Lock()
         self.version = Gauge(
             "deltarec_publish_last_version", "Version of the last dump published", registry=r
         )
@@ -54,6 +99,24 @@ class PublishMetrics:
             "Bytes of rows waiting in the background queue",
             registry=r,
         )
+
+    def observe_visible(self, freshness_s: float, lag_s: float | None) -> None:
+        """A dump part became readable in the store.
+
+        Args:
+            freshness_s: seconds since the dump was taken (its training step).
+            lag_s: seconds since its manifest was committed (None: unknown).
+        """
+        if lag_s is not None:
+            self.lag.set(lag_s)
+            self.lag_hist.observe(max(0.0, lag_s))
+        self.freshness.set(freshness_s)
+        self.freshness_hist.observe(max(0.0, freshness_s))
+        with self._lock:
+            self._recent.append(freshness_s)
+            ordered = sorted(self._recent)
+        self.freshness_p50.set(quantile(ordered, 0.50))
+        self.freshness_p99.set(quantile(ordered, 0.99))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread."""

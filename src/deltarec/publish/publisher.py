@@ -78,6 +78,7 @@ class PartResult:
     tables: list[str] = field(default_factory=list)
     seconds: float = 0.0
     lag_s: float | None = None  # commit -> visible (direct mode)
+    freshness_s: float | None = None  # dump taken (training step) -> visible (direct mode)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
@@ -391,17 +392,22 @@ class DumpPublisher:
             log.debug("snapshot %s of %s complete: %s", manifest.seq, table, complete)
 
     def _record_freshness(self, manifest: Manifest, rank: int, result: PartResult) -> None:
+        """Record when the part became readable, counted from the dump's training step.
+
+        The registry's record starts at MANIFEST.json's ``taken_at`` (the moment the dump was
+        taken) when the manifest has it, else at its commit (dumps written before it existed).
+        """
         if self.mode != "direct" or not manifest.created_at:
             return
         committed = parse_time(manifest.created_at)
+        taken = manifest.extra.get("taken_at")
+        start = parse_time(str(taken)) if taken else committed
         visible = time.time()
-        record = FreshnessRecord(
-            self.run, manifest.generation, manifest.seq, rank, committed, visible
-        )
+        record = FreshnessRecord(self.run, manifest.generation, manifest.seq, rank, start, visible)
         self._call(lambda: self.registry.record_freshness(record), "record freshness")
-        result.lag_s = record.lag_s
-        self.metrics.lag.set(record.lag_s)
-        self.metrics.lag_hist.observe(max(0.0, record.lag_s))
+        result.lag_s = visible - committed
+        result.freshness_s = record.lag_s
+        self.metrics.observe_visible(record.lag_s, visible - committed)
 
     # ---- after the fact ------------------------------------------------------------------
     def pending(self, generation: int, ranks: list[int] | None = None) -> list[tuple[int, int]]:

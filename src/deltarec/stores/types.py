@@ -146,7 +146,12 @@ class ServingPointer:
 
 @dataclass(frozen=True)
 class FreshnessRecord:
-    """When one rank's part of a dump was committed (manifest) and became visible in the store."""
+    """When one rank's part of a dump was taken and when it became visible in the store.
+
+    ``committed_at`` is the moment the dump was taken on the training side (MANIFEST.json's
+    ``taken_at``: freshness counts from the training step), or the manifest's commit for
+    dumps written without ``taken_at``.
+    """
 
     run: str
     generation: int
@@ -157,5 +162,5 @@ class FreshnessRecord:
 
     @property
     def lag_s(self) -> float:
-        """Seconds from commit to visibility."""
+        """Seconds from the dump being taken (or committed) to visibility."""
         return self.visible_at - self.committed_at

@@ -1,6 +1,7 @@
 """Freshness of the verified dumps: age, rows live per version, and publish lag.
 
-The lag of a dump is the slowest rank's commit-to-visible time from the store's registry
+The lag of a dump is the slowest rank's step-to-visible time (from the moment the dump was
+taken; from its commit for dumps without ``taken_at``) from the store's registry
 (:meth:`~deltarec.stores.Registry.freshness`).
 """
 

@@ -229,10 +229,11 @@ def _fmt_age(age: float | None) -> str:
 def freshness_svg(dumps: Sequence[DumpFreshness], width: int = 720, height: int = 260) -> str:
     """An inline SVG of freshness per dump.
 
-    Bars (left axis): the dump's publish lag in seconds, from its commit (manifest written)
-    until its rows were visible in the store, from the store's freshness records. Line (right
-    axis): how many of the checked keys serving holds from that dump, which shows where
-    serving's rows come from.
+    Bars (left axis): the dump's freshness in seconds, from its training step (the moment the
+    dump was taken; the commit for dumps without ``taken_at``) until its rows were visible in
+    the store, from the store's freshness records; dashed lines mark the p50 and p99 over the
+    dumps shown. Line (right axis): how many of the checked keys serving holds from that dump,
+    which shows where serving's rows come from.
     """
     if not dumps:
         return '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>'
@@ -257,7 +258,7 @@ def freshness_svg(dumps: Sequence[DumpFreshness], width: int = 720, height: int 
                 f'<rect x="{cx - slot * 0.35:.1f}" y="{top + ph - h:.1f}" '
                 f'width="{slot * 0.7:.1f}" height="{h:.1f}" fill="#1565c0" opacity="0.75">'
                 f"<title>generation {d.generation} dump {d.seq}: visible {d.lag_s:.2f}s after "
-                "commit</title></rect>"
+                "its training step</title></rect>"
             )
         if n <= 40 or i % max(1, n // 20) == 0:
             out.append(
@@ -278,6 +279,17 @@ def freshness_svg(dumps: Sequence[DumpFreshness], width: int = 720, height: int 
         f"{d.generation} dump {d.seq}: {d.live_rows} checked keys served</title></circle>"
         for x, y, d in points
     ]
+    known = sorted(x for x in lags if x is not None and math.isfinite(x))
+    for name, q, dash in (("p50", 0.50, "4 3"), ("p99", 0.99, "1 3")):
+        if known:
+            value = known[min(len(known), max(1, math.ceil(q * len(known)))) - 1]
+            y = top + ph - ph * max(value, 0.0) / max_lag
+            out.append(
+                f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" '
+                f'stroke="#0d47a1" stroke-dasharray="{dash}"/>'
+                f'<text x="{left + 4}" y="{y - 3:.1f}" font-size="10" fill="#0d47a1">'
+                f"{name} {value:.2f}s</text>"
+            )
     if all(x is None for x in lags):
         out.append(
             f'<text x="{left + pw / 2}" y="{top + ph / 2}" font-size="12" text-anchor="middle" '
@@ -291,7 +303,7 @@ def freshness_svg(dumps: Sequence[DumpFreshness], width: int = 720, height: int 
         f'<text x="{left + pw / 2}" y="{height - 16}" font-size="11" text-anchor="middle">'
         "dump (generation.seq)</text>",
         f'<text x="{left}" y="{height - 2}" font-size="10" fill="#1565c0">'
-        "bars: publish lag, commit to visible (s)</text>",
+        "bars: freshness, training step to visible (s)</text>",
         f'<text x="{left + pw}" y="{height - 2}" font-size="10" fill="#ef6c00" '
         'text-anchor="end">line: checked keys served from the dump</text>',
         "</svg>",

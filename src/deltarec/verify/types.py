@@ -136,9 +136,10 @@ class DumpFreshness:
         rows: rows across all tables and ranks.
         age_s: seconds between the dump's commit and the verification.
         live_rows: checked keys that the store holds at this dump's version.
-        lag_s: publish lag, seconds from the dump's commit until its rows were visible in
-            the store (the slowest rank), from the store's freshness records; None if the
-            store has no record of it.
+        lag_s: freshness, seconds from the dump's training step (when it was taken; its
+            commit for dumps without ``taken_at``) until its rows were visible in the store
+            (the slowest rank), from the store's freshness records; None if the store has no
+            record of it.
     """
 
     generation: int
