@@ -1,11 +1,12 @@
 """``deltarec demo``: the whole pipeline on this machine with the embedded defaults (SPEC §9).
 
-provision -> train -> verify -> promote, run by kfp.local exactly as ``deltarec pipeline run
---local`` runs it: the example model (plain and ZCH tables) on two CPU ranks with synthetic
-Zipf traffic, delta dumps every few dozen steps, publishing into a SQLite store, verify of
-every key, promote. The console shows one line per step plus the training progress; the
-full log of kfp.local and of every step goes to ``<workdir>/pipeline.log``. It ends with a
-summary table and the path of verify's HTML report.
+provision -> train -> verify -> promote, run by kfp.local (or with ``--engine airflow`` by
+Airflow's ``dag.test()`` on SQLite) exactly as ``deltarec pipeline run --local`` runs it: the
+example model (plain and ZCH tables) on two CPU ranks with synthetic Zipf traffic, delta
+dumps every few dozen steps, publishing into a SQLite store, verify of every key, promote.
+The console shows one line per step plus the training progress; the full log of the engine
+and of every step goes to ``<workdir>/pipeline.log``. It ends with a summary table and the
+path of verify's HTML report.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ DEFAULT_WORKDIR = "demo-work"
 DEFAULT_STEPS = 300
 MARKER = ".deltarec-demo"
 REPORT_NAME = "verify-report.html"
+ENGINES = ("kfp", "airflow")
 _OWNED = (
     "artifacts",
     "kfp",
+    "airflow",
     "store.db",
     "store.db-wal",
     "store.db-shm",
@@ -166,14 +169,16 @@ def run_demo(
     steps: int = DEFAULT_STEPS,
     store: str | None = None,
     console: Any = None,
+    engine: str = "kfp",
 ) -> DemoResult:
     """Run the whole pipeline locally on the example model and summarize it.
 
     Args:
-        workdir: where artifacts, kfp.local outputs, the SQLite store and the log go.
+        workdir: where artifacts, the engine's outputs, the SQLite store and the log go.
         steps: training steps (two CPU ranks).
         store: store URL; default ``sqlite:///<workdir>/store.db``.
         console: a rich Console for progress; None for a default one.
+        engine: ``kfp`` (kfp.local) or ``airflow`` (``dag.test()`` on SQLite).
 
     Raises:
         BadInputError: bad workdir, steps or store.
@@ -182,11 +187,12 @@ def run_demo(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
-    from deltarec.orchestrate.local import run_local
     from deltarec.orchestrate.params import parse_params
 
     if steps < 1:
         raise BadInputError(f"demo: --steps must be >= 1, got {steps}")
+    if engine not in ENGINES:
+        raise BadInputError(f"demo: --engine must be one of {ENGINES}, got {engine!r}")
     console = console or Console()
     workdir = os.path.abspath(workdir)
     prepare_workdir(workdir)
@@ -207,8 +213,8 @@ def run_demo(
     )
     log_path = os.path.join(workdir, "pipeline.log")
     console.print(
-        f"deltarec demo: example model, {DEMO_RANKS} CPU ranks, {steps} steps, dump every "
-        f"{params.dump_every_steps} steps, store {store}",
+        f"deltarec demo ({engine}): example model, {DEMO_RANKS} CPU ranks, {steps} steps, "
+        f"dump every {params.dump_every_steps} steps, store {store}",
         highlight=False,
     )
     t0 = time.perf_counter()
@@ -217,15 +223,19 @@ def run_demo(
         console=console,
     )  # fmt: skip
     with open(log_path, "w", encoding="utf-8") as log, progress:
-        result = run_local(
-            params,
-            pipeline_root=os.path.join(workdir, "kfp"),
-            output=cast(TextIO, _ProgressTap(log, progress)),
-        )
+        tap = cast(TextIO, _ProgressTap(log, progress))
+        if engine == "airflow":
+            from deltarec.orchestrate.airflow_local import run_airflow_local
+
+            result = run_airflow_local(params, workdir=os.path.join(workdir, "airflow"), output=tap)
+        else:
+            from deltarec.orchestrate.local import run_local
+
+            result = run_local(params, pipeline_root=os.path.join(workdir, "kfp"), output=tap)
     record = result.generation
     metrics = result.metrics
     report_path = os.path.join(workdir, REPORT_NAME)  # kfp names it without an extension
-    shutil.copyfile(result.report_path, report_path)
+    shutil.copyfile(result.report_path.removeprefix("file://"), report_path)
     return DemoResult(
         workdir=workdir,
         store=store,

@@ -45,3 +45,65 @@ def write_generation(root_uri, run, dumps):
 @pytest.fixture
 def fake_artifact():
     return FakeArtifact
+
+
+LOSSY_TEAM = __import__("pathlib").Path(__file__).parent / "lossy_team"
+
+
+@pytest.fixture
+def lossy_team(monkeypatch):
+    """tests/pipeline/lossy_team importable here and in every step and rank process."""
+    import os
+
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(LOSSY_TEAM), os.environ.get("PYTHONPATH", "")])
+    )
+    monkeypatch.syspath_prepend(str(LOSSY_TEAM))
+    import lossy_team
+
+    return lossy_team
+
+
+@pytest.fixture
+def webhook():
+    """A local HTTP server on 127.0.0.1 recording the JSON bodies POSTed to it."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(json.loads(body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.url = f"http://127.0.0.1:{server.server_port}/hook"
+    server.received = received
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def train_in_process(lossy_team, monkeypatch, params, *argv):
+    """Run lossy_team's program in this process (one rank) as the train step would."""
+    import sys
+
+    from deltarec.orchestrate import steps
+
+    for key, value in steps.train_settings_env(params).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["lossy_team", *argv])
+    root = steps.ArtifactRoot(params.artifact_root)
+    before = set(root.list_generations(params.run_name))
+    assert lossy_team.main() == 0
+    (gen,) = set(root.list_generations(params.run_name)) - before
+    return steps.generation_record(root, params.run_name, gen)

@@ -47,7 +47,7 @@ def test_pipeline_flags_are_frozen(action):
 
 def test_demo_flags_are_the_specs():
     demo = subparser(build_parser("demo"), "demo")
-    assert flags(demo) == {"--workdir", "--steps", "--store"}
+    assert flags(demo) == {"--workdir", "--steps", "--store", "--engine"}
 
 
 def test_every_pipeline_parameter_has_a_flag_by_its_name():

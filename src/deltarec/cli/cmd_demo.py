@@ -1,4 +1,4 @@
-"""``deltarec demo [--workdir DIR] [--steps N] [--store URL]`` (SPEC §9)."""
+"""``deltarec demo [--workdir DIR] [--steps N] [--store URL] [--engine kfp|airflow]`` (SPEC §9)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store", default=None, metavar="URL", help="store URL (default: sqlite in --workdir)"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["kfp", "airflow"],
+        default="kfp",
+        help="kfp.local (default) or Airflow's dag.test() (needs deltarec[airflow])",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        result = run_demo(args.workdir, args.steps, args.store, console)
+        result = run_demo(args.workdir, args.steps, args.store, console, engine=args.engine)
     except StepFailedError:
         log_path = os.path.join(os.path.abspath(args.workdir), "pipeline.log")
         console.print(f"[red]the pipeline failed[/red]; the end of {log_path}:")

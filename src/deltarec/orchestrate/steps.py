@@ -467,7 +467,7 @@ def verify(
     """Verify the generation train produced (through its newest dump) against the store.
 
     ``sample_size <= 0`` compares every key. ``report_path`` receives the HTML report and
-    ``json_path`` verify's JSON document.
+    ``json_path`` verify's JSON document (local paths or fsspec URIs).
     """
     from deltarec.verify import dumps_json, render_html
 
@@ -489,10 +489,13 @@ def verify(
 def _write_outputs(
     result: Any, report_path: str | None, json_path: str | None, html: Any, doc: Any
 ) -> None:
+    import fsspec
+
     for path, render in ((report_path, html), (json_path, doc)):
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
+            fs, local = fsspec.core.url_to_fs(path)
+            fs.makedirs(fs._parent(local), exist_ok=True)
+            with fs.open(local, "w", encoding="utf-8") as f:
                 f.write(render(result))
 
 

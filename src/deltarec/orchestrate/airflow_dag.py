@@ -1,0 +1,237 @@
+"""The deltarec pipeline as an Airflow 3 DAG: the same steps and images as the Kubeflow one.
+
+params -> provision -> train -> verify -> branch -> promote (PASS) | verify_failed (FAIL)
+
+* ``params`` validates the run's ``dag_run.conf`` / DAG params (:class:`PipelineParams`'s
+  fields, the DAG's ``params``) and pushes them as one JSON object; every later task pulls it.
+* ``train`` pushes the :class:`GenerationRecord`, ``verify`` the :class:`VerifyOutcome`
+  (XCom, as the KFP pipeline passes artifacts); ``branch`` picks promote or verify_failed.
+* ``verify_failed`` drops the staging views (staged) or rolls serving back to the last
+  promoted generation (direct), calls the webhook and fails, so the DAG run ends failed; the
+  verify report lies beside the generation in the artifact root (``verify-report-<seq>.html``).
+
+Two builds of one shape (:func:`build_dag`): ``kubernetes`` runs provision, train, verify,
+promote and verify_failed as ``KubernetesPodOperator`` pods on ``TOOLS_IMAGE`` /
+``TRAINER_IMAGE`` (``python -m deltarec.orchestrate.airflow_task STEP``); the train pod creates a
+Training Operator PyTorchJob for several nodes, as the KFP train step does. ``local`` runs the
+same task functions (:mod:`deltarec.orchestrate.airflow_task`) in-process, for ``dag.test()``.
+``params`` and ``branch`` always run in the Airflow worker (deltarec without torch).
+
+Importing this module imports Airflow (the ``airflow`` extra); nothing in deltarec's core does.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from deltarec.orchestrate import airflow_task
+from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
+from deltarec.orchestrate.params import PipelineParams
+from deltarec.orchestrate.types import SecretEnv, default_secrets
+
+DAG_ID = "deltarec"
+DEFAULT_DAG_FILE = "deltarec_dag.py"
+MODES = ("kubernetes", "local")
+
+_PARAMS_XCOM = "{{ ti.xcom_pull(task_ids='params') | tojson }}"
+
+_DAG_FILE = '''"""The deltarec pipeline as an Airflow DAG.
+
+Written by `deltarec pipeline compile --engine airflow`.
+Put this file into the DAGs folder of an Airflow 3 deployment whose workers have deltarec
+installed (`pip install deltarec[airflow]`; no torch needed there), and trigger it with the
+pipeline parameters as the run's conf, e.g. {{"run_name": "ctr", "artifact_root":
+"s3://bucket/art", "store_url": "postgresql://trainer@db:5432/emb"}}. See docs/airflow.md.
+"""
+
+from deltarec.orchestrate.airflow_dag import build_dag
+
+dag = build_dag(mode={mode!r}, secrets={secrets!r}, namespace={namespace!r})
+'''
+
+
+def dag_params() -> dict[str, Any]:
+    """The DAG's ``params``: one ``Param`` per :class:`PipelineParams` field, with its doc."""
+    from airflow.sdk import Param
+
+    types = {int: "integer", float: "number"}
+    out: dict[str, Any] = {}
+    for name, info in PipelineParams.model_fields.items():
+        kind = types.get(info.annotation, "string")  # type: ignore[arg-type]
+        doc = (info.description or "").split(".")[0]
+        if info.is_required():
+            out[name] = Param(type=kind, description=doc)
+        else:
+            out[name] = Param(info.default, type=kind, description=doc)
+    return out
+
+
+def _secret_tuples(secrets: Sequence[SecretEnv] | Sequence[str] | None) -> list[str]:
+    chosen = default_secrets() if secrets is None else secrets
+    return [s if isinstance(s, str) else s.name for s in chosen]
+
+
+def build_dag(
+    *,
+    mode: str = "kubernetes",
+    secrets: Sequence[SecretEnv] | Sequence[str] | None = None,
+    namespace: str | None = None,
+    dag_id: str = DAG_ID,
+    train_gpus: int = 0,
+) -> Any:
+    """The deltarec DAG.
+
+    Args:
+        mode: ``kubernetes`` (pods on the pipeline images) or ``local`` (in-process tasks).
+        secrets: Secrets whose keys reach the pods as environment (names or
+            :class:`SecretEnv`); None for the default credentials Secret.
+        namespace: the pods' namespace; None for the operator's default (in-cluster: its own).
+        dag_id: the DAG's id.
+        train_gpus: GPUs the one-node train pod requests (Kubernetes resources are fixed when
+            the DAG is parsed; several nodes take ``gpus_per_node`` from the run's parameters).
+    """
+    from airflow.sdk import DAG, task
+
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    names = _secret_tuples(secrets)
+    with DAG(
+        dag_id,
+        schedule=None,
+        params=dag_params(),
+        description="provision -> train -> verify -> promote, or drop staging / roll back",
+        tags=["deltarec"],
+        max_active_runs=1,
+        default_args={"retries": 0},
+    ) as dag:
+
+        @task(task_id="params")
+        def params(**context: Any) -> dict[str, Any]:
+            return airflow_task.check_params(dict(context["params"]))
+
+        @task.branch(task_id="branch")
+        def branch(outcome: dict[str, Any]) -> str:
+            return airflow_task.choose(outcome)
+
+        checked = params()
+        if mode == "local":
+            tasks = _local_tasks(checked)
+        else:
+            tasks = _pod_tasks(names, namespace, train_gpus)
+            checked >> tasks["provision"]
+        tasks["provision"] >> tasks["train"] >> tasks["verify"]
+        choice = branch(tasks["verify"].output if mode != "local" else tasks["verify"])
+        tasks["verify"] >> choice
+        choice >> [tasks["promote"], tasks["verify_failed"]]
+    return dag
+
+
+def _announced(task_id: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, printing the task markers kfp.local prints (the demo's progress reads them)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        print(f"Executing task '{task_id}'", flush=True)
+        status = "FAILURE"
+        try:
+            result = fn(*args, **kwargs)
+            status = "SUCCESS"
+            return result
+        finally:
+            print(f"Task '{task_id}' finished with status {status}", flush=True)
+
+    return run
+
+
+def _local_tasks(checked: Any) -> dict[str, Any]:
+    from airflow.sdk import task
+
+    def local(task_id: str, fn: Callable[..., Any]) -> Any:
+        return task(task_id=task_id)(_announced(task_id, fn))
+
+    provision = local("provision", airflow_task.provision)(checked)
+    train = local("train", _train_local)(checked)
+    verify = local("verify", airflow_task.verify)(checked, train)
+    promote = local("promote", airflow_task.promote)(checked, train)
+    failed = local("verify_failed", airflow_task.verify_failed)(checked, verify)
+    return {
+        "provision": provision, "train": train, "verify": verify, "promote": promote,
+        "verify_failed": failed,
+    }  # fmt: skip
+
+
+def _train_local(conf: dict[str, Any], **context: Any) -> dict[str, Any]:
+    return airflow_task.train(conf, job_id=str(context.get("run_id") or ""))
+
+
+def _pod_tasks(secrets: Sequence[str], namespace: str | None, train_gpus: int) -> dict[str, Any]:
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from kubernetes.client import models as k8s
+
+    env_from = [
+        k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s, optional=True))
+        for s in secrets
+    ]
+    service_account = os.environ.get("DELTAREC_AIRFLOW_SERVICE_ACCOUNT") or None
+
+    def pod(step: str, image: str, upstream: str | None = None, **extra: Any) -> Any:
+        arguments = [step, "--params", _PARAMS_XCOM]
+        if upstream:
+            arguments += ["--input", f"{{{{ ti.xcom_pull(task_ids='{upstream}') | tojson }}}}"]
+        arguments += extra.pop("arguments", [])
+        return KubernetesPodOperator(
+            task_id=step,
+            name=f"deltarec-{step.replace('_', '-')}",
+            namespace=namespace,
+            image=image,
+            cmds=["python", "-m", "deltarec.orchestrate.airflow_task"],
+            arguments=arguments,
+            env_from=env_from,
+            service_account_name=service_account,
+            do_xcom_push=True,
+            get_logs=True,
+            on_finish_action="delete_pod",
+            **extra,
+        )
+
+    resources = None
+    if train_gpus > 0:
+        resources = k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": str(train_gpus)})
+    return {
+        "provision": pod("provision", TOOLS_IMAGE),
+        "train": pod(
+            "train",
+            TRAINER_IMAGE,
+            arguments=["--job-id", "{{ run_id }}", "--secrets", ",".join(secrets)],
+            container_resources=resources,
+        ),
+        "verify": pod("verify", TOOLS_IMAGE, upstream="train"),
+        "promote": pod("promote", TOOLS_IMAGE, upstream="train"),
+        "verify_failed": pod("verify_failed", TOOLS_IMAGE, upstream="verify"),
+    }
+
+
+def write_dag_file(
+    path: str = DEFAULT_DAG_FILE,
+    secrets: Sequence[SecretEnv] | None = None,
+    *,
+    mode: str = "kubernetes",
+    namespace: str | None = None,
+) -> str:
+    """Write a DAG file for an Airflow DAGs folder; returns the path. Does not import Airflow."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    names = _secret_tuples(secrets)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(_DAG_FILE.format(mode=mode, secrets=names, namespace=namespace))
+    return path
+
+
+def conf_of(params: PipelineParams) -> str:
+    """The run's conf (JSON) for ``airflow dags trigger deltarec --conf``."""
+    return json.dumps(params.arguments())

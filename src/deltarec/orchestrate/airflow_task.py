@@ -1,0 +1,125 @@
+"""The Airflow DAG's tasks: JSON in (XCom), one step function, JSON out (XCom).
+
+Each function here takes the run's parameters (``conf``: ``params`` is a reserved name in an
+Airflow task's context) and what earlier tasks pushed, as the JSON values XCom holds, calls
+one function of :mod:`deltarec.orchestrate.steps` and returns a JSON value. The DAG
+(:mod:`deltarec.orchestrate.airflow_dag`) runs them in-process (local runs) or in a
+KubernetesPodOperator pod on the pipeline's images, through this module's command line::
+
+    python -m deltarec.orchestrate.airflow_task STEP --params JSON [--input JSON] [--job-id ID]
+        [--secrets NAMES]
+
+which writes the return value to ``/airflow/xcom/return.json`` (the operator's XCom sidecar
+reads it; ``--xcom PATH`` elsewhere). Nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from deltarec.orchestrate import steps
+from deltarec.orchestrate.params import PipelineParams
+from deltarec.orchestrate.types import GenerationRecord
+
+XCOM_PATH = "/airflow/xcom/return.json"
+"""Where a KubernetesPodOperator pod leaves its XCom value (``do_xcom_push=True``)."""
+
+
+def _params(conf: Mapping[str, Any]) -> PipelineParams:
+    return PipelineParams.from_arguments(dict(conf))
+
+
+def check_params(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's parameters, validated (the DAG's first task)."""
+    return _params(conf).arguments()
+
+
+def provision(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`steps.provision`; returns the :class:`~steps.ProvisionResult` as JSON."""
+    return asdict(steps.provision(_params(conf)))
+
+
+def train(conf: Mapping[str, Any], job_id: str = "", secrets: Sequence[str] = ()) -> dict[str, Any]:
+    """:func:`steps.train`; returns the :class:`GenerationRecord` as JSON."""
+    record = steps.train(_params(conf), job_id=job_id, secrets=secrets)
+    return record.to_metadata()
+
+
+def report_uri(record: GenerationRecord) -> str:
+    """Where verify's HTML report goes: beside the generation in the artifact root."""
+    return f"{record.uri.rstrip('/')}/verify-report-{record.last_seq:06d}.html"
+
+
+def verify(conf: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`steps.verify`; returns the :class:`~steps.VerifyOutcome` as JSON."""
+    p = _params(conf)
+    record = GenerationRecord.from_metadata(dict(generation), "the train task's XCom")
+    return steps.verify(p, record, report_path=report_uri(record)).to_json()
+
+
+def choose(outcome: Mapping[str, Any]) -> str:
+    """The branch after verify: ``promote`` on PASS, ``verify_failed`` on FAIL."""
+    return "promote" if steps.VerifyOutcome.from_json(outcome).passed else "verify_failed"
+
+
+def promote(conf: Mapping[str, Any], generation: Mapping[str, Any]) -> int:
+    """:func:`steps.promote`; returns the promoted generation."""
+    record = GenerationRecord.from_metadata(dict(generation), "the train task's XCom")
+    return steps.promote(_params(conf), record).pointer.generation
+
+
+def verify_failed(conf: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
+    """:func:`steps.on_verify_failed`, then fail the task (and the run) with the outcome.
+
+    Raises:
+        VerifyFailedError: always, after the staging views were dropped or serving was
+            rolled back and the webhook was called.
+    """
+    result = steps.VerifyOutcome.from_json(outcome)
+    action = steps.on_verify_failed(_params(conf), result)
+    raise steps.VerifyFailedError(result, action)
+
+
+def rollback(conf: Mapping[str, Any], to_generation: int) -> int:
+    """:func:`steps.rollback`; returns the generation restored."""
+    p = _params(conf)
+    return steps.rollback(p.artifact_root, p.run_name, p.store_url, to_generation).to_generation
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The pod's entry point (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m deltarec.orchestrate.airflow_task")
+    parser.add_argument("step", choices=["provision", "train", "verify", "promote",
+                                         "verify_failed"])  # fmt: skip
+    parser.add_argument("--params", required=True, help="the run's parameters (JSON)")
+    parser.add_argument("--input", default="null", help="the upstream task's XCom (JSON)")
+    parser.add_argument("--job-id", default="", help="the DAG run's id (train)")
+    parser.add_argument("--secrets", default="", help="Secret names for PyTorchJob pods")
+    parser.add_argument("--xcom", default=XCOM_PATH, help="where the result is written")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    conf = json.loads(args.params)
+    upstream = json.loads(args.input)
+    if args.step == "provision":
+        result: Any = provision(conf)
+    elif args.step == "train":
+        result = train(conf, args.job_id, args.secrets.split(","))
+    elif args.step == "verify":
+        result = verify(conf, upstream)
+    elif args.step == "promote":
+        result = promote(conf, upstream)
+    else:
+        verify_failed(conf, upstream)
+    os.makedirs(os.path.dirname(args.xcom) or ".", exist_ok=True)
+    with open(args.xcom, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

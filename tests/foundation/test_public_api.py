@@ -1,0 +1,109 @@
+"""Freeze the public API of a training program (deltarec.api, docs/api.md): its names, the
+signatures of its functions, the settings' fields and variables, and the table-source
+protocol. Changing any of them is a decision, made here and in docs/api.md."""
+
+import inspect
+import typing
+
+import deltarec.api as api
+
+NAMES = [
+    "DType", "DumpHook", "DumperConfig", "ENV_PREFIX", "TableKind", "TableSource", "TableSpec",
+    "TouchedRows", "TrainHook", "TrainSettings", "discover_sources", "hook_from_env",
+    "make_train_hook",
+]  # fmt: skip
+
+SIGNATURES = {
+    "hook_from_env": "(*, sources: 'SourceFactory | None' = None, environ: "
+    "'Mapping[str, str] | None' = None, **options: 'Any') -> 'DumpHook'",
+    "make_train_hook": "(*, artifacts: 'str', run: 'str', every_steps: 'int | None' = None, "
+    "every_minutes: 'float | None' = None, snapshot: 'bool' = True, store: 'str | None' = "
+    "None, publish_mode: 'str' = 'direct', **options: 'Any') -> 'DumpHook'",
+    "discover_sources": "(model: 'nn.Module') -> 'list[TableSource]'",
+}
+
+HOOK_METHODS = {
+    "on_start": "(self, model: 'torch.nn.Module', step: 'int', restored_from: 'int | None') "
+    "-> 'None'",
+    "after_step": "(self, step: 'int') -> 'None'",
+    "before_eval": "(self) -> 'None'",
+    "after_eval": "(self) -> 'None'",
+    "on_end": "(self, step: 'int') -> 'None'",
+    "close": "(self) -> 'None'",
+    "state_dict": "(self) -> 'dict[str, Any]'",
+    "load_state_dict": "(self, state: 'dict[str, Any]') -> 'None'",
+}
+
+SETTINGS = {
+    "artifacts": ("DELTAREC_ARTIFACTS", "str"),
+    "run": ("DELTAREC_RUN", "str"),
+    "dump_every_steps": ("DELTAREC_DUMP_EVERY_STEPS", "int | None"),
+    "dump_every_minutes": ("DELTAREC_DUMP_EVERY_MINUTES", "float | None"),
+    "store": ("DELTAREC_STORE", "str | None"),
+    "publish_mode": ("DELTAREC_PUBLISH_MODE", "Literal['direct', 'staged']"),
+    "steps": ("DELTAREC_STEPS", "int | None"),
+    "checkpoint_dir": ("DELTAREC_CHECKPOINT_DIR", "str | None"),
+}
+
+
+def test_the_public_api_lists_exactly_these_names():
+    assert sorted(api.__all__) == sorted(NAMES)
+    assert all(hasattr(api, name) for name in api.__all__)
+
+
+def test_the_hook_factories_keep_their_signatures():
+    for name, signature in SIGNATURES.items():
+        assert str(inspect.signature(getattr(api, name))) == signature, name
+
+
+def test_the_hook_keeps_every_method_a_training_loop_calls():
+    for name, signature in HOOK_METHODS.items():
+        assert str(inspect.signature(getattr(api.DumpHook, name))) == signature, name
+        assert hasattr(api.TrainHook, name)
+
+
+def test_the_settings_keep_their_fields_types_and_variables():
+    fields = api.TrainSettings.model_fields
+    assert list(fields) == list(SETTINGS)
+    for name, (env, annotation) in SETTINGS.items():
+        assert api.TrainSettings.env_name(name) == env
+        shown = typing._type_repr(fields[name].annotation).replace("typing.", "")
+        assert shown == annotation, name
+    assert api.ENV_PREFIX == "DELTAREC_"
+
+
+def test_settings_round_trip_through_the_environment_and_reach_the_hook(tmp_path):
+    settings = api.TrainSettings(artifacts=str(tmp_path), run="r", dump_every_steps=5,
+                                 store="sqlite:///s.db", publish_mode="staged", steps=40)  # fmt: skip
+    env = settings.to_env()
+    assert env == {
+        "DELTAREC_ARTIFACTS": str(tmp_path), "DELTAREC_RUN": "r",
+        "DELTAREC_DUMP_EVERY_STEPS": "5", "DELTAREC_STORE": "sqlite:///s.db",
+        "DELTAREC_PUBLISH_MODE": "staged", "DELTAREC_STEPS": "40",
+    }  # fmt: skip
+    assert api.TrainSettings.from_env(env) == settings
+    hook = api.hook_from_env(environ=env, queue_bytes=1 << 20)
+    assert (hook.config.artifacts, hook.config.every_steps, hook.store, hook.publish_mode) == (
+        str(tmp_path), 5, "sqlite:///s.db", "staged",
+    )  # fmt: skip
+    assert hook.config.queue_bytes == 1 << 20
+
+
+def test_bad_settings_name_the_variable():
+    import pytest
+
+    from deltarec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="DELTAREC_RUN"):
+        api.TrainSettings.from_env({"DELTAREC_ARTIFACTS": "/a"})
+    with pytest.raises(ConfigError, match="DELTAREC_DUMP_EVERY_STEPS"):
+        api.TrainSettings.from_env({"DELTAREC_ARTIFACTS": "/a", "DELTAREC_RUN": "r",
+                                    "DELTAREC_DUMP_EVERY_STEPS": "often"})  # fmt: skip
+
+
+def test_the_table_source_protocol_keeps_its_methods_and_attributes():
+    abstract = sorted(api.TableSource.__abstractmethods__)
+    assert abstract == ["collect", "read_keys", "snapshot"]
+    assert {"table_id", "spec", "writes"} <= set(typing.get_type_hints(api.TableSource))
+    assert [f for f in api.TouchedRows.__dataclass_fields__] == ["keys", "rows", "ops"]
+    assert [f for f in api.TableSpec.__dataclass_fields__][:3] == ["dim", "dtype", "kind"]

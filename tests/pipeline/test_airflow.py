@@ -1,0 +1,113 @@
+"""The Airflow DAG: its file parses in a DagBag over the pipeline's images and steps, the core
+never imports Airflow, and a local ``dag.test()`` run (SQLite) promotes a verified generation,
+then rolls back after a lost write and ends failed."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from deltarec.artifacts import codec
+from deltarec.cli import main
+from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
+from deltarec.orchestrate.params import PipelineParams
+from deltarec.stores import open_store
+
+pytest.importorskip("airflow", reason="the airflow extra is not installed")
+
+STEPS = {"params", "provision", "train", "verify", "branch", "promote", "verify_failed"}
+
+
+def check_folder(folder, tmp_path):
+    from deltarec.orchestrate.airflow_local import airflow_env
+
+    env = {**os.environ, **airflow_env(str(tmp_path / "scratch"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--check", str(folder)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(tmp_path):
+    dags = tmp_path / "dags"
+    assert main(["pipeline", "compile", "--engine", "airflow", "--output",
+                 str(dags / "deltarec_dag.py"), "--secret", "pg-cred"]) == 0  # fmt: skip
+    (dags / "broken_dag.py").write_text("from airflow.sdk import DAG\nimport no_such_module\n")
+    found = check_folder(dags, tmp_path)
+    assert list(found["import_errors"]) == [str(dags / "broken_dag.py")]  # the check can fail
+    assert found["dags"] == ["deltarec"] and found["params"] == sorted(PipelineParams.names())
+    tasks = found["tasks"]
+    assert set(tasks) == STEPS
+    pods = {t: v for t, v in tasks.items() if v["operator"] == "KubernetesPodOperator"}
+    assert set(pods) == STEPS - {"params", "branch"}
+    assert pods["train"]["image"] == TRAINER_IMAGE
+    assert {pods[t]["image"] for t in pods if t != "train"} == {TOOLS_IMAGE}
+    assert all(p["cmds"] == ["python", "-m", "deltarec.orchestrate.airflow_task"]
+               for p in pods.values())  # fmt: skip
+    assert all(p["env_from"] == ["pg-cred"] for p in pods.values())
+    verify = pods["verify"]["arguments"]
+    assert verify[:2] == ["verify", "--params"]
+    assert "xcom_pull(task_ids='train')" in verify[verify.index("--input") + 1]
+    assert "{{ run_id }}" in pods["train"]["arguments"]
+    assert tasks["branch"]["upstream"] == ["verify"]
+    assert tasks["promote"]["upstream"] == tasks["verify_failed"]["upstream"] == ["branch"]
+    assert tasks["provision"]["upstream"] == ["params"]
+
+
+def test_the_core_and_the_kfp_side_never_import_airflow():
+    code = (
+        "import sys, deltarec.orchestrate, deltarec.orchestrate.steps, deltarec.orchestrate.local,"
+        " deltarec.orchestrate.pipeline, deltarec.cli.cmd_pipeline, deltarec.api, deltarec.demo\n"
+        "from deltarec.cli import main\n"
+        "assert main(['pipeline', 'compile', '--output', sys.argv[1]]) == 0\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'airflow')\n"
+        "assert not bad, bad\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-c", code, os.path.join(tmp, "p.yaml")],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_airflow_local_run_promotes_then_rolls_back_a_lost_write_and_fails(
+    tmp_path, lossy_team, webhook, capsys
+):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    common = [
+        "pipeline", "run", "--local", "--engine", "airflow", "--run", "lt",
+        "--artifacts", str(tmp_path / "art"), "--store", store, "--steps", "10", "--sample",
+        "0", "--ranks-per-node", "1", "--entry-point", "lossy_team:main",
+        "--tables", '{"m.t": {"dim": 4}}', "--webhook-url", webhook.url,
+        "--pipeline-root", str(tmp_path / "airflow"),
+    ]  # fmt: skip
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    assert main([*common, "--json", str(first)]) == 0, capsys.readouterr().out[-3000:]
+    passed = json.loads(first.read_text())
+    assert passed["verdict"] == "PASS" and passed["promoted"] == 1
+    assert passed["metrics"]["keys_checked"] == 20.0
+    assert passed["report"].endswith("lt/gen-000001/verify-report-000001.html")
+    assert webhook.received == []
+
+    code = main([*common, "--train-args", "--lose-key 3", "--json", str(second)])
+    assert code == 1, capsys.readouterr().out[-3000:]
+    failed = json.loads(second.read_text())
+    assert failed["verdict"] == "FAIL" and failed["promoted"] is None
+    assert failed["generation"]["generation"] == 2 and "verify_failed" in failed["failure"]
+    (summary,) = webhook.received
+    assert (summary["action"], summary["rolled_back_to"], summary["generation"]) == (
+        "rolled-back", 1, 2,
+    )  # fmt: skip
+    with open_store(store) as s:
+        pointer = s.registry.get_serving("lt")
+        dtype = s.views()["m.t"].dtype
+        got = s.read("m.t", lossy_team.KEYS)
+    assert pointer.generation == 1 and "rollback" in pointer.note
+    want = codec.decode(lossy_team.rows_of(1).embedding, dtype, 4)
+    np.testing.assert_array_equal(codec.decode(got.embedding, dtype, 4), want)
