@@ -73,8 +73,10 @@ def test_the_settings_keep_their_fields_types_and_variables():
 
 
 def test_settings_round_trip_through_the_environment_and_reach_the_hook(tmp_path):
-    settings = api.TrainSettings(artifacts=str(tmp_path), run="r", dump_every_steps=5,
-                                 store="sqlite:///s.db", publish_mode="staged", steps=40)  # fmt: skip
+    settings = api.TrainSettings(
+        artifacts=str(tmp_path), run="r", dump_every_steps=5, store="sqlite:///s.db",
+        publish_mode="staged", steps=40,
+    )  # fmt: skip
     env = settings.to_env()
     assert env == {
         "DELTAREC_ARTIFACTS": str(tmp_path), "DELTAREC_RUN": "r",
