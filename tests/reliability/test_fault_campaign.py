@@ -157,13 +157,14 @@ def test_long_campaign_a_hung_trainer_is_taken_over_and_stops_without_committing
     try:
         time.sleep(4.0)  # past its lease
         second = c.start()
+        # the second takes the lease and opens its generation; it may then wait for a store
+        # lock the hung one holds (a SQLite write transaction), so the hung one wakes now
         _wait_for("the second generation", lambda: _generations(c) >= 2, second)
-        _wait_for("a dump of the second generation", lambda: _committed_of(c, 2) >= 1, second)
     finally:
         first.signal_tree(signal.SIGCONT)
     rc = first.wait(300)
     text = first.tail()
-    assert rc != 0 and "taken over" in text, text
+    assert rc != 0 and ("taken over" in text or "superseded" in text), text
     root = ArtifactRoot(str(c.artifacts))
     taken = parse_time(root.read_generation(c.run, 2).created_at)
     late = [s for s in root.list_dumps(c.run, 1) if _manifest_time(root, c, 1, s) > taken]
@@ -174,10 +175,6 @@ def test_long_campaign_a_hung_trainer_is_taken_over_and_stops_without_committing
 
 def _generations(c: Campaign) -> int:
     return len(ArtifactRoot(str(c.artifacts)).list_generations(c.run))
-
-
-def _committed_of(c: Campaign, generation: int) -> int:
-    return len(ArtifactRoot(str(c.artifacts)).list_dumps(c.run, generation))
 
 
 def _manifest_time(root: ArtifactRoot, c: Campaign, g: int, s: int) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +62,8 @@ class Dumper:
         sources: this rank's table sources, in the same table order on every rank.
         on_commit: called on the worker thread after each committed dump (publisher hand-off).
         keep_rows_bytes: rows kept in memory per dump for ``on_commit`` (0: none).
+        on_generation: called on rank 0 once the lease is held and the generation allocated,
+            before anything of it is dumped (the other ranks wait); a failure fails the start.
     """
 
     def __init__(
@@ -70,8 +72,10 @@ class Dumper:
         sources: Sequence[TableSource],
         on_commit: OnCommit | None = None,
         keep_rows_bytes: int = 0,
+        on_generation: Callable[[GenerationInfo], None] | None = None,
     ) -> None:
         self.config = config
+        self.on_generation = on_generation
         self.sources = list(sources)
         ids = [s.table_id for s in self.sources]
         if len(set(ids)) != len(ids):
@@ -211,6 +215,8 @@ class Dumper:
                 claimed = self.root.allocate_generation(info)
                 self.lease.set_generation(claimed.generation)
                 self.lease.start_renewing()
+                if self.on_generation is not None:
+                    self.on_generation(claimed)
                 outcome = ("ok", claimed.to_json())
             except LeaseHeldError as e:
                 outcome = ("held", str(e))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from deltarec.artifacts.shards import ShardRows
-from deltarec.artifacts.types import Manifest
+from deltarec.artifacts.types import GenerationInfo, Manifest
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.dumper import Dumper
 from deltarec.errors import ConfigError
@@ -74,30 +74,37 @@ class DumpHook:
         """Discover the tables, open the generation (snapshot or republish).
 
         With a store, rank 0 first publishes what earlier generations committed but did not
-        publish (a trainer killed between a commit and its publish), while the store still
-        accepts them: once this generation registers, the store refuses older ones.
+        publish (a trainer killed between a commit and its publish), once it holds the run's
+        lease and while the store still accepts them: once this generation registers, the
+        store refuses older ones.
         """
         sources = self._sources(model)
         on_commit = None
         keep = 0
-        if self.store is not None and _rank() == 0:
-            self._publish_earlier_generations()
+        on_generation = None
         if self.store is not None:
+            on_generation = self._publish_earlier_generations
             self.publisher = self._make_publisher()
             on_commit = self._submit
             keep = self.config.host_budget_bytes()
-        self.dumper = Dumper(self.config, sources, on_commit=on_commit, keep_rows_bytes=keep)
+        self.dumper = Dumper(
+            self.config,
+            sources,
+            on_commit=on_commit,
+            keep_rows_bytes=keep,
+            on_generation=on_generation,
+        )
         if self._state is not None:
             self.dumper.load_state_dict(self._state)
         self.dumper.start(step, restored_from)
 
-    def _publish_earlier_generations(self) -> None:
+    def _publish_earlier_generations(self, new: GenerationInfo) -> None:
         """Publish earlier generations' committed dumps that the store does not hold yet.
 
-        Only those the store may still take (its newest generation and any newer), in order;
-        nothing if another trainer holds the run.
+        Runs on rank 0 with the run's lease held and ``new`` allocated but not yet registered
+        with the store: only the generations the store may still take (its newest one and
+        any newer), in order.
         """
-        from deltarec.artifacts.lease import check_free
         from deltarec.artifacts.root import ArtifactRoot
         from deltarec.errors import StaleGenerationError
         from deltarec.publish import DumpPublisher
@@ -106,14 +113,15 @@ class DumpHook:
         assert self.store is not None
         root = ArtifactRoot(self.config.artifacts, self.config.storage_options)
         run = self.config.run
-        generations = root.list_generations(run)
+        generations = [g for g in root.list_generations(run) if g < new.generation]
         if not generations:
             return
-        check_free(root, run)  # another trainer writes this run: leave its dumps to it
         store = open_store(self.store)
         try:
             publisher = DumpPublisher(store, root, run, mode=self.publish_mode)
-            seen = store.registry.generations(run)
+            seen = publisher.retry.call(
+                lambda: store.registry.generations(run), f"read the generations of run {run!r}"
+            )
             for g in [g for g in generations if not seen or g >= seen[-1]]:
                 try:
                     parts = publisher.publish_generation(g)
@@ -217,12 +225,6 @@ class DumpHook:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep the checkpoint's dumper state; applied in :meth:`on_start`."""
         self._state = dict(state)
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def make_train_hook(

@@ -1,0 +1,166 @@
+"""No orphans: a rank ends with its launcher, and a PyTorchJob with the step that created it.
+
+The end-to-end check (``kill -9`` of ``deltarec train --nproc-per-node 2``'s process group,
+its ranks gone within seconds) runs at every kill of the fault campaign
+(``test_fault_campaign.py``, ``Trainer.kill_tree``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from deltarec.orchestrate import pytorchjob as pj
+from deltarec.orchestrate.types import TrainJobFailedError
+from deltarec.testing.campaign import alive
+
+
+def test_a_process_that_calls_exit_with_parent_ends_within_a_second_of_its_parent(tmp_path):
+    # parent (own session) -> child in a session of its own, like torchrun's ranks
+    child_code = textwrap.dedent(
+        """
+        import time
+        from deltarec.train.launch import exit_with_parent
+        exit_with_parent()
+        time.sleep(120)
+        """
+    )
+    parent_code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", {child_code!r}], start_new_session=True)
+        print(p.pid, flush=True)
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(1.0)  # the child has set its parent-death signal
+    assert alive(child)
+    os.killpg(parent.pid, signal.SIGKILL)  # the child is in another session: not reached
+    parent.wait()
+    deadline = time.monotonic() + 3.0
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    gone = not alive(child)
+    if not gone:
+        os.kill(child, signal.SIGKILL)
+    assert gone, "the child outlived its parent by 3 s"
+
+
+class ApiException(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class FakeCustomObjectsApi:
+    """The three calls of CustomObjectsApi, strict about group/version/plural."""
+
+    def __init__(self, state: str = "Running") -> None:
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.state = state
+        self.deleted: list[tuple[str, str, str]] = []
+
+    def _check(self, group: str, version: str, plural: str) -> None:
+        assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):  # type: ignore[no-untyped-def]
+        self._check(group, version, plural)
+        key = (namespace, body["metadata"]["name"])
+        if key in self.objects:
+            raise ApiException(409)
+        self.objects[key] = body
+        return body
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):  # type: ignore[no-untyped-def]
+        self._check(group, version, plural)
+        if (namespace, name) not in self.objects:
+            raise ApiException(404)
+        obj = dict(self.objects[(namespace, name)])
+        obj["status"] = {"conditions": [{"type": self.state, "status": "True"}]}
+        return obj
+
+    def delete_namespaced_custom_object(  # type: ignore[no-untyped-def]
+        self, group, version, namespace, plural, name, *, propagation_policy="Background"
+    ):
+        self._check(group, version, plural)
+        if self.objects.pop((namespace, name), None) is None:
+            raise ApiException(404)
+        self.deleted.append((namespace, name, propagation_policy))
+        return {}
+
+
+def _spec(timeout_s: int = 600) -> pj.TrainJobSpec:
+    return pj.TrainJobSpec(
+        name="deltarec-ctr-abc", namespace="ml", image="trainer:1", nodes=2, procs_per_node=2,
+        gpus_per_node=0, train_args=("--run", "ctr"), timeout_s=timeout_s,
+    )  # fmt: skip
+
+
+def test_the_job_is_owned_by_the_step_pod_named_in_its_environment(monkeypatch):
+    monkeypatch.setenv(pj.POD_NAME_ENV, "pipeline-train-x7k2p")
+    monkeypatch.setenv(pj.POD_UID_ENV, "0b9d6d1e-52a8-4c4e-9b53-8d1d1f0c1a11")
+    api = FakeCustomObjectsApi(state="Succeeded")
+    pj.run_train_job(_spec(), api, sleep=lambda s: None)
+    (job,) = api.objects.values()
+    assert job["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "pipeline-train-x7k2p",
+            "uid": "0b9d6d1e-52a8-4c4e-9b53-8d1d1f0c1a11",
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+    ]
+    assert api.deleted == []  # a finished job is kept
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_step_stopped_by_a_signal_deletes_its_running_job(monkeypatch, sig):
+    monkeypatch.delenv(pj.POD_NAME_ENV, raising=False)
+    api = FakeCustomObjectsApi(state="Running")
+    before = signal.getsignal(sig)
+
+    def sleep(seconds: float) -> None:  # the pod is deleted while the step polls
+        os.kill(os.getpid(), sig)
+        time.sleep(0.1)
+
+    with pytest.raises(pj.StepStopped, match=signal.Signals(sig).name):
+        pj.run_train_job(_spec(), api, sleep=sleep)
+    assert api.deleted == [("ml", "deltarec-ctr-abc", "Foreground")]
+    assert signal.getsignal(sig) == before  # the step's own handlers are restored
+
+
+def test_a_step_that_fails_while_following_its_job_deletes_it():
+    api = FakeCustomObjectsApi(state="Running")
+    polls = [0]
+    real_get = api.get_namespaced_custom_object
+
+    def get(*args):  # type: ignore[no-untyped-def]
+        polls[0] += 1
+        if polls[0] == 2:  # the API server answers 500 once while the step follows the job
+            raise ApiException(500)
+        return real_get(*args)
+
+    api.get_namespaced_custom_object = get  # type: ignore[method-assign]
+    with pytest.raises(ApiException):
+        pj.run_train_job(_spec(), api, sleep=lambda s: None)
+    assert api.deleted == [("ml", "deltarec-ctr-abc", "Foreground")]
+
+
+def test_a_failed_job_is_kept_for_its_record():
+    api = FakeCustomObjectsApi(state="Failed")
+    with pytest.raises(TrainJobFailedError, match="failed"):
+        pj.run_train_job(_spec(), api, sleep=lambda s: None)
+    assert api.deleted == [] and len(api.objects) == 1
