@@ -18,7 +18,8 @@ SIGNATURES = {
     "'Mapping[str, str] | None' = None, **options: 'Any') -> 'DumpHook'",
     "make_train_hook": "(*, artifacts: 'str', run: 'str', every_steps: 'int | None' = None, "
     "every_minutes: 'float | None' = None, snapshot: 'bool' = True, store: 'str | None' = "
-    "None, publish_mode: 'str' = 'direct', **options: 'Any') -> 'DumpHook'",
+    "None, publish_mode: 'str' = 'direct', metrics_port: 'int | None' = None, "
+    "**options: 'Any') -> 'DumpHook'",
     "discover_sources": "(model: 'nn.Module') -> 'list[TableSource]'",
 }
 
@@ -43,6 +44,8 @@ SETTINGS = {
     "publish_mode": ("DELTAREC_PUBLISH_MODE", "Literal['direct', 'staged']"),
     "steps": ("DELTAREC_STEPS", "int | None"),
     "checkpoint_dir": ("DELTAREC_CHECKPOINT_DIR", "str | None"),
+    "row_encodings": ("DELTAREC_ROW_ENCODINGS", "str | None"),
+    "metrics_port": ("DELTAREC_METRICS_PORT", "int | None"),
 }
 
 
@@ -109,3 +112,11 @@ def test_the_table_source_protocol_keeps_its_methods_and_attributes():
     assert {"table_id", "spec", "writes"} <= set(typing.get_type_hints(api.TableSource))
     assert [f for f in api.TouchedRows.__dataclass_fields__] == ["keys", "rows", "ops"]
     assert [f for f in api.TableSpec.__dataclass_fields__][:3] == ["dim", "dtype", "kind"]
+
+
+def test_row_encodings_reach_the_hook_as_dumper_dtypes():
+    settings = api.TrainSettings(artifacts="/a", run="r", row_encodings="float16,t.x=int8_rowwise")
+    assert settings.to_env()["DELTAREC_ROW_ENCODINGS"] == "float16,t.x=int8_rowwise"
+    args = settings.hook_arguments()
+    assert args["default_dtype"] is api.DType.FLOAT16
+    assert args["table_dtypes"] == {"t.x": api.DType.INT8_ROWWISE}

@@ -10,6 +10,7 @@ PARAMS = {
     "--run", "--artifacts", "--store", "--steps", "--dump-every-steps", "--dump-every-minutes",
     "--publish-mode", "--sample", "--ranks-per-node", "--nodes", "--gpus-per-node",
     "--checkpoint-dir", "--train-args", "--entry-point", "--tables", "--webhook-url",
+    "--row-encodings",
 }  # fmt: skip
 EXPECTED = {
     "compile": {"--engine", "--output", "--components", "--secret", "--no-secrets"},

@@ -11,12 +11,14 @@ import json
 import fs_state
 import pytest
 
+from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts.types import DType
 from deltarec.cli import main
 
 pytestmark = pytest.mark.multiprocess
 
 
-def test_pipeline_on_featurestore_passes_and_a_tampered_row_then_fails(
+def test_pipeline_with_quantized_rows_on_featurestore_passes_and_a_tampered_row_fails(
     tmp_path, monkeypatch, capsys
 ):  # type: ignore[no-untyped-def]
     state = str(tmp_path / "featurestore.db")
@@ -27,6 +29,7 @@ def test_pipeline_on_featurestore_passes_and_a_tampered_row_then_fails(
     code = main([
         "pipeline", "run", "--local", "--run", "fs", "--artifacts", art, "--store", store,
         "--steps", "20", "--dump-every-steps", "10", "--sample", "0",
+        "--row-encodings", "int8_rowwise,sparse.ebc.geo=float16",
         "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
     ])  # fmt: skip
     assert code == 0, capsys.readouterr().out[-3000:]
@@ -34,6 +37,9 @@ def test_pipeline_on_featurestore_passes_and_a_tampered_row_then_fails(
     assert result["verdict"] == "PASS" and result["promoted"] == 1
     assert result["metrics"]["keys_checked"] > 0
     assert (tmp_path / "art" / "_registry" / "featurestore-proj-emb.db").exists()
+    tables = ArtifactRoot(art).read_generation("fs", 1).tables  # quantized rows, end to end
+    assert tables["sparse.ebc.geo"].dtype is DType.FLOAT16
+    assert {t.dtype for n, t in tables.items() if n != "sparse.ebc.geo"} == {DType.INT8_ROWWISE}
     stored = fs_state.stored_rows(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION)
     (table, key), value = next(iter(sorted(stored.items())))
     fs_state.set_row(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION, table, key,

@@ -32,6 +32,7 @@ FROZEN_FLAGS = {
     "--nproc-per-node",
     "--publish-mode",
     "--resume-step",
+    "--row-encodings",
     "--run",
     "--seed",
     "--steps",
@@ -63,6 +64,7 @@ def test_forwarded_argv_round_trips_every_flag_but_nproc():
         "--eval-every", "5", "--export-tables", "x", "--artifacts", "a", "--run", "r",
         "--dump-every-steps", "4", "--store", "sqlite:///s.db", "--publish-mode", "staged",
         "--no-snapshot", "--no-resume", "--nproc-per-node", "2",
+        "--row-encodings", "float16,sparse.zch.ad_id=int8_rowwise",
     ]  # fmt: skip
     args = build_parser("train").parse_args(argv)
     again = build_parser("train").parse_args(["train", *forwarded_argv(args)])
@@ -80,11 +82,28 @@ def test_forwarded_argv_round_trips_every_flag_but_nproc():
         (["--artifacts", "/tmp/a"], "--artifacts needs --run"),
         (["--steps", "-1"], "steps"),
         (["--model-config", "/nonexistent/m.json"], "--model-config"),
+        (["--row-encodings", "int8"], "--row-encodings need(s) --artifacts"),
+        (["--artifacts", "/tmp/a", "--run", "r", "--row-encodings", "int9"], "unknown encoding"),
+        (
+            ["--artifacts", "/tmp/a", "--run", "r", "--row-encodings", "no.such=float16"],
+            "unknown tables ['no.such']",
+        ),
     ],
 )
 def test_bad_train_flags_exit_2_naming_the_problem(argv, message, capsys):
     assert main(["train", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_int8_rows_of_an_odd_dim_are_refused_naming_the_table(tmp_path, capsys):
+    model = tmp_path / "model.json"
+    table = {"num_embeddings": 100, "dim": 17, "sharding": "table_wise"}
+    model.write_text(json.dumps({"tables": {"user_id": table}}))
+    argv = ["train", "--model-config", str(model), "--artifacts", str(tmp_path / "a"), "--run",
+            "r", "--row-encodings", "int8_rowwise"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "sparse.ebc.user_id" in err and "dim 17" in err and "even dim" in err
 
 
 def test_unknown_model_config_key_is_rejected(tmp_path, capsys):

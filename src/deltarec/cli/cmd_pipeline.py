@@ -125,6 +125,13 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--checkpoint-dir", default="", metavar="DIR", help="the trainer's --workdir")
     g.add_argument(
+        "--row-encodings",
+        default="",
+        metavar="SPEC",
+        help="dumped row encodings: a default and/or TABLE=ENCODING entries (deltarec train "
+        "--row-encodings; default: float32)",
+    )
+    g.add_argument(
         "--train-args",
         dest="train_extra_args",
         default="",

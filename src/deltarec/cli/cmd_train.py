@@ -165,6 +165,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the run refuses to start while it is held (default: 60)",
     )
     d.add_argument(
+        "--row-encodings",
+        default=None,
+        metavar="SPEC",
+        help="how dumped rows are encoded: a default and/or TABLE=ENCODING entries, comma "
+        "separated, of float32 | float16 | int8_rowwise (e.g. 'int8_rowwise,"
+        "sparse.ebc.geo=float16'; default: float32)",
+    )
+    d.add_argument(
         "--publish-mode",
         choices=["direct", "staged"],
         default="direct",
@@ -181,6 +189,7 @@ _FORWARD = [
     ("export_tables", "--export-tables"), ("artifacts", "--artifacts"), ("run", "--run"),
     ("dump_every_steps", "--dump-every-steps"), ("dump_every_minutes", "--dump-every-minutes"),
     ("store", "--store"), ("publish_mode", "--publish-mode"), ("lease_ttl", "--lease-ttl"),
+    ("row_encodings", "--row-encodings"),
 ]  # fmt: skip
 _FORWARD_SWITCHES = [
     ("no_final_checkpoint", "--no-final-checkpoint"),
@@ -248,6 +257,7 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         "--store": args.store,
         "--no-snapshot": args.no_snapshot or None,
         "--lease-ttl": args.lease_ttl,
+        "--row-encodings": args.row_encodings,
     }
     if args.artifacts is None:
         given = [flag for flag, value in dump_flags.items() if value is not None]
@@ -259,14 +269,40 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
 
 
+def _check_row_encodings(args: argparse.Namespace, config: Any) -> None:
+    """Before starting ranks: the encodings parse, name the model's tables, fit their dims."""
+    if not args.row_encodings:
+        return
+    from deltarec.dump.config import check_row_encoding, parse_row_encodings
+    from deltarec.model.tables import model_tables
+
+    default, dtypes = parse_row_encodings(args.row_encodings)
+    tables = {t.table_id: t.dim for t in model_tables(config.model, 1)}
+    unknown = sorted(set(dtypes) - set(tables))
+    if unknown:
+        raise ConfigError(
+            f"--row-encodings names unknown tables {unknown}; tables: {sorted(tables)}"
+        )
+    for table, dim in tables.items():
+        dtype = dtypes.get(table, default)
+        if dtype is not None:
+            check_row_encoding(table, dim, dtype)
+
+
 def _hooks(args: argparse.Namespace) -> list[Any]:
     if args.artifacts is None:
         return []
     from deltarec.dump import make_train_hook  # type: ignore[attr-defined,unused-ignore]
+    from deltarec.dump.config import parse_row_encodings
 
     options: dict[str, Any] = {}
     if args.lease_ttl is not None:
         options["lease_ttl_s"] = args.lease_ttl
+    if args.row_encodings:
+        default, tables = parse_row_encodings(args.row_encodings)
+        options["table_dtypes"] = tables
+        if default is not None:
+            options["default_dtype"] = default
     return [
         make_train_hook(
             artifacts=args.artifacts,
@@ -313,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
     _quiet_libraries(bool(getattr(args, "verbose", False)))
     _check_dump_flags(args)
     config = build_config(args)
+    _check_row_encodings(args, config)
     from deltarec.train.launch import init_distributed, launch_torchrun, under_torchrun
 
     if args.nproc_per_node is not None and not under_torchrun():

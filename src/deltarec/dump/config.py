@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from deltarec.artifacts.types import DType
 from deltarec.dump.staging import default_encode_workers, default_host_budget
-from deltarec.errors import InvalidIdentifierError
+from deltarec.errors import ConfigError, InvalidIdentifierError
 from deltarec.ids import validate_run, validate_table_id
 
 
@@ -106,3 +106,61 @@ class DumperConfig(BaseModel):
     def dtype_of(self, table: str) -> DType:
         """The encoding of ``table``."""
         return self.table_dtypes.get(table, self.default_dtype)
+
+
+def parse_row_encodings(spec: str) -> tuple[DType | None, dict[str, DType]]:
+    """Parse row encodings: ``"float16,sparse.ebc.user_id=int8_rowwise"``.
+
+    An entry without ``=`` is the default encoding of every table not named; ``table=dtype``
+    sets one table's. Encodings are ``float32``, ``float16`` and ``int8_rowwise``.
+
+    Returns:
+        ``(default or None, {table id: encoding})``.
+
+    Raises:
+        ConfigError: an unknown encoding, a bad table id, two defaults or a table given twice
+            (names the entry).
+    """
+    default: DType | None = None
+    tables: dict[str, DType] = {}
+    known = [d.value for d in DType]
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        table, _, name = entry.rpartition("=")
+        try:
+            dtype = DType(name.strip())
+        except ValueError:
+            raise ConfigError(
+                f"row encoding {entry!r}: unknown encoding {name.strip()!r}; known: {known}"
+            ) from None
+        if not table:
+            if default is not None:
+                raise ConfigError(f"row encodings {spec!r} give two defaults")
+            default = dtype
+            continue
+        try:
+            validate_table_id(table.strip())
+        except InvalidIdentifierError as e:
+            raise ConfigError(f"row encoding {entry!r}: {e}") from e
+        if table.strip() in tables:
+            raise ConfigError(f"row encodings {spec!r} name table {table.strip()!r} twice")
+        tables[table.strip()] = dtype
+    return default, tables
+
+
+def check_row_encoding(table: str, dim: int, dtype: DType) -> None:
+    """Refuse an encoding a table's rows cannot take (int8_rowwise needs an even dim).
+
+    Serving reads int8_rowwise rows as fbgemm's QUint8RowwiseF16 layout (``dim`` uint8 codes,
+    fp16 scale, fp16 offset), whose kernels take even dims only.
+
+    Raises:
+        ConfigError: names the table, its dim and the encodings it can use.
+    """
+    if DType(dtype) is DType.INT8_ROWWISE and dim % 2:
+        raise ConfigError(
+            f"table {table!r} has dim {dim}: int8_rowwise needs an even dim; use float32 or "
+            "float16 for this table (e.g. --row-encodings int8_rowwise,"
+            f"{table}=float16)"
+        )

@@ -35,7 +35,7 @@ from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.assemble import LocalParts, Part
 from deltarec.dump.cadence import Cadence
-from deltarec.dump.config import DumperConfig
+from deltarec.dump.config import DumperConfig, check_row_encoding
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.gather import HostRows, rows_to_host
 from deltarec.dump.queue import ByteBoundedQueue
@@ -193,6 +193,8 @@ class Dumper:
             raise ConfigError(
                 f"table_dtypes names unknown tables {unknown}; tables: {sorted(tables)}"
             )
+        for table, spec in tables.items():
+            check_row_encoding(table, spec.dim, spec.dtype)
         return tables
 
     def _allocate(self, tables: dict[str, TableSpec], parent: Parent | None) -> GenerationInfo:

@@ -49,6 +49,9 @@ class TrainSettings(BaseModel):
     """Training steps the pipeline asks for (the program's own loop reads it)."""
     checkpoint_dir: str | None = None
     """Where the program keeps its checkpoints; None: the program's default."""
+    row_encodings: str | None = None
+    """Row encodings of the dumps: a default and/or ``table=encoding`` entries
+    (:func:`~deltarec.dump.config.parse_row_encodings`); None: float32."""
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     """Serve the background publisher's Prometheus metrics (those of ``deltarec publish``) on
     this port plus the process's ``LOCAL_RANK``; None: not served."""
@@ -93,7 +96,16 @@ class TrainSettings(BaseModel):
 
     def hook_arguments(self) -> dict[str, Any]:
         """The keyword arguments of :func:`deltarec.dump.make_train_hook` these settings give."""
+        from deltarec.dump.config import parse_row_encodings
+
+        encodings: dict[str, Any] = {}
+        if self.row_encodings:
+            default, tables = parse_row_encodings(self.row_encodings)
+            encodings["table_dtypes"] = tables
+            if default is not None:
+                encodings["default_dtype"] = default
         return {
+            **encodings,
             "artifacts": self.artifacts,
             "run": self.run,
             "every_steps": self.dump_every_steps,

@@ -68,6 +68,10 @@ class PipelineParams(BaseModel):
     example model's tables for the example model; for another entry point the views of a
     fresh run are created by the training ranks from the first generation's
     GENERATION.json."""
+    row_encodings: str = ""
+    """How dumped rows are encoded: a default and/or ``table=encoding`` entries, comma
+    separated, of ``float32``, ``float16``, ``int8_rowwise`` (``deltarec train
+    --row-encodings``); empty: float32."""
     webhook_url: str = ""
     """Called (HTTP POST, JSON) with verify's summary when verify fails; empty: no call."""
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from deltarec.artifacts import ArtifactRoot
-from deltarec.artifacts.types import TableKind, TableSpec
+from deltarec.artifacts.types import DType, TableKind, TableSpec
 from deltarec.errors import BadInputError, CheckFailedError, ConfigError
 from deltarec.orchestrate.params import PipelineParams, parse_entry_point, table_specs
 from deltarec.orchestrate.types import (
@@ -129,6 +129,7 @@ def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
         return table_specs(params.tables)
     if params.entry_point.strip():
         return {}
+    from deltarec.dump.config import check_row_encoding, parse_row_encodings
     from deltarec.model.config import ModelConfig
     from deltarec.model.tables import model_tables
 
@@ -142,9 +143,11 @@ def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"train_extra_args --model-config {path}: {e}") from e
     world = params.ranks_per_node * params.nodes
-    return {
+    default, dtypes = parse_row_encodings(params.row_encodings)
+    specs = {
         t.table_id: TableSpec(
             dim=t.dim,
+            dtype=dtypes.get(t.table_id, default or DType.FLOAT32),
             kind=TableKind(t.kind),
             num_embeddings=t.num_embeddings,
             zch_size=t.zch_size,
@@ -152,6 +155,9 @@ def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
         )
         for t in model_tables(config, world)
     }
+    for table, spec in specs.items():
+        check_row_encoding(table, spec.dim, spec.dtype)
+    return specs
 
 
 def provision(params: PipelineParams) -> ProvisionResult:
@@ -189,6 +195,7 @@ def train_settings_env(params: PipelineParams) -> dict[str, str]:
         publish_mode=params.publish_mode,
         steps=params.steps,
         checkpoint_dir=params.checkpoint_dir or None,
+        row_encodings=params.row_encodings or None,
     )
     return settings.to_env()
 
@@ -205,6 +212,8 @@ def train_args(params: PipelineParams) -> list[str]:
         args += ["--store", params.store_url, "--publish-mode", params.publish_mode]
     if params.checkpoint_dir:
         args += ["--workdir", params.checkpoint_dir]
+    if params.row_encodings:
+        args += ["--row-encodings", params.row_encodings]
     return [*args, *shlex.split(params.train_extra_args)]
 
 
