@@ -1,4 +1,4 @@
-"""The deltarec pipeline: provision -> train -> verify -> (if PASS) promote.
+"""The deltarec pipeline: provision -> train -> verify -> promote (PASS) or verify_failed (FAIL).
 
 The definition lives in :mod:`deltarec.orchestrate.pipeline` (so the installed
 ``deltarec pipeline`` command compiles the same thing); this file is the entry point for

@@ -1,6 +1,6 @@
 """The Airflow DAG: its file parses in a DagBag over the pipeline's images and steps, the core
-never imports Airflow, and a local ``dag.test()`` run (SQLite) promotes a verified generation,
-then rolls back after a lost write and ends failed."""
+never imports Airflow, and a local ``dag.test()`` run (SQLite) of a generation that lost a
+write rolls serving back to the generation promoted before, calls the webhook and fails."""
 
 import json
 import os
@@ -62,44 +62,54 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
 def test_the_core_and_the_kfp_side_never_import_airflow():
     code = (
         "import sys, deltarec.orchestrate, deltarec.orchestrate.steps, deltarec.orchestrate.local,"
-        " deltarec.orchestrate.pipeline, deltarec.cli.cmd_pipeline, deltarec.api, deltarec.demo\n"
-        "from deltarec.cli import main\n"
-        "assert main(['pipeline', 'compile', '--output', sys.argv[1]]) == 0\n"
+        " deltarec.orchestrate.pipeline, deltarec.orchestrate.airflow_task, deltarec.cli,"
+        " deltarec.cli.cmd_pipeline, deltarec.cli.cmd_demo, deltarec.demo\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'airflow')\n"
         "assert not bad, bad\n"
     )
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([sys.executable, "-c", code, os.path.join(tmp, "p.yaml")],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_airflow_local_run_promotes_then_rolls_back_a_lost_write_and_fails(
-    tmp_path, lossy_team, webhook, capsys
+def test_airflow_local_run_of_a_lost_write_rolls_back_calls_the_webhook_and_fails(
+    tmp_path, lossy_team, monkeypatch, webhook, capsys
 ):
+    from deltarec.orchestrate import airflow_task
+
+    from .conftest import train_in_process
+
     store = f"sqlite:///{tmp_path / 'store.db'}"
     common = [
-        "pipeline", "run", "--local", "--engine", "airflow", "--run", "lt",
-        "--artifacts", str(tmp_path / "art"), "--store", store, "--steps", "10", "--sample",
-        "0", "--ranks-per-node", "1", "--entry-point", "lossy_team:main",
+        "--run", "lt", "--artifacts", str(tmp_path / "art"), "--store", store, "--steps", "10",
+        "--sample", "0", "--ranks-per-node", "1", "--entry-point", "lossy_team:main",
         "--tables", '{"m.t": {"dim": 4}}', "--webhook-url", webhook.url,
-        "--pipeline-root", str(tmp_path / "airflow"),
     ]  # fmt: skip
-    first, second = tmp_path / "first.json", tmp_path / "second.json"
-    assert main([*common, "--json", str(first)]) == 0, capsys.readouterr().out[-3000:]
-    passed = json.loads(first.read_text())
-    assert passed["verdict"] == "PASS" and passed["promoted"] == 1
-    assert passed["metrics"]["keys_checked"] == 20.0
-    assert passed["report"].endswith("lt/gen-000001/verify-report-000001.html")
-    assert webhook.received == []
+    # generation 1 through the DAG's own task functions (in this process): promoted
+    conf = dict(
+        run_name="lt", artifact_root=str(tmp_path / "art"), store_url=store, steps=10,
+        dump_every_steps=100, sample_size=0, ranks_per_node=1, entry_point="lossy_team:main",
+    )  # fmt: skip
+    params = PipelineParams(**conf)
+    airflow_task.provision(airflow_task.check_params(conf))
+    record = train_in_process(lossy_team, monkeypatch, params).to_metadata()
+    outcome = airflow_task.verify(conf, record)
+    assert airflow_task.choose(outcome) == "promote" and outcome["report_path"].endswith(
+        "lt/gen-000001/verify-report-000001.html"
+    )
+    assert airflow_task.promote(conf, record) == 1
 
-    code = main([*common, "--train-args", "--lose-key 3", "--json", str(second)])
+    # generation 2 loses a write: the DAG run rolls back to 1, calls the webhook and fails
+    out = tmp_path / "result.json"
+    code = main(["pipeline", "run", "--local", "--engine", "airflow", *common,
+                 "--train-args", "--lose-key 3", "--pipeline-root", str(tmp_path / "airflow"),
+                 "--json", str(out)])  # fmt: skip
     assert code == 1, capsys.readouterr().out[-3000:]
-    failed = json.loads(second.read_text())
+    failed = json.loads(out.read_text())
     assert failed["verdict"] == "FAIL" and failed["promoted"] is None
     assert failed["generation"]["generation"] == 2 and "verify_failed" in failed["failure"]
+    assert failed["metrics"]["keys_checked"] == 20.0 and failed["metrics"]["passed"] == 0.0
+    assert failed["report"].endswith("lt/gen-000002/verify-report-000001.html")
     (summary,) = webhook.received
     assert (summary["action"], summary["rolled_back_to"], summary["generation"]) == (
         "rolled-back", 1, 2,

@@ -8,7 +8,8 @@ no step goes back through the command line. Only training crosses a process boun
 on one node, a PyTorchJob on several.
 
 * :func:`provision` creates the store views (on a fresh run from the declared tables);
-* :func:`train` runs the training program and describes the generation it wrote;
+* :func:`train` runs the training program and describes the generation it wrote (defined in
+  :mod:`deltarec.orchestrate.train_step`, the one step with a process boundary);
 * :func:`verify` reads the generation back from the store (:class:`VerifyOutcome`);
 * :func:`promote` makes a verified generation serving's current one;
 * :func:`on_verify_failed` is the FAIL branch: it drops the staging views (staged) or rolls
@@ -25,8 +26,6 @@ import json
 import logging
 import os
 import shlex
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,18 +34,59 @@ from typing import TYPE_CHECKING, Any
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import DType, TableKind, TableSpec
 from deltarec.errors import BadInputError, CheckFailedError, ConfigError
-from deltarec.orchestrate.params import PipelineParams, parse_entry_point, table_specs
+from deltarec.orchestrate.params import PipelineParams, table_specs
+from deltarec.orchestrate.train_step import (
+    generation_record,
+    program,
+    run_process,
+    torchrun_command,
+    train,
+    train_args,
+    train_settings_env,
+)
 from deltarec.orchestrate.types import (
     ArtifactLike,
     GenerationRecord,
     MetricsLike,
-    StepFailedError,
 )
 
 if TYPE_CHECKING:
     from deltarec.promote.promote import PromoteResult
     from deltarec.promote.rollback import RollbackResult
     from deltarec.verify import VerifyResult
+
+__all__ = [
+    "FAIL",
+    "PASS",
+    "FailureAction",
+    "ProvisionResult",
+    "VerifyFailedError",
+    "VerifyOutcome",
+    "call_webhook",
+    "declared_tables",
+    "generation_record",
+    "log_outcome",
+    "on_verify_failed",
+    "outcome_of",
+    "program",
+    "promote",
+    "promote_generation",
+    "provision",
+    "provision_generation",
+    "provision_tables",
+    "read_outcome",
+    "read_record",
+    "rollback",
+    "run_process",
+    "run_verification",
+    "torchrun_command",
+    "train",
+    "train_args",
+    "train_settings_env",
+    "verify",
+    "verify_serving",
+    "write_record",
+]
 
 log = logging.getLogger(__name__)
 
@@ -179,179 +219,6 @@ def provision(params: PipelineParams) -> ProvisionResult:
     return provision_tables(
         params.store_url, params.run_name, tables, artifacts=params.artifact_root
     )
-
-
-# ---- train -------------------------------------------------------------------------------------
-def train_settings_env(params: PipelineParams) -> dict[str, str]:
-    """The ``DELTAREC_*`` variables a training entry point gets (see docs/api.md)."""
-    from deltarec.dump.env import TrainSettings
-
-    settings = TrainSettings(
-        artifacts=params.artifact_root,
-        run=params.run_name,
-        dump_every_steps=params.dump_every_steps or None,
-        dump_every_minutes=params.dump_every_minutes or None,
-        store=params.store_url or None,
-        publish_mode=params.publish_mode,
-        steps=params.steps,
-        checkpoint_dir=params.checkpoint_dir or None,
-        row_encodings=params.row_encodings or None,
-    )
-    return settings.to_env()
-
-
-def train_args(params: PipelineParams) -> list[str]:
-    """The ``deltarec train`` flags of the example model (no ``--device``/``--nproc``)."""
-    args = ["--artifacts", params.artifact_root, "--run", params.run_name]
-    args += ["--steps", str(params.steps)]
-    if params.dump_every_steps > 0:
-        args += ["--dump-every-steps", str(params.dump_every_steps)]
-    if params.dump_every_minutes > 0:
-        args += ["--dump-every-minutes", f"{params.dump_every_minutes:g}"]
-    if params.store_url:
-        args += ["--store", params.store_url, "--publish-mode", params.publish_mode]
-    if params.checkpoint_dir:
-        args += ["--workdir", params.checkpoint_dir]
-    if params.row_encodings:
-        args += ["--row-encodings", params.row_encodings]
-    return [*args, *shlex.split(params.train_extra_args)]
-
-
-def program(params: PipelineParams) -> tuple[list[str], list[str], dict[str, str]]:
-    """What every training rank runs: ``(program, arguments, environment)``.
-
-    The example model: ``deltarec train <flags>`` (``--device`` goes first, added by the
-    launcher). An entry point
-    ``module:function``: ``python -m deltarec.orchestrate.entry module:function <extra>``; a
-    command: the command with ``<extra>`` appended. Entry points get the settings in the
-    environment (:func:`train_settings_env`).
-    """
-    device = "cuda" if params.gpus_per_node > 0 else "cpu"
-    if not params.entry_point.strip():
-        return ["deltarec", "train"], train_args(params), {}
-    extra = shlex.split(params.train_extra_args)
-    kind, *target = parse_entry_point(params.entry_point)
-    env = {**train_settings_env(params), "DELTAREC_DEVICE": device}
-    if kind == "function":
-        return ["python", "-m", "deltarec.orchestrate.entry", target[0]], extra, env
-    return list(target), extra, env
-
-
-def torchrun_command(params: PipelineParams) -> tuple[list[str], dict[str, str]]:
-    """The one-node torchrun command line of the train step, and its extra environment."""
-    prog, args, env = program(params)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd.append(f"--nproc-per-node={params.ranks_per_node}")
-    if prog[:3] == ["python", "-m", "deltarec.orchestrate.entry"]:
-        cmd += ["-m", "deltarec.orchestrate.entry", "--", *prog[3:], *args]
-    elif prog == ["deltarec", "train"]:
-        # "--" keeps torchrun's parser off the training flags (--run is its --run-path)
-        device = "cuda" if params.gpus_per_node > 0 else "cpu"
-        cmd += ["-m", "deltarec.train", "--", "--device", device, *args]
-    else:
-        cmd += ["--no-python", "--", *prog, *args]
-    return cmd, env
-
-
-def generation_record(root: ArtifactRoot, run: str, generation: int) -> GenerationRecord:
-    """Describe one generation from its committed manifests.
-
-    Raises:
-        BadInputError: the generation has no committed dump.
-    """
-    seqs = root.list_dumps(run, generation)
-    if not seqs:
-        raise BadInputError(
-            f"run {run!r} generation {generation} under {root.uri} has no committed dump"
-        )
-    manifests = [root.read_manifest(run, generation, s) for s in seqs]
-    return GenerationRecord(
-        run=run,
-        generation=generation,
-        last_seq=seqs[-1],
-        last_step=manifests[-1].last_step,
-        dumps=len(seqs),
-        rows=sum(sum(m.tables.values()) for m in manifests),
-        uri=root.url(root.gen_dir(run, generation)),
-    )
-
-
-def _new_generation(root: ArtifactRoot, run: str, before: set[int]) -> int:
-    new = sorted(set(root.list_generations(run)) - before)
-    if not new:
-        raise StepFailedError("train", 1, f"training wrote no new generation of run {run!r}")
-    if len(new) > 1:
-        log.warning("several new generations of run %r appeared: %s; using %d", run, new, new[-1])
-    return new[-1]
-
-
-def run_process(cmd: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run one training process tree to its end; returns its exit code."""
-    full = {**os.environ, **env}
-    full.setdefault("OMP_NUM_THREADS", "1")
-    log.info("train: %s", shlex.join(cmd))
-    return subprocess.call(list(cmd), env=full)
-
-
-def train(
-    params: PipelineParams,
-    *,
-    job_id: str = "",
-    secrets: Sequence[str] = (),
-    runner: Callable[[Sequence[str], Mapping[str, str]], int] = run_process,
-) -> GenerationRecord:
-    """Train one generation with delta dumps (and publishing), then describe it.
-
-    One node: torchrun with ``ranks_per_node`` ranks in this container. Several nodes: a
-    Training Operator PyTorchJob (see :mod:`deltarec.orchestrate.pytorchjob`) named after the
-    run and ``job_id``, followed until it ends. The generation is the one that appeared under
-    the artifact root during the step.
-
-    Args:
-        params: the run's parameters (entry point, cadence, store, sizes).
-        job_id: the pipeline run's id (names the PyTorchJob, so a retry follows it).
-        secrets: Secret names whose keys become the PyTorchJob pods' environment.
-        runner: runs the one-node command (``(argv, extra environment) -> exit code``).
-
-    Raises:
-        StepFailedError: training failed or produced no generation.
-        TrainJobFailedError: the PyTorchJob failed or timed out.
-    """
-    root = ArtifactRoot(params.artifact_root)
-    before = set(root.list_generations(params.run_name))
-    if params.nodes == 1:
-        cmd, env = torchrun_command(params)
-        code = runner(cmd, env)
-        if code != 0:
-            raise StepFailedError("train", code, "the training program failed")
-    else:
-        _train_on_cluster(params, job_id, secrets)
-    record = generation_record(
-        root, params.run_name, _new_generation(root, params.run_name, before)
-    )
-    log.info("train: %s", record)
-    return record
-
-
-def _train_on_cluster(params: PipelineParams, job_id: str, secrets: Sequence[str]) -> None:
-    from deltarec.orchestrate import pytorchjob
-    from deltarec.orchestrate.images import TRAINER_IMAGE
-
-    prog, args, env = program(params)
-    spec = pytorchjob.TrainJobSpec(
-        name=pytorchjob.job_name(params.run_name, job_id or params.run_name),
-        namespace=pytorchjob.current_namespace(),
-        image=TRAINER_IMAGE,
-        nodes=params.nodes,
-        procs_per_node=params.ranks_per_node,
-        gpus_per_node=params.gpus_per_node,
-        train_args=tuple(args),
-        secrets=tuple(s.strip() for s in secrets if s.strip()),
-        service_account=os.environ.get("DELTAREC_TRAIN_SERVICE_ACCOUNT") or None,
-        program=tuple(prog),
-        env=tuple(sorted(env.items())),
-    )
-    pytorchjob.run_train_job(spec)
 
 
 # ---- verify ------------------------------------------------------------------------------------
