@@ -45,7 +45,7 @@ import torch
 from bench_dump_throughput import PeakRss, baseline_write, rss_bytes
 from deltarec.artifacts import ArtifactRoot, TableKind, TableSpec, check_shard
 from deltarec.dump import Dumper, DumperConfig
-from deltarec.dump.gather import dedup_ids
+from deltarec.tracking.gather import dedup_ids
 from deltarec.tracking.plain import RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
 

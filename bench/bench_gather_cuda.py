@@ -1,6 +1,6 @@
 """Dedup + gather + device→host of touched rows into pinned host memory, vs pinned D2H bandwidth.
 
-Measures the dump's device side (``deltarec.dump.gather``: ``dedup_ids`` then
+Measures the dump's device side (``deltarec.tracking.gather``: ``dedup_ids`` then
 ``gather_to_host``, which gathers chunk k+1 while chunk k is copied on a copy stream into
 pinned buffers) against the baseline of the same run: one contiguous device tensor of the
 same bytes copied into a pinned host tensor. Imports only torch, numpy and the gather core,
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
 
-from deltarec.dump.gather import dedup_ids, gather_to_host
+from deltarec.tracking.gather import dedup_ids, gather_to_host
 
 
 def _sync(device: torch.device) -> None:
@@ -109,7 +109,7 @@ def main() -> None:
     print(f"{'path':<52} {'median s':>9} {'GB/s':>8}")
     for label, secs in (
         ("baseline: contiguous D2H copy into pinned memory", b),
-        ("dedup + gather + D2H (deltarec.dump.gather)", o),
+        ("dedup + gather + D2H (deltarec.tracking.gather)", o),
     ):
         print(f"{label:<52} {secs:>9.4f} {nbytes / secs / 1e9:>8.2f}")
     print(f"ratio     {b / o:.3f} of the pinned D2H bandwidth (target >= 0.90)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,17 +33,15 @@ from deltarec.artifacts.lease import LeaseHeldError, LeaseLostError, RunLease
 from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
-from deltarec.dump.assemble import LocalParts, Part
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig, check_row_encoding
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import HostRows, rows_to_host
 from deltarec.dump.queue import ByteBoundedQueue
-from deltarec.dump.staging import DeviceBudget, device_staging
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
-from deltarec.tracking.plain import AssembledSource
-from deltarec.tracking.types import TableSource, TouchedRows
+from deltarec.tracking.assemble import LocalParts, Part
+from deltarec.tracking.staging import DeviceBudget, device_staging
+from deltarec.tracking.types import Gathered, TableSource
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +135,7 @@ class Dumper:
         self._train_x = Exchange.create(self.config.commit_timeout_s)
         self._worker_x = Exchange.create(self.config.commit_timeout_s)
         for s in self.sources:
-            bind = getattr(s, "bind", None)
-            if bind is not None:
-                bind(self._train_x)
+            s.bind(self._train_x)
         tables = self._table_specs()
         parent = None
         if self._restored is not None:
@@ -362,9 +358,7 @@ class Dumper:
             return
         self._paused = True
         for s in self.sources:
-            hook = getattr(s, "before_eval", None)
-            if hook is not None:
-                hook()
+            s.before_eval()
 
     def after_eval(self) -> None:
         """Evaluation ended: forget the ids recorded during it."""
@@ -372,9 +366,7 @@ class Dumper:
             return
         self._paused = False
         for s in self.sources:
-            hook = getattr(s, "after_eval", None)
-            if hook is not None:
-                hook()
+            s.after_eval()
 
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -420,9 +412,7 @@ class Dumper:
 
     def _discard_pending(self) -> None:
         for s in self.sources:
-            discard = getattr(s, "discard", None)
-            if discard is not None:
-                discard()
+            s.discard()
 
     def _dump(self, step: int, kind: DumpKind, seq: int | None = None) -> int:
         seq = self._seq + 1 if seq is None else seq
@@ -433,21 +423,12 @@ class Dumper:
         timing = {}
         for source in self.sources:
             t0 = time.perf_counter()
-            if isinstance(source, AssembledSource):
-                parts = (
-                    source.parts_snapshot(self.config.chunk_rows)
-                    if kind is DumpKind.SNAPSHOT
-                    else source.parts_collect(self.config.chunk_rows)
-                )
-                self._enqueue_parts(seq, source.table_id, step, parts)
-            else:
-                chunks = (
-                    self._snapshot_chunks(source)
-                    if kind is DumpKind.SNAPSHOT
-                    else _collect(source, self)
-                )
-                with device_staging(self.device_budget):
-                    self._enqueue(seq, source.table_id, step, chunks)
+            gathered = (
+                source.dump_snapshot(self.config.chunk_rows)
+                if kind is DumpKind.SNAPSHOT
+                else source.dump_collect(self.config.chunk_rows)
+            )
+            self._enqueue_gathered(seq, source.table_id, step, gathered)
             timing[source.table_id] = time.perf_counter() - t0
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dump_seconds.append(time.perf_counter() - started)
@@ -460,11 +441,20 @@ class Dumper:
             self._cadence.start(step)
         return seq
 
-    def _enqueue(self, seq: int, table: str, step: int, chunks: Iterator[HostRows]) -> None:
-        for host in chunks:
-            if len(host) == 0:
-                continue
-            self.queue.put(Chunk(seq, table, step, host), host.nbytes)
+    def _enqueue_gathered(self, seq: int, table: str, step: int, gathered: Gathered) -> None:
+        """Queue what a source answered: its local part of an assembled table, or chunks.
+
+        Chunks are gathered within the device staging scope: a CUDA table's rows may stay on
+        the device, in one staging buffer.
+        """
+        if isinstance(gathered, LocalParts):
+            self._enqueue_parts(seq, table, step, gathered)
+            return
+        with device_staging(self.device_budget):
+            for host in gathered:
+                if len(host) == 0:
+                    continue
+                self.queue.put(Chunk(seq, table, step, host), host.nbytes)
 
     def _enqueue_parts(self, seq: int, table: str, step: int, parts: LocalParts) -> None:
         """Queue this rank's part of an assembled table: always at least one item."""
@@ -478,14 +468,6 @@ class Dumper:
         if parts.count == 0:
             self.queue.put(Part(*head, 0, 0, None), 0)
 
-    def _snapshot_chunks(self, source: TableSource) -> Iterator[HostRows]:
-        stream = getattr(source, "iter_snapshot", None)
-        if stream is not None:
-            yield from stream(self.config.chunk_rows)
-            return
-        for touched in source.snapshot(self.config.chunk_rows):
-            yield from _split(touched, self.config.chunk_rows)
-
     def _republish(self, step: int, parent: Parent) -> None:
         assert self.generation is not None
         taken_at = time.time()
@@ -493,12 +475,9 @@ class Dumper:
         seq = 1
         for source in self.sources:
             keys = published.get(source.table_id, np.empty(0, np.int64))
-            if isinstance(source, AssembledSource):
-                tkeys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
-                parts = source.parts_read_keys(tkeys, self.config.chunk_rows)
-                self._enqueue_parts(seq, source.table_id, step, parts)
-            else:
-                self._enqueue(seq, source.table_id, step, self._read_chunks(source, keys))
+            tkeys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
+            gathered = source.dump_read_keys(tkeys, self.config.chunk_rows)
+            self._enqueue_gathered(seq, source.table_id, step, gathered)
         self.queue.put(EndOfDump(seq, DumpKind.DELTA, step, step, taken_at), 0)
         self._seq = seq
         self._last_dump_step = step
@@ -509,26 +488,3 @@ class Dumper:
             parent.checkpoint_step,
             parent.generation,
         )
-
-    def _read_chunks(self, source: TableSource, keys: np.ndarray) -> Iterator[HostRows]:
-        stream = getattr(source, "iter_read_keys", None)
-        tkeys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
-        if stream is not None:
-            yield from stream(tkeys, self.config.chunk_rows)
-            return
-        yield from _split(source.read_keys(tkeys), self.config.chunk_rows)
-
-
-def _collect(source: TableSource, dumper: Dumper) -> Iterator[HostRows]:
-    stream = getattr(source, "iter_collect", None)
-    if stream is not None:
-        yield from stream(dumper.config.chunk_rows)
-        return
-    yield from _split(source.collect(), dumper.config.chunk_rows)
-
-
-def _split(touched: TouchedRows, chunk_rows: int) -> Iterator[HostRows]:
-    n = len(touched)
-    for start in range(0, n, chunk_rows):
-        end = start + chunk_rows
-        yield rows_to_host(touched.keys[start:end], touched.rows[start:end], touched.ops[start:end])

@@ -2,7 +2,7 @@
 
 The training thread puts, in order, for each dump: :class:`Chunk` items (one table's rows at a
 time) and then one :class:`EndOfDump`. A chunk is either rows in host memory or a table's
-device staging buffer (:class:`~deltarec.dump.gather.DeviceRows`), which the worker copies to
+device staging buffer (:class:`~deltarec.tracking.gather.DeviceRows`), which the worker copies to
 pinned host memory chunk by chunk, reserving each chunk's bytes in the host budget first. Each
 host chunk is encoded on the :class:`~deltarec.dump.encode.EncodePool` (several cores) and
 appended, in order, to the table's :class:`~deltarec.dump.encode.ParallelShardWriter`
@@ -34,7 +34,6 @@ import numpy as np
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
-from deltarec.dump.assemble import Assembly, Part
 from deltarec.dump.encode import (
     Encoded,
     EncodePool,
@@ -42,10 +41,11 @@ from deltarec.dump.encode import (
     encode_rows,
 )
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import DeviceRows, HostRows
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.errors import DumpError
 from deltarec.testing.faults import failpoint
+from deltarec.tracking.assemble import Assembly, Part
+from deltarec.tracking.gather import DeviceRows, HostRows
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@
 
 The last two only gather their local part on the training thread (no collective there); the
 dump worker exchanges the parts on its own gloo group and assembles them
-(:mod:`deltarec.dump.assemble`).
+(:mod:`deltarec.tracking.assemble`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,20 @@ from dataclasses import dataclass
 import torch
 
 from deltarec.artifacts.types import TableSpec
-from deltarec.dump.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
-from deltarec.dump.exchange import Exchange
-from deltarec.dump.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
+from deltarec.tracking.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
+from deltarec.tracking.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
 from deltarec.tracking.tracker import TrackerHub
-from deltarec.tracking.types import TableSource, TouchedRows
+from deltarec.tracking.types import Gathered, RankGroup, TableSource, TouchedRows
+
+
+@dataclass(frozen=True)
+class _Alone:
+    """The rank group of a source used without the dumper's groups: rank 0."""
+
+    rank: int = 0
+
+
+_ALONE = _Alone()
 
 
 class _TrackedSource(TableSource):
@@ -66,6 +75,16 @@ class _TrackedSource(TableSource):
             self.hub.close()
 
     # Streaming variants, used by the dumper (they bound host memory).
+    # The dumper's protocol: the streams.
+    def dump_collect(self, chunk_rows: int) -> Gathered:
+        return self.iter_collect(chunk_rows)
+
+    def dump_snapshot(self, chunk_rows: int) -> Gathered:
+        return self.iter_snapshot(chunk_rows)
+
+    def dump_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Gathered:
+        return self.iter_read_keys(keys, chunk_rows)
+
     def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:
         """Touched rows since the previous call, as host chunks."""
         raise NotImplementedError
@@ -157,9 +176,10 @@ class RowShardSource(_TrackedSource):
 class AssembledSource(_TrackedSource):
     """A table whose whole rows one writer rank assembles from every rank's local part.
 
-    The dumper asks for :class:`~deltarec.dump.assemble.LocalParts` (``parts_collect``,
-    ``parts_snapshot``, ``parts_read_keys``): this rank's rows or columns, gathered on the
-    training thread without any collective; the dump worker exchanges and assembles them.
+    The dumper's ``dump_*`` calls answer :class:`~deltarec.tracking.assemble.LocalParts`
+    (``parts_collect``, ``parts_snapshot``, ``parts_read_keys``): this rank's rows or columns,
+    gathered on the training thread without any collective; the dump worker exchanges and
+    assembles them.
     The :class:`TableSource` methods assemble the local part alone, which gives whole rows
     only when this rank holds every column (one process).
     """
@@ -168,10 +188,19 @@ class AssembledSource(_TrackedSource):
     writer_rank: int = 0
     rank: int = 0
 
-    def bind(self, exchange: Exchange) -> None:
+    def bind(self, group: RankGroup) -> None:
         """Learn this rank's place in the dumper's groups (every rank binds the same group)."""
-        self.rank = exchange.rank
+        self.rank = group.rank
         self.writes = self.rank == self.writer_rank
+
+    def dump_collect(self, chunk_rows: int) -> Gathered:  # noqa: D102
+        return self.parts_collect(chunk_rows)
+
+    def dump_snapshot(self, chunk_rows: int) -> Gathered:  # noqa: D102
+        return self.parts_snapshot(chunk_rows)
+
+    def dump_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Gathered:  # noqa: D102
+        return self.parts_read_keys(keys, chunk_rows)
 
     def parts_collect(self, chunk_rows: int) -> LocalParts:
         """This rank's part of the rows touched since the previous call."""
@@ -227,11 +256,11 @@ class ReplicatedSource(AssembledSource):
         hub: TrackerHub | None,
         fqn: str,
         weight: torch.Tensor,
-        exchange: Exchange | None = None,
+        exchange: RankGroup | None = None,
     ) -> None:
         super().__init__(table_id, spec, hub, fqn)
         self.weight = weight
-        self.bind(exchange or Exchange(None))
+        self.bind(exchange or _ALONE)
 
     def _parts(self, ids: torch.Tensor, chunk_rows: int) -> LocalParts:
         return LocalParts(
@@ -289,12 +318,12 @@ class ColumnShardSource(AssembledSource):
         fqn: str,
         shards: list[ColumnShard],
         writer_rank: int,
-        exchange: Exchange | None = None,
+        exchange: RankGroup | None = None,
     ) -> None:
         super().__init__(table_id, spec, hub, fqn)
         self.shards = shards
         self.writer_rank = writer_rank
-        self.bind(exchange or Exchange(None))
+        self.bind(exchange or _ALONE)
 
     def _device(self) -> torch.device:
         return self.shards[0].tensor.device if self.shards else torch.device("cpu")

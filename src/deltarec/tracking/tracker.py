@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from deltarec.dump.gather import dedup_ids
 from deltarec.tracking.errors import TrackingError
+from deltarec.tracking.gather import dedup_ids
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,16 @@
-"""Types shared by every table source of the dump engine (plain, column-wise, ZCH).
+"""Types shared by every table source of the dump engine (plain, sharded, ZCH).
 
 A :class:`TableSource` stands for one tracked table's part on this rank. The dump engine asks
 each source for the rows touched since the previous dump; the source answers with serving keys
 (global row for plain tables, raw feature id or ``-1`` for ZCH tables), the rows' current
 values read on the table's device, and an op per row. Sources never write artifacts.
+
+The dumper calls one typed protocol on every source (:class:`TableSource`): ``bind`` once,
+``dump_collect`` / ``dump_snapshot`` / ``dump_read_keys`` at each dump (each answers a
+:data:`Gathered`: host chunks this rank writes, or this rank's :class:`LocalParts` of a table
+one writer rank assembles), ``before_eval`` / ``after_eval`` / ``discard`` / ``close`` at their
+moments. Every method has a default, so a source implements only what it does differently.
+The tracking layer sits below the dumper and imports nothing from it.
 """
 
 from __future__ import annotations
@@ -11,10 +18,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeAlias
 
 import torch
 
 from deltarec.artifacts.types import TableSpec
+from deltarec.tracking.assemble import LocalParts
+from deltarec.tracking.gather import HostRows, rows_to_host
 
 
 @dataclass
@@ -44,8 +54,23 @@ class TouchedRows:
         )
 
 
+class RankGroup(Protocol):
+    """What a source learns of the dumper's process group: this process's rank."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        ...
+
+
+Gathered: TypeAlias = "Iterator[HostRows] | LocalParts"
+"""What a source answers at a dump: host chunks of the rows this rank writes (chunks may be a
+:class:`~deltarec.tracking.gather.DeviceRows` staging buffer), or this rank's local part of a
+table that one writer rank assembles from every rank's part."""
+
+
 class TableSource(abc.ABC):
-    """One tracked table's part on this rank.
+    """One tracked table's part on this rank: the protocol the dumper calls.
 
     Attributes:
         table_id: the table id (owning module FQN + ``.`` + table name, SPEC §3).
@@ -78,5 +103,38 @@ class TableSource(abc.ABC):
         held comes back with ``op == 1`` and the fallback row.
         """
 
+    # ---- what the dumper calls -----------------------------------------------------------
+    def dump_collect(self, chunk_rows: int) -> Gathered:
+        """The rows touched since the previous dump, at most ``chunk_rows`` per host chunk."""
+        return _split(self.collect(), chunk_rows)
+
+    def dump_snapshot(self, chunk_rows: int) -> Gathered:
+        """Every row this rank writes (or its part of them), for a snapshot dump."""
+        return (c for touched in self.snapshot(chunk_rows) for c in _split(touched, chunk_rows))
+
+    def dump_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Gathered:
+        """The current rows of the given serving keys this rank writes (restore republish)."""
+        return _split(self.read_keys(keys), chunk_rows)
+
+    def bind(self, group: RankGroup) -> None:  # noqa: B027 - optional hook
+        """Learn this process's rank in the dumper's group (every rank binds, at start)."""
+
+    def before_eval(self) -> None:  # noqa: B027 - optional hook
+        """Lookups from now on are evaluation, not training updates."""
+
+    def after_eval(self) -> None:  # noqa: B027 - optional hook
+        """Evaluation ended: forget what was recorded during it."""
+
+    def discard(self) -> None:  # noqa: B027 - optional hook
+        """Forget every touched id recorded so far (a generation starts from a full dump)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release hooks or buffers installed by the source."""
+
+
+def _split(touched: TouchedRows, chunk_rows: int) -> Iterator[HostRows]:
+    """Host chunks of at most ``chunk_rows`` rows of ``touched``."""
+    n = len(touched)
+    for start in range(0, n, chunk_rows):
+        end = start + chunk_rows
+        yield rows_to_host(touched.keys[start:end], touched.rows[start:end], touched.ops[start:end])

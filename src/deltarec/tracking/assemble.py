@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deltarec.dump.gather import HostRows
+from deltarec.tracking.gather import HostRows
 
 Payload = tuple[np.ndarray, np.ndarray]
 """One rank's round of a table: ``(keys [n] int64, values [n, width])``."""

@@ -6,7 +6,7 @@ stream: the gather of chunk ``k + 1`` overlaps the copy of chunk ``k``, and each
 carries an event the background worker waits on before it reads the bytes. On CPU the gather
 already produces a host tensor and no copy is made.
 
-Inside a :func:`~deltarec.dump.staging.device_staging` block (the dumper's), a CUDA table's
+Inside a :func:`~deltarec.tracking.staging.device_staging` block (the dumper's), a CUDA table's
 rows are instead gathered at once into a device staging buffer (:class:`DeviceRows`) when the
 block's budget has room: the training thread then waits only for the device, and the dump
 worker copies the buffer to host memory chunk by chunk (:meth:`DeviceRows.to_host`).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from deltarec.dump.staging import DeviceBudget, current_budget
+from deltarec.tracking.staging import DeviceBudget, current_budget
 
 _BITMAP_PER_ID = 16
 _BITMAP_MIN_ROWS = 1 << 16
@@ -254,7 +254,7 @@ def gather_to_host(
 
     Yields:
         :class:`HostRows` chunks in ``ids`` order; ``ops`` are all upserts. Inside a
-        :func:`~deltarec.dump.staging.device_staging` block with room on a CUDA device: one
+        :func:`~deltarec.tracking.staging.device_staging` block with room on a CUDA device: one
         :class:`DeviceRows` with every row instead.
     """
     if chunk_rows < 1:

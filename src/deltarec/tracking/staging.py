@@ -1,0 +1,142 @@
+"""Device staging of a dump: a budget of device memory for gathered rows, and its scope.
+
+On CUDA a dump gathers each table's touched rows into a **device staging buffer**
+(:class:`~deltarec.tracking.gather.DeviceRows`) and the training thread goes on at once; the
+dump worker copies the buffer to host memory chunk by chunk. The buffers of the dumps in
+flight are bounded by a :class:`DeviceBudget`: a share of the device memory that is free (to
+the driver or in torch's cache) when the budget is first used on that device. A table whose
+rows do not fit is gathered the way it always was, chunk by chunk into host memory: that
+fallback is logged and counted.
+
+The standard library only (torch is imported when a CUDA device's budget is first measured).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+class DeviceBudget:
+    """Bytes of device memory that staged dumps may hold, per device.
+
+    The capacity on a device is ``share`` of the memory free there (``cudaMemGetInfo`` plus
+    what torch's caching allocator holds unused) when the budget is first asked for on it.
+    Thread-safe: the training thread takes, the dump worker gives back.
+
+    Args:
+        share: fraction of free device memory (0 disables device staging).
+        capacity_bytes: a fixed capacity instead of the share (tests, benchmarks).
+
+    Attributes:
+        staged: tables staged on the device.
+        full: tables that did not fit and were gathered into host memory instead.
+        peak_bytes: the most bytes ever held.
+    """
+
+    def __init__(self, share: float, capacity_bytes: int | None = None) -> None:
+        if not 0.0 <= share < 1.0:
+            raise ValueError(f"device staging share must be in [0, 1), got {share}")
+        self.share = share
+        self.fixed = capacity_bytes
+        self._capacity: dict[torch.device, int] = {}
+        self._held: dict[torch.device, int] = {}
+        self._lock = threading.Lock()
+        self.staged = 0
+        self.full = 0
+        self.peak_bytes = 0
+
+    def capacity(self, device: torch.device) -> int:
+        """The capacity on ``device`` (measured once, at the first call for it)."""
+        with self._lock:
+            return self._capacity_locked(device)
+
+    def _capacity_locked(self, device: torch.device) -> int:
+        cap = self._capacity.get(device)
+        if cap is None:
+            if self.fixed is not None:
+                cap = int(self.fixed)
+            elif self.share <= 0 or device.type != "cuda":
+                cap = 0
+            else:
+                import torch
+
+                free, _ = torch.cuda.mem_get_info(device)
+                cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+                cap = int(self.share * (free + cached))
+            self._capacity[device] = cap
+        return cap
+
+    def held(self, device: torch.device) -> int:
+        """Bytes held on ``device`` now."""
+        with self._lock:
+            return self._held.get(device, 0)
+
+    def try_take(self, device: torch.device, nbytes: int, what: str) -> bool:
+        """Take ``nbytes`` on ``device`` if they fit; else log, count and return False."""
+        with self._lock:
+            cap = self._capacity_locked(device)
+            held = self._held.get(device, 0)
+            if cap > 0 and held + nbytes <= cap:
+                self._held[device] = held + nbytes
+                self.staged += 1
+                self.peak_bytes = max(self.peak_bytes, held + nbytes)
+                return True
+            if cap > 0:
+                self.full += 1
+        if cap > 0:
+            log.warning(
+                "device staging buffer full on %s: %s needs %.1f MiB, %.1f of %.1f MiB held; "
+                "gathering it into host memory instead (the training thread waits for space)",
+                device,
+                what,
+                nbytes / 2**20,
+                held / 2**20,
+                cap / 2**20,
+            )
+        return False
+
+    def give_back(self, device: torch.device, nbytes: int) -> None:
+        """Return bytes taken by :meth:`try_take`."""
+        with self._lock:
+            self._held[device] = self._held.get(device, 0) - nbytes
+
+    def metrics(self) -> dict[str, int]:
+        """Counters for logs and metrics: staged, full (fallbacks), peak and held bytes."""
+        with self._lock:
+            return {
+                "staged": self.staged,
+                "full": self.full,
+                "peak_bytes": self.peak_bytes,
+                "held_bytes": sum(self._held.values()),
+            }
+
+
+_SCOPE = threading.local()
+
+
+@contextmanager
+def device_staging(budget: DeviceBudget | None) -> Iterator[None]:
+    """Let :func:`~deltarec.tracking.gather.gather_to_host` stage whole tables on the device.
+
+    Applies on this thread within the block, under ``budget`` (None: never).
+    """
+    previous = getattr(_SCOPE, "budget", None)
+    _SCOPE.budget = budget
+    try:
+        yield
+    finally:
+        _SCOPE.budget = previous
+
+
+def current_budget() -> DeviceBudget | None:
+    """The device budget of the enclosing :func:`device_staging` block on this thread."""
+    return getattr(_SCOPE, "budget", None)
