@@ -161,3 +161,31 @@ def test_default_budgets_follow_the_machine_and_the_ranks_on_it(monkeypatch):
     assert default_host_budget() == 1 << 30  # 16 GiB / 8 / 2 ranks
     monkeypatch.setattr("deltarec.dump.staging.available_memory", lambda: 0)
     assert default_host_budget() == MIN_HOST_BUDGET
+
+
+def test_a_shard_that_cannot_be_opened_fails_the_dump_and_gives_its_bytes_back(
+    tmp_path, monkeypatch
+):
+    from dump_helpers import HandTables
+
+    from deltarec.dump import Dumper, DumperConfig
+    from deltarec.errors import DumpError
+
+    real_init = ParallelShardWriter.__init__
+
+    def init(self, root, run, generation, seq, table, *args, **kw):  # type: ignore[no-untyped-def]
+        if table == "sparse.b":
+            raise PermissionError("read-only artifact root")
+        real_init(self, root, run, generation, seq, table, *args, **kw)
+
+    monkeypatch.setattr(ParallelShardWriter, "__init__", init)
+    tables = HandTables(seed=9)
+    cfg = DumperConfig(artifacts=str(tmp_path), run="o", snapshot=False, fsync=False)
+    d = Dumper(cfg, tables.sources())
+    d.start(step=0)
+    tables.step(1)
+    d.dump_now(1)
+    with pytest.raises(DumpError, match=r"sparse\.b.*read-only artifact root"):
+        d.wait_idle(timeout=30)
+    assert d.queue.outstanding_bytes == 0
+    d.close()

@@ -256,8 +256,10 @@ class DumpWorker:
             if isinstance(chunk.rows, DeviceRows):
                 self._write_staged(state, chunk, chunk.rows)
                 return
-            release.taken = True  # its bytes cover the encoded copy too (HostRows.nbytes)
+            # the writer releases the chunk's bytes (they cover its encoded copy too) once
+            # written; if the hand-off fails, the loop releases them (releasing is idempotent)
             self._submit(state, chunk.table, chunk.step, chunk.rows, release)
+            release.taken = True
         except Exception as e:
             state.error = (chunk.table, f"{type(e).__name__}: {e}")
             log.exception("writing dump %s table %s failed", chunk.seq, chunk.table)
@@ -272,10 +274,10 @@ class DumpWorker:
             release = _Release(self.queue, nbytes)
             try:
                 last = staged.to_host(start, stop)
+                self._submit(state, chunk.table, chunk.step, last, release)
             except BaseException:
                 release()
                 raise
-            self._submit(state, chunk.table, chunk.step, last, release)
         if last is not None and last.event is not None:
             last.event.synchronize()  # every copy out of the buffer is done (one copy stream)
         staged.release()
