@@ -121,3 +121,18 @@ def test_airflow_local_run_of_a_lost_write_rolls_back_calls_the_webhook_and_fail
     assert pointer.generation == 1 and "rollback" in pointer.note
     want = codec.decode(lossy_team.rows_of(1).embedding, dtype, 4)
     np.testing.assert_array_equal(codec.decode(got.embedding, dtype, 4), want)
+
+
+def test_the_airflow_engine_without_airflow_installed_names_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    from deltarec.errors import ConfigError
+    from deltarec.orchestrate import airflow_local
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "airflow" else real(name, *a)
+    )
+    conf = PipelineParams(run_name="r", artifact_root=str(tmp_path), store_url="sqlite:///x.db")
+    with pytest.raises(ConfigError, match=r"deltarec\[airflow\]"):
+        airflow_local.run_airflow_local(conf, workdir=str(tmp_path / "w"))

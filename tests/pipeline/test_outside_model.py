@@ -1,5 +1,6 @@
 """An outside team's torchrec model (examples/dlrm_team: torchrec's DLRM over an
-EmbeddingBagCollection, its own data and loop, deltarec's public API only) trained through
+EmbeddingBagCollection and an EmbeddingCollection reading the same feature ``f_item``, its own
+data and loop, deltarec's public API only) trained through
 ``deltarec pipeline run --local``: replaying its artifacts gives its final tables, and verify
 passes."""
 
@@ -49,8 +50,9 @@ def final_tables(export_dir):
         full = np.zeros((rows, cols), np.float32)
         for r, c, a in shards:
             full[r : r + a.shape[0], c : c + a.shape[1]] = a
-        # dlrm.sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight -> table id
-        module, _, rest = key.partition(".embedding_bags.")
+        # <module>.embedding_bags.<table>.weight (EBC), <module>.embeddings.<table>.weight (EC)
+        sep = ".embedding_bags." if ".embedding_bags." in key else ".embeddings."
+        module, _, rest = key.partition(sep)
         tables[f"{module}.{rest.removesuffix('.weight')}"] = full
     return tables
 

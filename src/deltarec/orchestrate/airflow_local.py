@@ -13,6 +13,7 @@ XCom values to a JSON file, which :func:`run_airflow_local` turns into the same
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from deltarec.errors import ConfigError
 from deltarec.orchestrate.airflow_dag import DAG_ID, DEFAULT_DAG_FILE, write_dag_file
 from deltarec.orchestrate.local import LocalRunResult
 from deltarec.orchestrate.params import PipelineParams
@@ -60,9 +62,12 @@ def run_airflow_local(
         timeout_s: stop waiting after this long.
 
     Raises:
+        ConfigError: Airflow is not installed (the ``airflow`` extra).
         StepFailedError: the DAG file did not parse, or a task other than ``verify_failed``
             failed (names it).
     """
+    if importlib.util.find_spec("airflow") is None:
+        raise ConfigError("the Airflow engine needs Airflow: pip install 'deltarec[airflow]'")
     workdir = os.path.abspath(workdir)
     write_dag_file(os.path.join(workdir, "dags", DEFAULT_DAG_FILE), (), mode="local")
     result_path = os.path.join(workdir, f"result-{time.time_ns()}.json")

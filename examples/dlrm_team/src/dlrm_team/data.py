@@ -1,4 +1,8 @@
-"""Synthetic click batches for the DLRM: dense features, three sparse features, a label."""
+"""Synthetic click batches for the team's model.
+
+Each batch: dense features, three sparse features (for the DLRM's bags), the item ids again as
+a sequence (for the item tower's EmbeddingCollection), a label.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ class Batch:
 
     dense: torch.Tensor
     sparse: KeyedJaggedTensor
+    seq: KeyedJaggedTensor
     labels: torch.Tensor
 
 
@@ -34,6 +39,10 @@ def make_batch(step: int, rank: int, batch_size: int) -> Batch:
     sparse = KeyedJaggedTensor.from_lengths_sync(
         keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
     )
+    item = keys.index("f_item")  # the same item ids, as a sequence for the EmbeddingCollection
+    seq = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f_item"], values=values[item], lengths=lengths[item]
+    )
     dense = torch.rand(batch_size, DENSE_FEATURES, generator=g)
     labels = (torch.rand(batch_size, generator=g) < 0.3).float()
-    return Batch(dense, sparse, labels)
+    return Batch(dense, sparse, seq, labels)

@@ -17,17 +17,24 @@ TABLES = {"t_user": ("f_user", 400), "t_item": ("f_item", 600), "t_site": ("f_si
 EBC_FQN = "dlrm.sparse_arch.embedding_bag_collection"
 """Where the model keeps DLRM's EmbeddingBagCollection (the table ids' module part)."""
 
+SEQ_DIM = 4
+SEQ_TABLES = {"t_item_seq": ("f_item", 600)}
+"""Tables of the item-sequence tower's EmbeddingCollection: ``f_item`` feeds both modules."""
+
+EC_FQN = "item_seq.ec"
+"""Where the model keeps the sequence tower's EmbeddingCollection."""
+
 
 def table_ids() -> list[str]:
     """The deltarec table ids of the model's tables (module FQN + table name)."""
-    return [f"{EBC_FQN}.{name}" for name in TABLES]
+    return [f"{EBC_FQN}.{name}" for name in TABLES] + [f"{EC_FQN}.{name}" for name in SEQ_TABLES]
 
 
 def tables_parameter() -> str:
     """The pipeline's ``tables`` parameter for this model."""
-    return json.dumps(
-        {f"{EBC_FQN}.{name}": {"dim": EMBEDDING_DIM} for name in TABLES}, sort_keys=True
-    )
+    tables = {f"{EBC_FQN}.{name}": {"dim": EMBEDDING_DIM} for name in TABLES}
+    tables.update({f"{EC_FQN}.{name}": {"dim": SEQ_DIM} for name in SEQ_TABLES})
+    return json.dumps(tables, sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from deltarec.api import TrainSettings, hook_from_env
 from dlrm_team.data import make_batch
-from dlrm_team.model import build
+from dlrm_team.model import build, is_embedding
 
 
 def export_shards(dmp: torch.nn.Module, directory: str, rank: int) -> str:
@@ -31,7 +31,7 @@ def export_shards(dmp: torch.nn.Module, directory: str, rank: int) -> str:
 
     out: dict[str, np.ndarray] = {}
     for key, value in dmp.state_dict().items():
-        if "embedding_bags" not in key:
+        if not is_embedding(key):
             continue
         if isinstance(value, ShardedTensor):
             for shard in value.local_shards():
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         step = 0
         for step in range(1, steps + 1):
             batch = make_batch(step, rank, args.batch_size)
-            loss = dmp(batch.dense, batch.sparse, batch.labels)
+            loss = dmp(batch.dense, batch.sparse, batch.seq, batch.labels)
             dense_optimizer.zero_grad()
             loss.backward()
             dense_optimizer.step()
