@@ -239,3 +239,37 @@ def test_cli_round_trip_provision_publish_verify_all_promote(tmp_path, state, ca
     assert main(["verify", *loc, "--all"]) == 1
     err = capsys.readouterr().err
     assert "DIFFERENT 1" in err and "Traceback" not in err
+
+
+def test_an_older_point_verifies_and_rollback_restores_it(tmp_path, state, capsys):  # type: ignore[no-untyped-def]
+    root = ArtifactRoot(str(tmp_path / "art"))
+    info = new_generation(root, "r", TABLES, world_size=1)
+    one = first_rows()
+    write_dump(root, info, 1, {t: {0: r} for t, r in one.items()})
+    store = "featurestore://proj/emb?region=cn-hangzhou"
+    loc = ["--artifacts", root.uri, "--run", "r", "--store", store]
+    assert main(["publish", *loc]) == 0
+    assert main(["verify", *loc, "--all"]) == 0
+    assert main(["promote", *loc, "--generation", "1"]) == 0
+    two = {  # dump 2 changes keys 0..4, adds 50..54, evicts ZCH id 9
+        T: random_rows([0, 1, 2, 3, 4, 50, 51, 52, 53, 54], TABLES[T], 7),
+        Z: random_rows([9], TABLES[Z], 8, ops=np.array([1], np.int8)),
+    }
+    write_dump(root, info, 2, {t: {0: r} for t, r in two.items()})
+    assert main(["publish", *loc]) == 0
+    older = tmp_path / "older.json"
+    assert main(["verify", *loc, "--all", "--through-seq", "1", "--json", str(older)]) == 0
+    assert json.loads(older.read_text())["totals"]["SUPERSEDED"] == 6  # 5 rows and 1 eviction
+    assert main(["rollback", *loc, "--to-generation", "1"]) == 0
+    after = tmp_path / "after.json"
+    point = ["--generation", "1", "--through-seq", "1"]
+    assert main(["verify", *loc, "--all", *point, "--json", str(after)]) == 0
+    doc = json.loads(after.read_text())
+    assert doc["passed"] and doc["rollback_generations"] == [2]
+    with open_store(store, root.uri) as s:
+        back = s.read(T, np.arange(5))
+        np.testing.assert_array_equal(back.embedding, one[T].embedding[:5])
+        assert s.registry.get_serving("r").note.startswith("rollback to generation 1")
+    fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, T, 0, [7.0, 7.0, 7.0, 7.0])
+    assert main(["verify", *loc, "--all", *point]) == 1  # a rollback row is never excused
+    assert "Traceback" not in capsys.readouterr().err

@@ -55,13 +55,15 @@ class Collector:
             dim,
             point_version,
             rollbacks,
-            self.holds,  # type: ignore[arg-type]
+            self.holds,
         )
         missing = np.nonzero(out.classes == CODE[RowClass.MISSING])[0]
         if len(missing):
             for i in missing[self.later.mask(self.res.table, exp.keys[missing])]:
                 out.classes[i] = CODE[RowClass.SUPERSEDED]
                 out.reasons[i] = "deleted by a newer version"
+        if not (self.holds.versions and self.holds.deletes):
+            self._newer_by_value(exp, out, rollbacks)
         res = self.res
         res.checked += len(exp.keys)
         counts = np.bincount(out.classes, minlength=len(CLASS_ORDER))
@@ -76,6 +78,23 @@ class Collector:
             for v, live in version_counts(got.versions[got.found]):
                 res.live_by_version[v] = res.live_by_version.get(v, 0) + live
         self._keep_worst(exp, got, out)
+
+    def _newer_by_value(
+        self, exp: ExpectedBatch, out: BatchOutcome, rollbacks: frozenset[int]
+    ) -> None:
+        """On a store without versions or deletes, a row a newer dump wrote is SUPERSEDED.
+
+        There a newer dump's row (or the fallback row of its delete) cannot be told from a
+        wrong row by version; the artifacts say which keys newer dumps wrote. Rows of a
+        rollback to this very point are not excused: they must equal the point's values.
+        """
+        bad = np.nonzero(
+            np.isin(out.classes, [CODE[RowClass.DIFFERENT], CODE[RowClass.UNEXPECTED]])
+        )[0]
+        if len(bad):
+            for i in bad[self.later.written(self.res.table, exp.keys[bad], rollbacks)]:
+                out.classes[i] = CODE[RowClass.SUPERSEDED]
+                out.reasons[i] = "a newer dump wrote it (the store keeps no versions)"
 
     def _keep_worst(self, exp: ExpectedBatch, got: StoreBatch, out: BatchOutcome) -> None:
         bad = np.nonzero(out.classes != CODE[RowClass.MATCH])[0]

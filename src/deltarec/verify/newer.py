@@ -45,6 +45,21 @@ class NewerRecords:
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         return (self.keys[pos] == keys) & (self.ops[pos] == Op.EVICTED)
 
+    def written(self, keys: np.ndarray, but: frozenset[int] = frozenset()) -> np.ndarray:
+        """Bool mask: a newer dump wrote the key.
+
+        A key whose latest newer record belongs to one of ``but``'s generations does not count.
+        """
+        keys = np.asarray(keys, np.int64)
+        if len(self.keys) == 0:
+            return np.zeros(keys.shape, bool)
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        hit = self.keys[pos] == keys
+        for i in np.nonzero(hit)[0]:
+            if split_version(int(self.versions[pos[i]]))[0] in but:
+                hit[i] = False
+        return hit
+
 
 def newer_records(root: ArtifactRoot, run: str, point: int) -> dict[str, NewerRecords]:
     """Per table, the latest record of each key written by a dump newer than ``point``.

@@ -116,5 +116,15 @@ class LaterDeletes:
         records = self._records.get(table)
         return records.deleted(keys) if records is not None else np.zeros(len(keys), bool)
 
+    def written(self, table: str, keys: np.ndarray, but: frozenset[int]) -> np.ndarray:
+        """Which of ``keys`` a dump newer than the point wrote.
+
+        Keys last written by ``but``'s generations (the rollbacks to this point) do not count.
+        """
+        if self._records is None:
+            self._records = newer_records(self.root, self.run, self.point)
+        records = self._records.get(table)
+        return records.written(keys, but) if records is not None else np.zeros(len(keys), bool)
+
 
 __all__ = ["LaterDeletes", "Reader"]
