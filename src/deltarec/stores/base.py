@@ -53,7 +53,8 @@ class Store(abc.ABC):
 
     kind: ClassVar[str]
     """The registry's short name (``sqlite``, ``postgres``, ``redis``, ``featurestore``)."""
-    capabilities: ClassVar[Capabilities]
+    capabilities: Capabilities
+    """What the backend can do (set by each class; an instance may narrow it by its options)."""
 
     # ---- views ---------------------------------------------------------------------------
     @abc.abstractmethod

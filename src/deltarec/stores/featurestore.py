@@ -36,12 +36,13 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from deltarec.artifacts import codec
-from deltarec.artifacts.types import TableSpec
+from deltarec.artifacts.types import FALLBACK_KEY, TableSpec
 from deltarec.errors import BadInputError, ConfigError, StoreError
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import FeatureStoreConfig
@@ -95,6 +96,8 @@ class FeatureStoreStore(Store):
         from deltarec.stores.registry import open_store
 
         self.config = config
+        if config.contract == "tzrec":  # TorchEasyRec reserves key -1 as the invalid key
+            self.capabilities = replace(type(self).capabilities, fallback_key=False)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else int(rank)
         self._lock = threading.RLock()
         self._last_ts = 0
@@ -199,7 +202,10 @@ class FeatureStoreStore(Store):
         if mark is not None:  # FeatureStore has no transactions: the fence goes first
             self.registry.check_writer(mark.run, mark.generation)
         n = int(keys.shape[0])
-        if n:
+        if not self.capabilities.fallback_key:
+            keep = keys != FALLBACK_KEY
+            keys, embedding = keys[keep], np.asarray(embedding)[keep]
+        if len(keys):
             with self._lock:
                 self._send(lay, keys, embedding)
         if mark is not None:

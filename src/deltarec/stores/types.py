@@ -32,6 +32,10 @@ class Capabilities:
     """``scan_keys`` lists every key of a view."""
     snapshot_replace: bool
     """Publishing a snapshot removes the keys it lacks (older versions): ``sweep_below``."""
+    fallback_key: bool = True
+    """Key ``-1`` of a ZCH table holds its fallback row. Without (TorchEasyRec's contract, where
+    ``-1`` is the invalid-key sentinel) key ``-1`` is not written, and verify does not ask for
+    it."""
     versions: bool = True
     """Each row keeps its version, and ``read`` returns it; else versions read back as 0 and a
     row can only be checked by its values."""

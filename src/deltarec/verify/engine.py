@@ -30,7 +30,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedTable, expected_state
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.types import utc_now
+from deltarec.artifacts.types import FALLBACK_KEY, utc_now
 from deltarec.errors import ArtifactError, BadInputError
 from deltarec.stores.base import Store
 from deltarec.verify.collect import Collector
@@ -141,6 +141,11 @@ def _store_notes(store: Store, opts: VerifyOptions) -> list[str]:
             f"the {kind} store keeps no row versions: rows were compared by value within the "
             "dtype's tolerance"
         )
+    if not caps.fallback_key:
+        notes.append(
+            f"the {kind} store does not hold key {FALLBACK_KEY} (the fallback row) by its "
+            "contract: it was not checked"
+        )
     if not caps.deletes:
         notes.append(
             f"the {kind} store cannot delete: an evicted id is expected to hold its fallback row"
@@ -173,6 +178,8 @@ def _verify_one(
     ):
         return verify_table_by_scan(et, reader.store, acc, point_version, rollbacks, opts)
     keys = _sample_keys(et, opts.sample, opts.seed)
+    if not reader.store.capabilities.fallback_key:
+        keys = keys[keys != FALLBACK_KEY]
     _verify_table(et, reader, keys, acc, point_version, rollbacks, opts)
     if opts.all_keys and can_scan:
         acc.res.store_keys_scanned = scan_unknown(
