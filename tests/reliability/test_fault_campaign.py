@@ -91,7 +91,7 @@ def _outage(c: Campaign, server, seconds: float) -> Trainer:  # type: ignore[no-
 
 @pytest.mark.faults
 def test_the_store_server_down_mid_publish_loses_nothing(tmp_path, postgres_server):
-    c = Campaign(tmp_path, f"{postgres_server.url}?schema=outage", steps=120)
+    c = Campaign(tmp_path, f"{postgres_server.url}?schema=outage", steps=80)
     trainer = _outage(c, postgres_server, 5.0)
     _finish(c, trainer)
     assert "retrying in" in trainer.log.read_text(), "the outage did not hit a publish"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,19 @@ def test_a_failed_job_is_kept_for_its_record():
     with pytest.raises(TrainJobFailedError, match="failed"):
         pj.run_train_job(_spec(), api, sleep=lambda s: None)
     assert api.deleted == [] and len(api.objects) == 1
+
+
+def test_the_compiled_pipeline_gives_the_train_step_its_pod_name_and_uid(tmp_path):
+    pytest.importorskip("kfp")
+    import yaml
+
+    from deltarec.orchestrate.pipeline import compile_pipeline
+
+    text = Path(compile_pipeline(str(tmp_path / "p.yaml"))).read_text()
+    docs = list(yaml.safe_load_all(text))
+    executors = next(d for d in docs if "platforms" in d)["platforms"]["kubernetes"]
+    train = executors["deploymentSpec"]["executors"]["exec-train"]
+    assert {(f["name"], f["fieldPath"]) for f in train["fieldPathAsEnv"]} == {
+        (pj.POD_NAME_ENV, "metadata.name"),
+        (pj.POD_UID_ENV, "metadata.uid"),
+    }

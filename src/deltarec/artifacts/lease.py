@@ -156,8 +156,10 @@ def epoch_file(root: ArtifactRoot, run: str, epoch: int) -> str:
 
 def epochs(root: ArtifactRoot, run: str) -> list[int]:
     """Every lease epoch of ``run``, ascending."""
+    path = lease_dir(root, run)
+    root.fs.invalidate_cache(path)  # object-store listings are cached (s3fs): always ask
     try:
-        entries = root.fs.ls(lease_dir(root, run), detail=False)
+        entries = root.fs.ls(path, detail=False)
     except FileNotFoundError:
         return []
     found = []

@@ -216,6 +216,7 @@ class ArtifactRoot:
 
     def newest_generation_number(self, run: str) -> int:
         """The highest ``gen-<G>`` directory of ``run`` (0 if none): one listing, no reads."""
+        self.fs.invalidate_cache(self.run_dir(run))  # a fence must not read a cached listing
         gens = self._children(self.run_dir(run), _GEN_RE)
         return gens[-1] if gens else 0
 

@@ -83,6 +83,9 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
             "train",
         )
         train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(args["gpus_per_node"])
+        # the step's pod owns the PyTorchJob it may create: no training outlives the step
+        kubernetes.use_field_path_as_env(train, "DELTAREC_POD_NAME", "metadata.name")
+        kubernetes.use_field_path_as_env(train, "DELTAREC_POD_UID", "metadata.uid")
         generation = train.outputs["generation"]
         verify = with_secrets(c.verify(params=params, generation=generation), "verify")
         with dsl.If(verify.outputs["Output"] == "PASS", name="verified"):
