@@ -91,6 +91,10 @@ class StoreUnavailableError(StoreError):
     """A store could not be reached (connection refused/reset, timeout). Retried with backoff."""
 
 
+class UnsupportedError(BadInputError, NotImplementedError):
+    """A store cannot do what was asked (e.g. staging views on PAI FeatureStore); names it."""
+
+
 class ViewMismatchError(BadInputError):
     """An existing store view has another dim or dtype than the tables to provision."""
 

@@ -230,6 +230,8 @@ def test_cli_round_trip_provision_publish_verify_all_promote(tmp_path, state, ca
     store = "featurestore://proj/emb?region=cn-hangzhou"
     loc = ["--artifacts", root.uri, "--run", "r", "--store", store]
     assert main(["provision", *loc]) == 0
+    assert main(["provision", *loc, "--staged"]) == 2  # refused with a message, no traceback
+    assert "does not support staging views" in capsys.readouterr().err
     assert main(["publish", *loc, "--generation", "1"]) == 0
     out = tmp_path / "verify.json"
     assert main(["verify", *loc, "--all", "--json", str(out)]) == 0

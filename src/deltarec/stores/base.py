@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from deltarec.artifacts.types import TableSpec
-from deltarec.errors import StaleGenerationError
+from deltarec.errors import StaleGenerationError, UnsupportedError
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,
@@ -181,7 +181,7 @@ class Store(abc.ABC):
         Stores with ``capabilities.snapshot_replace``.
 
         Raises:
-            NotImplementedError: the backend cannot remove rows (names it).
+            UnsupportedError: the backend cannot remove rows (names it).
         """
         raise self._unsupported("removing the keys a snapshot lacks")
 
@@ -194,7 +194,7 @@ class Store(abc.ABC):
         with ``capabilities.staging``.
 
         Raises:
-            NotImplementedError: the backend has no staging (names it).
+            UnsupportedError: the backend has no staging (names it).
         """
         raise self._unsupported("staging views (merge_staging)")
 
@@ -207,7 +207,7 @@ class Store(abc.ABC):
             How many staging views were dropped.
 
         Raises:
-            NotImplementedError: the backend has no staging (names it).
+            UnsupportedError: the backend has no staging (names it).
         """
         raise self._unsupported("staging views (drop_staging)")
 
@@ -237,8 +237,8 @@ class Store(abc.ABC):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _unsupported(self, what: str) -> NotImplementedError:
-        return NotImplementedError(f"the {self.kind} store does not support {what}")
+    def _unsupported(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"the {self.kind} store does not support {what}")
 
 
 class Registry(abc.ABC):

@@ -18,7 +18,11 @@ from deltarec.ids import make_version
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do. Optional operations raise ``NotImplementedError`` naming it."""
+    """What a backend can do.
+
+    Optional operations raise :class:`~deltarec.errors.UnsupportedError` (a
+    ``NotImplementedError``) naming what is missing.
+    """
 
     deletes: bool
     """``op = 1`` deletes the key (with a version-guarded tombstone); else the row is written."""
