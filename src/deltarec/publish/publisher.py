@@ -19,6 +19,7 @@ read in bounded batches so memory does not grow with the dump.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -378,12 +379,13 @@ class DumpPublisher:
         stage = manifest.generation if self.mode == "staged" else None
         for table in sorted(manifest.tables):
             complete = self._call(
-                lambda t=table: finish_snapshot(  # type: ignore[misc]
+                functools.partial(
+                    finish_snapshot,
                     self.store,
                     self.run,
                     manifest.generation,
                     manifest.seq,
-                    t,
+                    table,
                     manifest.world_size,
                     stage,
                 ),
