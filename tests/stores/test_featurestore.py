@@ -277,3 +277,24 @@ def test_an_older_point_verifies_and_rollback_restores_it(tmp_path, state, capsy
     fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, T, 0, [7.0, 7.0, 7.0, 7.0])
     assert main(["verify", *loc, "--all", *point]) == 1  # a rollback row is never excused
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):  # type: ignore[no-untyped-def]
+    import feature_store_py
+
+    with pytest.raises(TypeError):  # an unknown keyword
+        feature_store_py.FeatureStoreClient(access_key_id="a", access_key_secret="b", regoin="x")
+    client = feature_store_py.FeatureStoreClient(
+        access_key_id="a", access_key_secret="b", region="cn-hangzhou"
+    )
+    with open_store(url(tmp_path)) as store:
+        store.provision({T: TABLES[T]})
+    view = client.get_project(FS_PROJECT).get_dynamic_embedding_feature_view(FS_VIEW)
+    row = {"embedding_name": T, "key_id": 1, "embedding": [0.0] * 4}
+    with pytest.raises(TypeError):
+        view.write_features(data=[row], version="v", write_mode="MERGE", ts=1, timeout=3)
+    with pytest.raises(feature_store_py.FeatureStoreError, match="BatchTooLarge"):
+        view.write_features(data=[row] * 1001, version="v", write_mode="MERGE", ts=1)
+    with pytest.raises(feature_store_py.FeatureStoreError, match="InvalidVersion"):
+        view.write_features(data=[row], version="default", write_mode="MERGE", ts=1)
+    assert not hasattr(view, "write_features_arrow") and not hasattr(view, "delete")
