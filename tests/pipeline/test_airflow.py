@@ -36,7 +36,8 @@ def check_folder(folder, tmp_path):
 def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(tmp_path):
     dags = tmp_path / "dags"
     assert main(["pipeline", "compile", "--engine", "airflow", "--output",
-                 str(dags / "deltarec_dag.py"), "--secret", "pg-cred"]) == 0  # fmt: skip
+                 str(dags / "deltarec_dag.py"), "--secret", "pg-cred:password=PGPASSWORD",
+                 "--secret", "cloud"]) == 0  # fmt: skip
     (dags / "broken_dag.py").write_text("from airflow.sdk import DAG\nimport no_such_module\n")
     found = check_folder(dags, tmp_path)
     assert list(found["import_errors"]) == [str(dags / "broken_dag.py")]  # the check can fail
@@ -49,7 +50,10 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
     assert {pods[t]["image"] for t in pods if t != "train"} == {TOOLS_IMAGE}
     assert all(p["cmds"] == ["python", "-m", "deltarec.orchestrate.airflow_task"]
                for p in pods.values())  # fmt: skip
-    assert all(p["env_from"] == ["pg-cred"] for p in pods.values())
+    for p in pods.values():  # key by key, as the KFP pipeline mounts them; names only
+        assert p["env"][0] == ["PGPASSWORD", "pg-cred", "password"]
+        assert ["AWS_SECRET_ACCESS_KEY", "cloud", "AWS_SECRET_ACCESS_KEY"] in p["env"]
+    assert pods["train"]["arguments"][-2:] == ["--secrets", "pg-cred,cloud"]
     verify = pods["verify"]["arguments"]
     assert verify[:2] == ["verify", "--params"]
     assert "xcom_pull(task_ids='train')" in verify[verify.index("--input") + 1]

@@ -12,7 +12,8 @@ params -> provision -> train -> verify -> branch -> promote (PASS) | verify_fail
 
 Two builds of one shape (:func:`build_dag`): ``kubernetes`` runs provision, train, verify,
 promote and verify_failed as ``KubernetesPodOperator`` pods on ``TOOLS_IMAGE`` /
-``TRAINER_IMAGE`` (``python -m deltarec.orchestrate.airflow_task STEP``); the train pod creates a
+``TRAINER_IMAGE`` (``python -m deltarec.orchestrate.airflow_task STEP``), with the credentials
+Secrets' keys as environment variables as the KFP pipeline mounts them; the train pod creates a
 Training Operator PyTorchJob for several nodes, as the KFP train step does. ``local`` runs the
 same task functions (:mod:`deltarec.orchestrate.airflow_task`) in-process, for ``dag.test()``.
 ``params`` and ``branch`` always run in the Airflow worker (deltarec without torch).
@@ -70,15 +71,23 @@ def dag_params() -> dict[str, Any]:
     return out
 
 
-def _secret_tuples(secrets: Sequence[SecretEnv] | Sequence[str] | None) -> list[str]:
+SecretSpec = dict[str, Any]
+"""A Secret as the DAG file writes it: ``{"name": ..., "key_to_env": {...}, "optional": ...}``."""
+
+
+def _secret_specs(secrets: Sequence[SecretEnv] | Sequence[SecretSpec] | None) -> list[SecretSpec]:
     chosen = default_secrets() if secrets is None else secrets
-    return [s if isinstance(s, str) else s.name for s in chosen]
+    out = []
+    for s in chosen:
+        env = s if isinstance(s, SecretEnv) else SecretEnv(**s)  # validates a written spec
+        out.append({"name": env.name, "key_to_env": dict(env.key_to_env), "optional": env.optional})
+    return out
 
 
 def build_dag(
     *,
     mode: str = "kubernetes",
-    secrets: Sequence[SecretEnv] | Sequence[str] | None = None,
+    secrets: Sequence[SecretEnv] | Sequence[SecretSpec] | None = None,
     namespace: str | None = None,
     dag_id: str = DAG_ID,
     train_gpus: int = 0,
@@ -87,8 +96,9 @@ def build_dag(
 
     Args:
         mode: ``kubernetes`` (pods on the pipeline images) or ``local`` (in-process tasks).
-        secrets: Secrets whose keys reach the pods as environment (names or
-            :class:`SecretEnv`); None for the default credentials Secret.
+        secrets: Secrets whose keys reach the pods as environment variables, key by key as
+            the KFP pipeline mounts them (:class:`SecretEnv`, or its fields as a dict); None
+            for the default credentials Secret. PyTorchJob pods get them as ``envFrom``.
         namespace: the pods' namespace; None for the operator's default (in-cluster: its own).
         dag_id: the DAG's id.
         train_gpus: GPUs the one-node train pod requests (Kubernetes resources are fixed when
@@ -98,7 +108,7 @@ def build_dag(
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
-    names = _secret_tuples(secrets)
+    specs = _secret_specs(secrets)
     with DAG(
         dag_id,
         schedule=None,
@@ -121,7 +131,7 @@ def build_dag(
         if mode == "local":
             tasks = _local_tasks(checked)
         else:
-            tasks = _pod_tasks(names, namespace, train_gpus)
+            tasks = _pod_tasks(specs, namespace, train_gpus)
             checked >> tasks["provision"]
         tasks["provision"] >> tasks["train"] >> tasks["verify"]
         choice = branch(tasks["verify"].output if mode != "local" else tasks["verify"])
@@ -168,14 +178,25 @@ def _train_local(conf: dict[str, Any], **context: Any) -> dict[str, Any]:
     return airflow_task.train(conf, job_id=str(context.get("run_id") or ""))
 
 
-def _pod_tasks(secrets: Sequence[str], namespace: str | None, train_gpus: int) -> dict[str, Any]:
+def _pod_tasks(
+    secrets: Sequence[SecretSpec], namespace: str | None, train_gpus: int
+) -> dict[str, Any]:
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
     from kubernetes.client import models as k8s
 
-    env_from = [
-        k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=s, optional=True))
+    env_vars = [
+        k8s.V1EnvVar(
+            name=env,
+            value_from=k8s.V1EnvVarSource(
+                secret_key_ref=k8s.V1SecretKeySelector(
+                    name=s["name"], key=key, optional=s["optional"]
+                )
+            ),
+        )
         for s in secrets
+        for key, env in s["key_to_env"].items()
     ]
+    names = ",".join(s["name"] for s in secrets)
     service_account = os.environ.get("DELTAREC_AIRFLOW_SERVICE_ACCOUNT") or None
 
     def pod(step: str, image: str, upstream: str | None = None, **extra: Any) -> Any:
@@ -190,7 +211,7 @@ def _pod_tasks(secrets: Sequence[str], namespace: str | None, train_gpus: int) -
             image=image,
             cmds=["python", "-m", "deltarec.orchestrate.airflow_task"],
             arguments=arguments,
-            env_from=env_from,
+            env_vars=env_vars,
             service_account_name=service_account,
             do_xcom_push=True,
             get_logs=True,
@@ -206,7 +227,7 @@ def _pod_tasks(secrets: Sequence[str], namespace: str | None, train_gpus: int) -
         "train": pod(
             "train",
             TRAINER_IMAGE,
-            arguments=["--job-id", "{{ run_id }}", "--secrets", ",".join(secrets)],
+            arguments=["--job-id", "{{ run_id }}", "--secrets", names],
             container_resources=resources,
         ),
         "verify": pod("verify", TOOLS_IMAGE, upstream="train"),
@@ -225,10 +246,10 @@ def write_dag_file(
     """Write a DAG file for an Airflow DAGs folder; returns the path. Does not import Airflow."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
-    names = _secret_tuples(secrets)
+    specs = _secret_specs(secrets)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(_DAG_FILE.format(mode=mode, secrets=names, namespace=namespace))
+        f.write(_DAG_FILE.format(mode=mode, secrets=specs, namespace=namespace))
     return path
 
 

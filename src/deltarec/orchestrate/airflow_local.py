@@ -170,7 +170,11 @@ def check_dag_folder(folder: str) -> dict[str, Any]:
                 "image": getattr(t, "image", None),
                 "cmds": getattr(t, "cmds", None),
                 "arguments": getattr(t, "arguments", None),
-                "env_from": [e.secret_ref.name for e in getattr(t, "env_from", None) or []],
+                "env": [
+                    [e.name, e.value_from.secret_key_ref.name, e.value_from.secret_key_ref.key]
+                    for e in getattr(t, "env_vars", None) or []
+                    if e.value_from is not None
+                ],
                 "upstream": sorted(t.upstream_task_ids),
             }
             for t in dag.tasks
