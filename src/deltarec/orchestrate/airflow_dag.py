@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from deltarec.errors import BadInputError
 from deltarec.orchestrate import airflow_task
 from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
 from deltarec.orchestrate.params import PipelineParams
@@ -107,7 +108,7 @@ def build_dag(
     from airflow.sdk import DAG, task
 
     if mode not in MODES:
-        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+        raise BadInputError(f"airflow DAG mode {mode!r} is not one of {MODES}")
     specs = _secret_specs(secrets)
     with DAG(
         dag_id,
@@ -245,7 +246,7 @@ def write_dag_file(
 ) -> str:
     """Write a DAG file for an Airflow DAGs folder; returns the path. Does not import Airflow."""
     if mode not in MODES:
-        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+        raise BadInputError(f"airflow DAG mode {mode!r} is not one of {MODES}")
     specs = _secret_specs(secrets)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
