@@ -73,7 +73,8 @@ class PipelineParams(BaseModel):
     separated, of ``float32``, ``float16``, ``int8_rowwise`` (``deltarec train
     --row-encodings``); empty: float32."""
     webhook_url: str = ""
-    """Called (HTTP POST, JSON) with verify's summary when verify fails; empty: no call."""
+    """Called (HTTP POST, JSON) with verify's summary when verify fails; empty: no call. Like
+    every parameter it is stored in plain text: no password or token in it (refused)."""
 
     @model_validator(mode="after")
     def _check(self) -> PipelineParams:
@@ -94,6 +95,7 @@ class PipelineParams(BaseModel):
             "https",
         ):
             raise ValueError(f"webhook_url {self.webhook_url!r} is not an http(s) URL")
+        check_no_credentials("webhook_url", self.webhook_url)
         return self
 
     def arguments(self) -> dict[str, Any]:
