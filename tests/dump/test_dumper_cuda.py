@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from dump_helpers import read_dump
+from tests._helpers.dump import read_dump
 
 from deltarec.artifacts import ArtifactRoot, TableKind, TableSpec
 from deltarec.artifacts.lineage import expected_state

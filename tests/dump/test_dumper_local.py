@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from dump_helpers import HandTables, assert_rows, read_dump
+from tests._helpers.dump import HandTables, assert_rows, read_dump
 
 from deltarec.artifacts import ArtifactRoot, DType, Parent, check_shard
 from deltarec.artifacts.lineage import expected_state, keys_published_after

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dump_helpers import read_dump
+from tests._helpers.dump import read_dump
 
 from deltarec.testing.multiprocess import run_on_ranks
 
@@ -145,7 +145,7 @@ def _time_cadence(rank: int, tmp: str) -> list[int]:
     """Dump every 0.25 s on ranks whose steps take different times: same dump steps?"""
     import time
 
-    from dump_helpers import HandTables
+    from tests._helpers.dump import HandTables
 
     from deltarec.dump import Dumper, DumperConfig
 
@@ -169,7 +169,7 @@ def _time_cadence(rank: int, tmp: str) -> list[int]:
 
 def _one_rank_fails(rank: int, tmp: str) -> str | None:
     """Rank 1 cannot write a shard: the dump fails on both ranks, naming rank and table."""
-    from dump_helpers import HandTables
+    from tests._helpers.dump import HandTables
 
     from deltarec.dump import Dumper, DumperConfig
     from deltarec.dump.encode import ParallelShardWriter

@@ -6,7 +6,7 @@ import time
 import urllib.request
 
 import pytest
-from dump_helpers import HandTables
+from tests._helpers.dump import HandTables
 
 from deltarec.artifacts import ArtifactRoot, parse_time
 from deltarec.dump import Dumper, DumperConfig, make_train_hook

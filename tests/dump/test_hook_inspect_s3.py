@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from dump_helpers import HandTables, read_dump
+from tests._helpers.dump import HandTables, read_dump
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.lineage import expected_state

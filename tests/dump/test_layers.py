@@ -7,7 +7,7 @@ import inspect
 from pathlib import Path
 
 import torch
-from dump_helpers import HandTables
+from tests._helpers.dump import HandTables
 
 from deltarec.artifacts import TableKind, TableSpec
 from deltarec.dump import Dumper, DumperConfig, dumper

@@ -166,7 +166,7 @@ def test_default_budgets_follow_the_machine_and_the_ranks_on_it(monkeypatch):
 def test_a_shard_that_cannot_be_opened_fails_the_dump_and_gives_its_bytes_back(
     tmp_path, monkeypatch
 ):
-    from dump_helpers import HandTables
+    from tests._helpers.dump import HandTables
 
     from deltarec.dump import Dumper, DumperConfig
     from deltarec.errors import DumpError

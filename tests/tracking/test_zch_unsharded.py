@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from zch_helpers import (
+from tests._helpers.zch import (
     ZchModel,
     apply,
     assert_same_state,

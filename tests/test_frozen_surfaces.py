@@ -1,7 +1,7 @@
 """Freeze the artifact schema: renaming or dropping a field breaks every other writer/reader."""
 
 import pyarrow as pa
-from helpers import TABLE, new_generation, write_dump
+from tests._helpers.artifacts import TABLE, new_generation, write_dump
 
 from deltarec.artifacts import ArtifactRoot, DType, codec
 from deltarec.cli import COMMANDS

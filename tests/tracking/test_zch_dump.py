@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from zch_helpers import (
+from tests._helpers.zch import (
     assert_same_state,
     build_sharded,
     model_state,

@@ -3,7 +3,7 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
-from helpers import TABLE, new_generation, write_dump
+from tests._helpers.artifacts import TABLE, new_generation, write_dump
 
 from deltarec.artifacts import (
     ArtifactRoot,

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from zch_helpers import (
+from tests._helpers.zch import (
     SHARDED_ZCH,
     apply,
     assert_same_state,

@@ -7,16 +7,12 @@ back with their restored rows.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from zch_helpers import assert_same_state, model_state
+from tests._helpers.zch import assert_same_state, model_state
 
 from deltarec.artifacts import ArtifactRoot, Parent
 from deltarec.artifacts.lineage import expected_state

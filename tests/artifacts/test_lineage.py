@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from helpers import TABLE, new_generation, write_dump
+from tests._helpers.artifacts import TABLE, new_generation, write_dump
 
 from deltarec.artifacts import ArtifactRoot, DumpKind, Op, Parent, codec
 from deltarec.artifacts.lineage import expected_state, keys_published_after
