@@ -33,8 +33,10 @@ def test_pod_entry_runs_provision_and_leaves_its_result_as_the_xcom_file(tmp_pat
 def test_pod_entry_fails_the_verify_failed_task_after_the_fail_branch(tmp_path):
     outcome = steps.VerifyOutcome("FAIL", "r", 1, 1, {"passed": 0.0}, "m.t: 1 MISSING", None)
     steps.provision(PipelineParams.from_arguments(conf(tmp_path)))
-    argv = ["verify_failed", "--params", json.dumps(conf(tmp_path)),
-            "--input", json.dumps(outcome.to_json()), "--xcom", str(tmp_path / "x.json")]  # fmt: skip
+    argv = [
+        "verify_failed", "--params", json.dumps(conf(tmp_path)),
+        "--input", json.dumps(outcome.to_json()), "--xcom", str(tmp_path / "x.json"),
+    ]  # fmt: skip
     with pytest.raises(steps.VerifyFailedError, match="nothing-to-undo"):
         airflow_task.main(argv)
     assert not (tmp_path / "x.json").exists()
