@@ -9,6 +9,7 @@ resident set size sampled (every 2 ms) during the dump minus the RSS just before
 the process CPU time the dump took (every thread; on a shared machine less noisy than wall).
 
     python bench/bench_dump_throughput.py [--rows 1000000 4000000] [--dir /tmp/x]
+        [--queue-bytes N]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from deltarec.artifacts import TableKind, TableSpec
 from deltarec.dump import Dumper, DumperConfig
+from deltarec.dump.staging import default_host_budget
 from deltarec.tracking.plain import RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
 
@@ -80,12 +82,16 @@ def baseline_write(path: str, nbytes: int) -> float:
     return secs
 
 
-def one_dump(workdir: str, weight: torch.Tensor, touched: int, dim: int) -> dict:
+def one_dump(
+    workdir: str, weight: torch.Tensor, touched: int, dim: int, queue_bytes: int | None = None
+) -> dict:
     tracker = ManualTracker()
     hub = TrackerHub(tracker, {"t"})
     spec = TableSpec(dim=dim, kind=TableKind.PLAIN, num_embeddings=weight.shape[0])
     source = RowShardSource("bench.table", spec, hub, "t", weight, 0)
-    config = DumperConfig(artifacts=workdir, run="bench", snapshot=False, fsync=True)
+    config = DumperConfig(
+        artifacts=workdir, run="bench", snapshot=False, fsync=True, queue_bytes=queue_bytes
+    )
     dumper = Dumper(config, [source])
     dumper.start(step=0)
     tracker.record("t", torch.randperm(weight.shape[0])[:65536])  # warm-up dump, not measured
@@ -119,6 +125,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 4_000_000])
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--dir", default=None, help="directory on the disk to measure")
+    p.add_argument("--queue-bytes", type=int, default=None, help="host budget (default: sized)")
     a = p.parse_args()
     torch.set_num_threads(1)
     work = tempfile.mkdtemp(prefix="deltarec-dump-bench-", dir=a.dir)
@@ -126,13 +133,15 @@ def main() -> None:
     print(f"date      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(f"machine   {platform.node()} ({os.cpu_count()} cores), {platform.platform()}")
     print(f"disk      {work}; load average {os.getloadavg()[0]:.1f}")
+    budget = a.queue_bytes if a.queue_bytes is not None else default_host_budget()
+    print(f"budget    host staging budget {budget / 2**20:.0f} MiB")
     print(
         f"{'touched rows':>12} {'dump s':>7} {'rows/s':>10} {'MB/s':>7} {'baseline MB/s':>13} "
         f"{'ratio':>6} {'train waits s':>13} {'extra RSS MB':>12} {'CPU s':>6}"
     )
     try:
         for n in a.rows:
-            r = one_dump(os.path.join(work, f"d{n}"), weight, n, a.dim)
+            r = one_dump(os.path.join(work, f"d{n}"), weight, n, a.dim, a.queue_bytes)
             base = statistics.median(
                 baseline_write(os.path.join(work, "baseline.bin"), r["bytes"]) for _ in range(3)
             )

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 MAGIC = b"PAR1"
@@ -225,6 +226,8 @@ class Piece:
     body: memoryview
     footer: list[Field]
     rows: int
+    memory: np.ndarray | None = None
+    """The reusable buffer ``buffer`` lies in (see :class:`~deltarec.dump.encode.PieceArena`)."""
 
     @property
     def nbytes(self) -> int:

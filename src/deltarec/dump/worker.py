@@ -290,7 +290,7 @@ class DumpWorker:
         def job() -> Encoded:
             host.wait()
             keys, values, ops = host.numpy()
-            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim)
+            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim, self.pool.arena)
 
         self._writer(state, table).write(job, release, self._keeper(state, table))
 
@@ -325,7 +325,7 @@ class DumpWorker:
         spec = self.tables[table]
 
         def job() -> Encoded:
-            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim)
+            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim, self.pool.arena)
 
         self._writer(state, table).write(job, None, self._keeper(state, table))
 
