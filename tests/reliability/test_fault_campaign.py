@@ -109,15 +109,17 @@ def _report(name: str, figures: dict[str, object]) -> None:
 
 @pytest.mark.faults_long
 def test_long_campaign_kills_at_every_moment_and_at_random_times(tmp_path):
-    rng = random.Random(int(os.environ.get("DELTAREC_FAULTS_SEED", "7")))
+    rng_seed = int(os.environ.get("DELTAREC_FAULTS_SEED", "7"))
+    rng = random.Random(rng_seed)
     c = Campaign(tmp_path, f"sqlite:///{tmp_path}/store.db", steps=400, checkpoint_every=40)
     for point in POINTS:
         for nth in (2, 7):
             _kill_at(c, f"{point}@{nth}")
+    latest = float(os.environ.get("DELTAREC_FAULTS_RANDOM_MAX_S", "30"))
     for _ in range(int(os.environ.get("DELTAREC_FAULTS_RANDOM_KILLS", "8"))):
         trainer = c.start()
         trainer.wait_ranks()
-        time.sleep(rng.uniform(2.0, 12.0))
+        time.sleep(rng.uniform(2.0, latest))  # from model building to the last steps
         if trainer.proc.poll() is not None:
             assert trainer.proc.returncode == 0, trainer.tail()
             break
@@ -126,10 +128,12 @@ def test_long_campaign_kills_at_every_moment_and_at_random_times(tmp_path):
     _report(
         "kills",
         {
+            "seed": rng_seed,
             "kills": len(c.kills),
             "moments": [k["moment"] for k in c.kills],
             "slowest_rank_exit_s": max(float(k["ranks_gone_s"]) for k in c.kills),  # type: ignore[arg-type]
             "launches": c.launches,
+            "restored_from": _restores(c),
             "keys_checked": checked,
             "keys_lost": lost,
         },
@@ -171,6 +175,17 @@ def test_long_campaign_a_hung_trainer_is_taken_over_and_stops_without_committing
     assert late == [], f"generation 1 committed dumps {late} after generation 2 took over"
     checked, lost = _finish(c, second)
     _report("takeover", {"first_exit": rc, "keys_checked": checked, "keys_lost": lost})
+
+
+def _restores(c: Campaign) -> list[int | None]:
+    """Per launch: the checkpoint step it resumed from (None: a fresh start)."""
+    out: list[int | None] = []
+    for log in sorted(c.workdir.glob("launch-*.log")):
+        text = log.read_text(errors="replace")
+        mark = "resumed from checkpoint step "
+        at = text.find(mark)
+        out.append(int(text[at + len(mark) :].split()[0]) if at >= 0 else None)
+    return out
 
 
 def _generations(c: Campaign) -> int:
