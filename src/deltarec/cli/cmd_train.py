@@ -318,16 +318,27 @@ def _hooks(args: argparse.Namespace) -> list[Any]:
 
 
 def _refuse_if_leased(args: argparse.Namespace) -> None:
-    """Before starting ranks: refuse at once if a live trainer holds the run's lease.
+    """Before starting ranks: refuse an unwritable artifact root or a run another trainer holds.
 
     Only a fast path for a clear message; rank 0 acquires the lease itself atomically.
+
+    Raises:
+        BadInputError: the artifact root is not writable (names it), or the lease is held.
     """
     if args.artifacts is None:
         return
     from deltarec.artifacts.lease import check_free
     from deltarec.artifacts.root import ArtifactRoot
+    from deltarec.errors import BadInputError
 
-    check_free(ArtifactRoot(args.artifacts), args.run)
+    root = ArtifactRoot(args.artifacts)
+    try:
+        root.makedirs(root.run_dir(args.run))  # a no-op on object stores
+    except OSError as e:
+        raise BadInputError(
+            f"artifact root {root.url(root.path)} is not writable: {type(e).__name__}: {e}"
+        ) from e
+    check_free(root, args.run)
 
 
 def _quiet_libraries(verbose: bool) -> None:
