@@ -9,21 +9,16 @@ to take the store down and bring it back (``backend.down()`` / ``backend.up()``)
 from __future__ import annotations
 
 import itertools
-import os
 import sqlite3
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from tests._helpers import featurestore as fs_state
 
 from deltarec.testing.servers import PostgresServer, RedisServer
 
 _COUNTER = itertools.count()
-SDK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sdk")
-"""The test ``feature_store_py`` (and its state helpers ``fs_state``)."""
-if SDK_DIR not in sys.path:
-    sys.path.insert(0, SDK_DIR)
 
 
 @dataclass
@@ -55,8 +50,6 @@ def _sqlite_backend(tmp_path) -> Backend:  # type: ignore[no-untyped-def]
 
 def _featurestore_backend(tmp_path, monkeypatch) -> Backend:  # type: ignore[no-untyped-def]
     """FeatureStore through the test SDK: network down = every SDK call fails with a reset."""
-    import fs_state
-
     state = str(tmp_path / "featurestore.db")
     fs_state.use_test_sdk(monkeypatch, state)
     ops = ("write_features", "get_online_features", "get_dynamic_embedding_feature_view")

@@ -11,9 +11,9 @@ import threading
 import time
 import types
 
-import fs_state
 import numpy as np
 import pytest
+from tests._helpers import featurestore as fs_state
 
 from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.types import DType, TableKind, TableSpec

@@ -3,9 +3,9 @@ generation before any row reaches the feature view (FeatureStore has no transact
 
 from __future__ import annotations
 
-import fs_state
 import numpy as np
 import pytest
+from tests._helpers import featurestore as fs_state
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-import fs_state
 import pytest
+from tests._helpers import featurestore as fs_state
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import DType

@@ -7,7 +7,8 @@ An unknown keyword raises ``TypeError`` (no ``**kwargs`` anywhere); there is no 
 SDK lacks. ``get_entity``/``create_entity`` follow the SDK's documented entity calls.
 
 State (projects, entities, views, rows) lives in one SQLite file named by
-``FEATURE_STORE_PY_STATE`` (see ``fs_state``), so every process of a test sees the same rows.
+``FEATURE_STORE_PY_STATE`` (private module ``_state``; tests reach it through
+``tests._helpers.featurestore``), so every process of a test sees the same rows.
 Semantics modelled: ``write_features`` enqueues one HTTP batch (at most the view's
 ``_batch_size`` rows); ``write_flush`` applies what is queued and returns the summary;
 ``MERGE`` keeps, per ``(version, embedding_name, key_id)``, the row of the newest ``ts``; rows
@@ -22,7 +23,7 @@ import math
 import threading
 from typing import Any
 
-import fs_state
+from feature_store_py import _state as fs_state
 
 _WRITE_MODES = ("MERGE",)
 _TYPES = ("ARRAY<FLOAT>", "ARRAY<UINT8>")

@@ -15,10 +15,6 @@ import time
 from typing import Any
 
 ENV = "FEATURE_STORE_PY_STATE"
-SDK_DIR = os.path.dirname(os.path.abspath(__file__))
-PROJECT = "proj"
-VIEW = "emb"
-VERSION = "deltarec"
 
 _DDL = (
     "CREATE TABLE IF NOT EXISTS projects (name TEXT PRIMARY KEY)",
@@ -105,20 +101,3 @@ def set_row(path: str, project: str, view: str, version: str, pk: str, sk: int, 
             "AND pk = ? AND sk = ?",
             (json.dumps(value), project, view, version, pk, sk),
         )
-
-
-def use_test_sdk(monkeypatch: Any, state: str) -> None:
-    """Point this process, and the commands it starts, at the test SDK and its state file.
-
-    Sets the Alibaba Cloud credential chain's environment variables (with a security token),
-    the FeatureDB login, and creates project :data:`PROJECT`.
-    """
-    monkeypatch.setenv(ENV, state)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SDK_DIR, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_ID", "test-ak")
-    monkeypatch.setenv("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "test-secret")
-    monkeypatch.setenv("ALIBABA_CLOUD_SECURITY_TOKEN", "test-sts")
-    monkeypatch.setenv("FEATUREDB_USERNAME", "fdb-user")
-    monkeypatch.setenv("FEATUREDB_PASSWORD", "fdb-pass")
-    monkeypatch.delenv("RANK", raising=False)
-    create_project(state, PROJECT)
