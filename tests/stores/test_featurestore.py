@@ -298,3 +298,13 @@ def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):  # type:
     with pytest.raises(feature_store_py.FeatureStoreError, match="InvalidVersion"):
         view.write_features(data=[row], version="default", write_mode="MERGE", ts=1)
     assert not hasattr(view, "write_features_arrow") and not hasattr(view, "delete")
+
+
+def test_closing_waits_for_the_writer_to_drain_no_longer_than_the_shutdown_timeout(tmp_path, state):  # type: ignore[no-untyped-def]
+    store = open_store(url(tmp_path, shutdown_timeout_s=0.3))
+    store.provision({T: TABLES[T]})
+    fs_state.inject_fault(state, "close", 1, "hang 3")
+    start = time.monotonic()
+    with pytest.raises(StoreError, match=r"did not drain within 0.3s.*deltarec publish"):
+        store.close()
+    assert time.monotonic() - start < 2

@@ -313,7 +313,7 @@ class FeatureStoreStore(Store):
         if thread.is_alive():
             raise StoreError(
                 self._session.where(
-                    f"the SDK writer did not drain within {self.config.shutdown_timeout_s:.0f}s"
+                    f"the SDK writer did not drain within {self.config.shutdown_timeout_s:g}s"
                     "; rows not flushed are republished from the artifacts by `deltarec publish`"
                 )
             )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from typing import Any
 
 from feature_store_py import _state as fs_state
@@ -35,6 +36,9 @@ class FeatureStoreError(Exception):
 
 def _fault(conn: Any, op: str) -> None:
     error = fs_state.take_fault(conn, op)
+    if error is not None and error.startswith("hang"):  # a writer that never drains
+        time.sleep(float(error.split()[1]))
+        return
     if error is not None:
         if error.startswith("network"):
             raise ConnectionError(error)
@@ -307,6 +311,7 @@ class DynamicEmbeddingFeatureView:
 
     def close(self, wait: bool = True) -> None:
         """Stop the writer (after draining what is queued when ``wait``)."""
+        _fault(self._conn, "close")
         if wait:
             self.write_flush()
         self._closed = True

@@ -54,7 +54,8 @@ def inject_fault(path: str, op: str, times: int, error: str = "") -> None:
 
     ``op`` is ``write_flush`` (the summary reports the batches failed), or any SDK method name
     (it raises ``error``, e.g. ``"503 ServiceUnavailable"`` or ``"403 InvalidAccessKeyId"``;
-    an error starting ``network`` raises ``ConnectionError``). For
+    an error starting ``network`` raises ``ConnectionError``; ``"hang S"`` makes the call take
+    S seconds). For
     ``create_dynamic_embedding_feature_view`` an error starting ``race`` creates the view as
     another job would, then answers the conflict.
     """
