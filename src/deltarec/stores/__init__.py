@@ -1,18 +1,20 @@
 """Online stores behind one small interface (SPEC §5).
 
-Open a store by URL with :func:`open_store`; every backend implements :class:`Store`
-(provision, versioned write, read, scan, snapshot replace, registry of generations, progress
-marks, serving pointer, freshness, staging merge) and declares its :class:`Capabilities`.
+Open a store by URL with :func:`open_store`; every backend implements :class:`Store` (views
+and rows: provision, versioned write, read, scan, the sweep below a snapshot, staging merge)
+and has a :class:`Registry` (``store.registry``: generations, progress marks, serving pointer,
+freshness, snapshot records), and declares its :class:`Capabilities`.
 
 Exports:
     open_store, store_class, STORE_CLASSES: the registry of backends by short name.
     parse_store_url, redact_url and the configs: URL syntax and pydantic configs.
-    Store, Capabilities, ReadResult, ProgressMark, ServingPointer, FreshnessRecord, ViewInfo.
+    Store, Registry, Capabilities, ReadResult, ProgressMark, ServingPointer, FreshnessRecord,
+    SnapshotRecord, ViewInfo.
     view_name, check_identifier: physical names of views.
     check_batch: the row checks every backend applies.
 """
 
-from deltarec.stores.base import Store
+from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import (
     FeatureStoreConfig,
     PostgresConfig,
@@ -33,6 +35,7 @@ from deltarec.stores.types import (
     ReadResult,
     RowBatch,
     ServingPointer,
+    SnapshotRecord,
     ViewInfo,
 )
 
@@ -45,8 +48,10 @@ __all__ = [
     "ProgressMark",
     "ReadResult",
     "RedisConfig",
+    "Registry",
     "RowBatch",
     "ServingPointer",
+    "SnapshotRecord",
     "SqliteConfig",
     "Store",
     "StoreConfig",

@@ -1,4 +1,4 @@
-"""The store interface (SPEC §5): one small abstract class every backend implements.
+"""The store interface (SPEC §5): rows (:class:`Store`) and control plane (:class:`Registry`).
 
 A :class:`Store` holds, per tracked table, a **view** (table, hash, feature view) of ``key ->
 (encoded row, version)``: the rows. A :class:`Registry` holds the control plane: generations it
