@@ -21,3 +21,7 @@ TRAINER_IMAGE = f"{REGISTRY}/deltarec-trainer:{__version__}"
 
 TOOLS_IMAGE = f"{REGISTRY}/deltarec-tools:{__version__}"
 """The image of provision, verify, promote and rollback (Python 3.11 slim, no torch)."""
+
+TRAINER_CPU_IMAGE = f"{TRAINER_IMAGE}-cpu"
+"""The train step's CPU variant (``VARIANT=cpu``: Python 3.11 slim, torch 2.13.0 CPU build,
+fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0); otherwise identical to ``TRAINER_IMAGE``."""

@@ -1,0 +1,182 @@
+"""Build the images from this repository with buildah and run commands in them.
+
+The images are built against a local base (``images/build.py --local-base``: a Debian bookworm
+root from ``debootstrap --variant=minbase``, imported ``FROM scratch``) because public registries
+cannot be reached here, with this machine's pip configuration passed in as build secrets and
+read-only build volumes. The debootstrap root and buildah's store (layer cache) live under
+``~/.cache/deltarec/images``, so a second run reuses every unchanged layer.
+
+Everything here skips, with the reason, where it cannot run: not root, buildah or debootstrap
+missing (``make image-tools`` installs both with apt-get), or buildah unable to create a
+container on any storage driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_STORE_BYTES = 20 * 2**30
+"""A layer store past this size is emptied before building (old layers of changed sources)."""
+
+
+def _load_build() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("deltarec_images_build", REPO / "images/build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build()
+
+
+def _skip_reason() -> str | None:
+    if sys.platform != "linux":
+        return "container images are built on Linux only"
+    if os.geteuid() != 0:
+        return "building images here needs root (debootstrap, buildah's chroot isolation)"
+    for tool in ("buildah", "debootstrap"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (as root on Debian, `make image-tools` installs it)"
+    return None
+
+
+def _store_bytes(root: Path) -> int:
+    done = subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True)
+    return int(done.stdout.split()[0]) if done.returncode == 0 and done.stdout else 0
+
+
+def _probe(driver: str, root: Path, runroot: Path) -> str | None:
+    """None when buildah can create and mount a container with this driver, else the error."""
+    args = ["buildah", "--storage-driver", driver, "--root", str(root), "--runroot", str(runroot)]
+    made = subprocess.run([*args, "from", "scratch"], capture_output=True, text=True)
+    if made.returncode != 0:
+        return made.stderr.strip()[-500:]
+    ctr = made.stdout.strip()
+    mounted = subprocess.run([*args, "mount", ctr], capture_output=True, text=True)
+    subprocess.run([*args, "rm", ctr], capture_output=True)
+    return None if mounted.returncode == 0 else mounted.stderr.strip()[-500:]
+
+
+@dataclass
+class Images:
+    """The builder the tests share and the base image made here.
+
+    Attributes:
+        builder: buildah with this session's store.
+        base: the local base image's tag.
+        env: the pip secrets and volumes of this machine's pip configuration.
+        timings: what each build took, in seconds (printed at the end of the session).
+    """
+
+    builder: object
+    base: str
+    env: object
+    timings: dict[str, float]
+
+    def build(self, name: str, **kwargs: object) -> str:
+        """Build ``images/<name>`` from the repository (see ``images/build.py``); its tag."""
+        started = time.monotonic()
+        try:
+            tag = build.build_image(self.builder, name, base=self.base, env=self.env, **kwargs)
+        except build.BuildError as e:
+            pytest.fail(f"building images/{name} failed: {e}")
+        self.timings[kwargs.get("tag") or tag] = time.monotonic() - started  # type: ignore[index]
+        return tag
+
+    def run(
+        self,
+        image: str,
+        argv: Sequence[str],
+        volumes: Sequence[tuple[Path, str]] = (),
+        timeout: float = 300,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in a fresh container of ``image`` as the image's user, then remove it."""
+        made = subprocess.run(
+            self.builder.cmd("from", image), capture_output=True, text=True, check=True
+        )
+        ctr = made.stdout.strip().splitlines()[-1]
+        mounts = [a for host, at in volumes for a in ("-v", f"{host}:{at}")]
+        try:
+            return subprocess.run(
+                self.builder.cmd("run", "--isolation", "chroot", *mounts, ctr, "--", *argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        finally:
+            subprocess.run(self.builder.cmd("rm", ctr), capture_output=True)
+
+    def user(self, image: str) -> str:
+        """The image's configured user."""
+        return subprocess.run(
+            self.builder.cmd("inspect", "--format", "{{.OCIv1.Config.User}}", image),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def images() -> Iterator[Images]:
+    """The shared builder with the local base built (cached across runs)."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    cache = build.DEFAULT_CACHE / "images"
+    runroot = Path(tempfile.mkdtemp(prefix="deltarec-images-run-"))
+    errors = {}
+    for driver in ("overlay", "vfs"):  # overlay when the kernel allows it: vfs copies each layer
+        root = cache / f"storage-{driver}"
+        root.mkdir(parents=True, exist_ok=True)
+        error = _probe(driver, root, runroot / driver)
+        if error is None:
+            break
+        errors[driver] = error
+    else:
+        pytest.skip(f"buildah cannot create a container here: {errors}")
+    if _store_bytes(root) > MAX_STORE_BYTES:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+    builder = build.Builder(
+        "buildah",
+        ["--storage-driver", driver, "--root", str(root), "--runroot", str(runroot / driver)],
+    )
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = build.host_pip_env(Path(tmp))
+        started = time.monotonic()
+        try:
+            base = build.local_base(builder, cache)
+        except build.BuildError as e:
+            pytest.fail(f"the local base image could not be made: {e}")
+        timings["local base"] = time.monotonic() - started
+        yield Images(builder, base, env, timings)
+    print("\nimage build times: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
+    shutil.rmtree(runroot, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tools_image(images: Images) -> str:
+    """``images/tools`` built from this repository, without the FeatureStore SDK."""
+    return images.build("tools")
+
+
+@pytest.fixture(scope="session")
+def trainer_cpu_image(images: Images) -> str:
+    """``images/trainer`` with ``VARIANT=cpu``; torch from the pip configuration's index here."""
+    return images.build("trainer", variant="cpu", torch_index="default")
