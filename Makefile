@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.deltarec-installed
 TORCHREC_DEPS := pyre-extensions tensordict torchmetrics==1.0.3 tqdm iopath
 
-.PHONY: venv demo test test-fast lint format bench clean
+.PHONY: venv demo test test-fast lint format bench clean images image-tools
 
 venv: $(STAMP)
 
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 demo: venv
 	$(BIN)/deltarec demo
 
-test: venv
+test: venv image-tools
 	@$(BIN)/python -m deltarec.testing.servers
 	$(BIN)/python -m pytest -q
 
@@ -48,6 +48,23 @@ format: venv
 
 bench: venv
 	$(BIN)/python -m bench
+
+# Container images (docs/images.md): both with whichever of docker, podman or buildah is here.
+# IMAGES_FLAGS e.g. "--variant cpu", "--local-base --pip-config host", "--push".
+IMAGES_FLAGS ?=
+images:
+	$(PYTHON) images/build.py $(IMAGES_FLAGS) tools trainer
+
+# buildah and debootstrap for the image tests (tests/images) and `make images`: installed with
+# apt-get when missing, running as root and apt-get is there; otherwise those tests skip.
+image-tools:
+	@if command -v buildah >/dev/null && command -v debootstrap >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "== image-tools: apt-get install buildah debootstrap (the image tests build with them)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends buildah debootstrap >/dev/null; } \
+	  || echo "== image-tools: the install failed; the image tests will skip"; \
+	else echo "== image-tools: buildah/debootstrap missing, not root or no apt-get; the image tests will skip"; fi
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -7,13 +7,14 @@ Run from anywhere with any Python 3.10+ (standard library only)::
     python3 images/build.py --local-base --pip-config host tools
 
 The tags come from ``src/deltarec/orchestrate/images.py`` (the one place they are named). What a
-build needs from its environment enters only as build arguments, secrets and (buildah/podman)
-read-only build volumes, never as a layer of the image:
+build needs from its environment enters only as build arguments and secrets, never as a layer
+of the image:
 
 * ``--pip-config FILE`` becomes the build secret ``pip.conf`` (mounted at ``/etc/pip.conf`` in
   each pip step); ``--pip-config host`` writes one from this machine's own ``pip config list``:
-  its ``cert`` becomes the build secret ``ca-bundle`` and every local path it names (find-links,
-  ``file://`` indexes, constraints) a read-only build volume at the same path.
+  its ``cert`` becomes the build secret ``ca-bundle``, and every local path it names
+  (find-links, ``file://`` indexes, constraints) is served read-only on 127.0.0.1 while the
+  images build and named by that URL (:class:`LocalFiles`).
 * ``--local-base`` builds the base image here instead of pulling ``python:3.11-slim-bookworm``:
   a Debian bookworm root made by ``debootstrap --variant=minbase`` from the Debian mirror of this
   machine's apt sources (cached under ``~/.cache/deltarec/images``), imported ``FROM scratch``
@@ -25,15 +26,20 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import functools
 import hashlib
+import http.server
 import importlib.util
 import os
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,11 +88,6 @@ class Builder:
     tool: str
     global_args: list[str] = field(default_factory=list)
 
-    @property
-    def volumes_supported(self) -> bool:
-        """Whether ``build -v`` (read-only build volumes) exists: podman and buildah."""
-        return self.tool != "docker"
-
     def cmd(self, *args: str) -> list[str]:
         """The full command line of one call."""
         return [self.tool, *self.global_args, *args]
@@ -109,9 +110,13 @@ def find_builder(name: str, global_args: Sequence[str] = ()) -> Builder:
     for tool in names:
         if shutil.which(tool) is None:
             continue
-        if tool == "docker" and name == "auto":
-            if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-                continue  # a client without a daemon
+        probe = ["docker", "info"]
+        if (
+            tool == "docker"
+            and name == "auto"
+            and subprocess.run(probe, capture_output=True).returncode
+        ):
+            continue  # a client without a daemon
         return Builder(tool, list(global_args))
     raise BuildError(
         f"no container builder found (tried {', '.join(names)}); install docker, podman or "
@@ -120,29 +125,69 @@ def find_builder(name: str, global_args: Sequence[str] = ()) -> Builder:
 
 
 # ---- what a build needs from this machine ---------------------------------------------------
+class LocalFiles:
+    """Chosen local files and folders, served read-only on 127.0.0.1 while images build.
+
+    A build cannot see the machine's disk, and a build volume would leave its mount point in
+    the image; so local find-links folders, ``file://`` indexes and constraints files that the
+    machine's pip configuration names are served over loopback HTTP instead (the build's steps
+    share the host's network: buildah's chroot isolation, ``--network host`` for the others).
+    Only paths under an added root are served; everything else is 404.
+    """
+
+    def __init__(self) -> None:
+        self.roots: list[Path] = []
+        roots = self.roots
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def send_head(self):  # type: ignore[no-untyped-def]
+                wanted = Path(posixpath.normpath(urllib.parse.unquote(self.path.split("?")[0])))
+                if not any(wanted == r or r in wanted.parents for r in roots):
+                    self.send_error(404)
+                    return None
+                return super().send_head()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        handler = functools.partial(Handler, directory="/")
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, path: Path, root: Path | None = None) -> str:
+        """Serve ``root`` (default: ``path``) and return the URL of ``path``."""
+        root = root or path
+        if root not in self.roots:
+            self.roots.append(root)
+        slash = "/" if path.is_dir() else ""
+        port = self.server.server_address[1]
+        return f"http://127.0.0.1:{port}{urllib.parse.quote(str(path))}{slash}"
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
 @dataclass
 class BuildEnv:
-    """Secrets and read-only volumes for the pip steps of a build.
+    """Secrets for the pip steps of a build, and the local files served to them.
 
     Attributes:
         secrets: secret id -> host file.
-        volumes: host paths mounted read-only at the same path (podman and buildah only).
+        served: local paths served by a :class:`LocalFiles` (the build needs host networking).
     """
 
     secrets: dict[str, Path] = field(default_factory=dict)
-    volumes: list[Path] = field(default_factory=list)
+    served: list[Path] = field(default_factory=list)
 
     def args(self, builder: Builder) -> list[str]:
         """The build options that carry this environment in."""
         out: list[str] = []
         for sid, src in sorted(self.secrets.items()):
             out += ["--secret", f"id={sid},src={src}"]
-        if self.volumes and not builder.volumes_supported:
-            names = ", ".join(map(str, self.volumes))
-            print(f"warning: {builder.tool} has no build volumes; {names} not mounted", flush=True)
-        elif self.volumes:
-            for v in self.volumes:
-                out += ["-v", f"{v}:{v}:ro"]
+        if self.served and builder.tool != "buildah":
+            out += ["--network", "host"]  # buildah's chroot isolation shares it already
         return out
 
 
@@ -150,17 +195,22 @@ _LIST_LINE = re.compile(r"^(?P<section>[^.]*)\.(?P<key>[^=]+)=(?P<value>.*)$")
 _PATH_KEYS = ("find-links", "extra-index-url", "index-url", "constraint", "requirement")
 
 
-def host_pip_env(workdir: Path, python: str = sys.executable) -> BuildEnv:
+def host_pip_env(workdir: Path, files: LocalFiles, python: str = sys.executable) -> BuildEnv:
     """A pip configuration for the build made from this machine's ``pip config list``.
 
     ``cert`` (the CA bundle pip uses here) becomes the secret ``ca-bundle``, referenced by the
     written configuration as ``/run/secrets/ca-bundle``; every local path (``/...`` or
-    ``file://...``) named by find-links, the indexes or constraints becomes a read-only build
-    volume at the same path, so the same configuration resolves inside the build.
+    ``file://...``) named by find-links, the indexes or constraints is served by ``files`` and
+    named by its loopback URL, so the same configuration resolves inside the build.
     """
     listed = subprocess.run(
         [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
     ).stdout
+    return pip_env_from_listing(listed, workdir, files)
+
+
+def pip_env_from_listing(listed: str, workdir: Path, files: LocalFiles) -> BuildEnv:
+    """:func:`host_pip_env` from the text of ``pip config list`` (``:env:`` entries win)."""
     settings: dict[str, str] = {}
     for line in listed.splitlines():
         m = _LIST_LINE.match(line.strip())
@@ -176,12 +226,19 @@ def host_pip_env(workdir: Path, python: str = sys.executable) -> BuildEnv:
         settings["cert"] = "/run/secrets/ca-bundle"
     settings.pop("client-cert", None)
     for key in _PATH_KEYS:
+        items = []
         for item in settings.get(key, "").split():
             path = Path(item[len("file://") :] if item.startswith("file://") else item)
-            if key.endswith("index-url") and path.name == "simple":
-                path = path.parent  # a file index links to files beside its simple/ folder
-            if path.is_absolute() and path.exists() and path not in env.volumes:
-                env.volumes.append(path)
+            if not (path.is_absolute() and path.exists()):
+                items.append(item)  # a URL (or a missing path, which pip reports)
+                continue
+            # a file index links to files beside its simple/ folder: serve its parent
+            root = path.parent if key.endswith("index-url") and path.name == "simple" else path
+            items.append(files.url(path, root))
+            if root not in env.served:
+                env.served.append(root)
+        if items:
+            settings[key] = " ".join(items)
     conf = configparser.ConfigParser(interpolation=None)
     conf["global"] = settings
     out = workdir / "pip.conf"
@@ -211,10 +268,9 @@ def debian_mirror(sources: Sequence[Path] = ()) -> str:
             continue
         text = f.read_text(errors="replace")
         for line in text.splitlines():  # one-line style: deb URI SUITE COMPONENTS
-            parts = line.split("#", 1)[0].split()
-            if len(parts) >= 4 and parts[0] == "deb" and not parts[1].startswith("["):
-                if parts[2] == SUITE and "main" in parts[3:]:
-                    return parts[1]
+            parts = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()  # no [options]
+            if len(parts) >= 4 and parts[0] == "deb" and parts[2] == SUITE and "main" in parts[3:]:
+                return parts[1]
         for stanza in re.split(r"\n\s*\n", text):  # deb822 style
             fields = dict(
                 (k.strip(), v.strip())
@@ -358,26 +414,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         builder = find_builder(a.builder, global_args)
         print(f"building {', '.join(a.images)} with {builder.tool}", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            env = None
-            if a.pip_config == "host":
-                env = host_pip_env(Path(tmp))
-            elif a.pip_config:
-                env = file_pip_env(Path(a.pip_config), a.ca_bundle)
-            base = local_base(builder, DEFAULT_CACHE / "images") if a.local_base else None
-            torch_index = a.torch_index
-            for name in a.images:
-                tag = build_image(
-                    builder,
-                    name,
-                    variant=a.variant,
-                    base=base,
-                    env=env,
-                    featurestore_wheel=a.featurestore_wheel,
-                    torch_index=torch_index,
-                )
-                if a.push:
-                    run(*builder.cmd("push", tag))
+        files = LocalFiles()
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                env = None
+                if a.pip_config == "host":
+                    env = host_pip_env(Path(tmp), files)
+                elif a.pip_config:
+                    env = file_pip_env(Path(a.pip_config), a.ca_bundle)
+                base = local_base(builder, DEFAULT_CACHE / "images") if a.local_base else None
+                torch_index = a.torch_index
+                for name in a.images:
+                    tag = build_image(
+                        builder,
+                        name,
+                        variant=a.variant,
+                        base=base,
+                        env=env,
+                        featurestore_wheel=a.featurestore_wheel,
+                        torch_index=torch_index,
+                    )
+                    if a.push:
+                        run(*builder.cmd("push", tag))
+        finally:
+            files.close()
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,9 +2,10 @@
 
 The images are built against a local base (``images/build.py --local-base``: a Debian bookworm
 root from ``debootstrap --variant=minbase``, imported ``FROM scratch``) because public registries
-cannot be reached here, with this machine's pip configuration passed in as build secrets and
-read-only build volumes. The debootstrap root and buildah's store (layer cache) live under
-``~/.cache/deltarec/images``, so a second run reuses every unchanged layer.
+cannot be reached here, with this machine's pip configuration passed in as build secrets (its
+local wheel folders and indexes served on 127.0.0.1 while the images build). The debootstrap
+root and buildah's store (layer cache) live under ``~/.cache/deltarec/images``, so a second
+run reuses every unchanged layer.
 
 Everything here skips, with the reason, where it cannot run: not root, buildah or debootstrap
 missing (``make image-tools`` installs both with apt-get), or buildah unable to create a
@@ -21,7 +22,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -79,7 +81,7 @@ class Images:
     Attributes:
         builder: buildah with this session's store.
         base: the local base image's tag.
-        env: the pip secrets and volumes of this machine's pip configuration.
+        env: the pip secrets of this machine's pip configuration (and the paths it serves).
         timings: what each build took, in seconds (printed at the end of the session).
     """
 
@@ -87,16 +89,29 @@ class Images:
     base: str
     env: object
     timings: dict[str, float]
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2))
+    started: dict[str, Future[str]] = field(default_factory=dict)
 
-    def build(self, name: str, **kwargs: object) -> str:
-        """Build ``images/<name>`` from the repository (see ``images/build.py``); its tag."""
-        started = time.monotonic()
-        try:
-            tag = build.build_image(self.builder, name, base=self.base, env=self.env, **kwargs)
-        except build.BuildError as e:
-            pytest.fail(f"building images/{name} failed: {e}")
-        self.timings[kwargs.get("tag") or tag] = time.monotonic() - started  # type: ignore[index]
+    def _build(self, name: str, kwargs: dict[str, object]) -> str:
+        began = time.monotonic()
+        tag = build.build_image(self.builder, name, base=self.base, env=self.env, **kwargs)
+        self.timings[tag] = time.monotonic() - began
         return tag
+
+    def start(self, key: str, name: str, **kwargs: object) -> None:
+        """Start building ``images/<name>`` in the background (two builds overlap: the pip
+        steps wait on the network as much as on the CPU)."""
+        if key not in self.started:
+            self.started[key] = self.pool.submit(self._build, name, kwargs)
+
+    def build(self, name: str, key: str | None = None, **kwargs: object) -> str:
+        """Build ``images/<name>`` from the repository (see ``images/build.py``); its tag."""
+        key = key or name
+        self.start(key, name, **kwargs)
+        try:
+            return self.started[key].result()
+        except build.BuildError as e:
+            pytest.fail(f"building images/{name} ({key}) failed: {e}")
 
     def run(
         self,
@@ -131,9 +146,16 @@ class Images:
         ).stdout.strip()
 
 
+TRAINER_CPU = {"variant": "cpu", "torch_index": "default"}
+"""The CPU trainer's build arguments here: torch from the pip configuration's index."""
+
+
 @pytest.fixture(scope="session")
-def images() -> Iterator[Images]:
-    """The shared builder with the local base built (cached across runs)."""
+def images(request: pytest.FixtureRequest) -> Iterator[Images]:
+    """The shared builder with the local base built (cached across runs).
+
+    The images the collected tests need start building at once, side by side.
+    """
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -157,15 +179,24 @@ def images() -> Iterator[Images]:
         ["--storage-driver", driver, "--root", str(root), "--runroot", str(runroot / driver)],
     )
     timings: dict[str, float] = {}
+    files = build.LocalFiles()
     with tempfile.TemporaryDirectory() as tmp:
-        env = build.host_pip_env(Path(tmp))
+        env = build.host_pip_env(Path(tmp), files)
         started = time.monotonic()
         try:
             base = build.local_base(builder, cache)
         except build.BuildError as e:
             pytest.fail(f"the local base image could not be made: {e}")
         timings["local base"] = time.monotonic() - started
-        yield Images(builder, base, env, timings)
+        images = Images(builder, base, env, timings)
+        wanted = {f for item in request.session.items for f in getattr(item, "fixturenames", ())}
+        if "trainer_cpu_image" in wanted:
+            images.start("trainer-cpu", "trainer", **TRAINER_CPU)
+        if "tools_image" in wanted:
+            images.start("tools", "tools")
+        yield images
+        images.pool.shutdown(wait=True)
+    files.close()
     print("\nimage build times: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()))
     shutil.rmtree(runroot, ignore_errors=True)
 
@@ -179,4 +210,4 @@ def tools_image(images: Images) -> str:
 @pytest.fixture(scope="session")
 def trainer_cpu_image(images: Images) -> str:
     """``images/trainer`` with ``VARIANT=cpu``; torch from the pip configuration's index here."""
-    return images.build("trainer", variant="cpu", torch_index="default")
+    return images.build("trainer", key="trainer-cpu", **TRAINER_CPU)

@@ -59,10 +59,10 @@ def test_tools_image_runs_as_a_non_root_user(images, tools_image):
 
 
 def test_tools_image_holds_none_of_the_build_machine_settings(images, tools_image):
-    """The pip configuration, CA bundle and wheel folders were secrets and volumes only."""
+    """The pip configuration and CA bundle were secrets; the wheel folders were served."""
     probe = "import os, sys; print([p for p in sys.argv[1:] if os.path.exists(p)])"
     paths = ["/etc/pip.conf", "/run/secrets/ca-bundle", "/run/secrets/pip.conf"]
-    paths += [str(v) for v in images.env.volumes]
+    paths += [str(p) for p in images.env.served]
     out = _ok(images.run(tools_image, ["python3", "-c", probe, *paths]), "probe")
     assert out.strip() == "[]"
 
@@ -109,7 +109,9 @@ def test_featurestore_url_in_an_image_without_the_sdk_fails_naming_the_sdk(
     new_generation(root, "ctr", TABLES, world_size=1)
     _writable_by_all(data)
     url = "featurestore://proj/emb?region=cn-hangzhou"
-    done = images.run(tools_image, ["deltarec", "provision", *_steps("ctr", url)], [(data, "/data")])
+    done = images.run(
+        tools_image, ["deltarec", "provision", *_steps("ctr", url)], [(data, "/data")]
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "feature_store_py" in done.stderr and "not installed" in done.stderr
     assert "Traceback" not in done.stderr
@@ -164,8 +166,8 @@ def test_featurestore_wheel_build_argument_installs_the_sdk_beside_the_credentia
     images, tools_image, wheel_url
 ):
     tag = "localhost/deltarec-tools-featurestore:test"
-    images.build("tools", featurestore_wheel=wheel_url, tag=tag)
-    code = "import feature_store_py, alibabacloud_credentials.client; print(feature_store_py.__version__)"
+    images.build("tools", key="tools-featurestore", featurestore_wheel=wheel_url, tag=tag)
+    code = "import alibabacloud_credentials.client, feature_store_py as s; print(s.__version__)"
     out = _ok(images.run(tag, ["python3", "-c", code]), "import the SDK")
     assert out.strip() == "0.0.0+imagetest"
     assert images.user(tag) == "10001"

@@ -40,3 +40,59 @@ def test_dockerfile_runs_as_non_root_and_its_tag_is_the_pinned_one(name, pinned)
     assert "kfp==2.17.3" in text  # the version the compiled components expect
     for line in re.findall(r"^\s+([a-z][\w.\-\[\]\"]*)\s*\\?$", text, re.M):
         pytest.fail(f"unpinned package line in {name}/Dockerfile: {line!r}")
+
+
+def _from_lines(text):
+    return re.findall(r"^FROM (\S+)", text, re.M)
+
+
+@pytest.mark.parametrize("name", ["trainer", "tools"])
+def test_base_image_is_a_build_argument_defaulting_to_the_pinned_upstream_image(name):
+    text = (IMAGES / name / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11.11-slim-bookworm" in text
+    assert _from_lines(text)[0] == "${BASE_IMAGE}"
+    for image in _from_lines(text):
+        assert image.startswith("${") or image.startswith("runtime-"), image
+
+
+def test_trainer_variants_share_everything_but_the_base_and_the_torch_stack():
+    text = (IMAGES / "trainer" / "Dockerfile").read_text()
+    assert "ARG VARIANT=cuda" in text
+    assert "ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04" in text
+    assert _from_lines(text) == [
+        "${BASE_IMAGE}",
+        "${CUDA_IMAGE}",
+        "${BASE_IMAGE}",
+        "runtime-${VARIANT}",
+    ]
+    assert "torch==2.13.0 fbgemm-gpu==1.8.0" in text  # cuda, from the cu128 index
+    assert "fbgemm-gpu-cpu==1.8.0" in text and "--no-deps torchrec==1.8.0" in text
+    assert "https://download.pytorch.org/whl/cu128" in text
+    assert "https://download.pytorch.org/whl/cpu" in text
+
+
+@pytest.mark.parametrize("name", ["trainer", "tools"])
+def test_build_environment_enters_as_secrets_and_arguments_that_default_to_nothing(name):
+    text = (IMAGES / name / "Dockerfile").read_text()
+    runs = re.findall(r"^RUN (?:.*\\\n)*.*$", text, re.M)
+    pip_runs = [r for r in runs if "pip install" in r or "pip wheel" in r]
+    assert pip_runs
+    for run in pip_runs:
+        if "/wheels/deltarec-" in run:
+            continue  # installs the wheel built in the first stage, no index needed
+        assert "--mount=type=secret,id=pip.conf,target=/etc/pip.conf" in run, run
+        assert "--mount=type=secret,id=ca-bundle" in run, run
+    env_blocks = " ".join(re.findall(r"^ENV (?:.*\\\n)*.*$", text, re.M))
+    assert "PIP_INDEX" not in env_blocks and "CERT" not in env_blocks.upper()
+    assert not re.search(r"^COPY .*(pip\.conf|\.crt|\.pem)", text, re.M)
+    assert 'ARG FEATURESTORE_WHEEL=""' in text
+
+
+@pytest.mark.parametrize("name", ["trainer", "tools"])
+def test_both_images_install_the_credentials_chain_and_the_featurestore_wheel_last(name):
+    text = (IMAGES / name / "Dockerfile").read_text()
+    assert "alibabacloud-credentials==1.0.12" in text
+    # the SDK's layer is the last RUN: builds with and without it share every other layer
+    last_run = text.rindex("\nRUN ")
+    assert text.index("ARG FEATURESTORE_WHEEL") < last_run
+    assert "${FEATURESTORE_WHEEL}" in text[last_run:]
