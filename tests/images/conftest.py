@@ -30,6 +30,7 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+HOSTNAME = "deltarec-image-test"
 MAX_STORE_BYTES = 20 * 2**30
 """A layer store past this size is emptied before building (old layers of changed sources)."""
 
@@ -121,14 +122,19 @@ class Images:
         timeout: float = 300,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in a fresh container of ``image`` as the image's user, then remove it."""
+        # The container's hostname resolves, as under docker or Kubernetes (torchrun needs it).
         made = subprocess.run(
-            self.builder.cmd("from", image), capture_output=True, text=True, check=True
+            self.builder.cmd("from", "--add-host", f"{HOSTNAME}:127.0.0.1", image),
+            capture_output=True,
+            text=True,
+            check=True,
         )
         ctr = made.stdout.strip().splitlines()[-1]
-        mounts = [a for host, at in volumes for a in ("-v", f"{host}:{at}")]
+        args = ["--isolation", "chroot", "--hostname", HOSTNAME]
+        args += [a for host, at in volumes for a in ("-v", f"{host}:{at}")]
         try:
             return subprocess.run(
-                self.builder.cmd("run", "--isolation", "chroot", *mounts, ctr, "--", *argv),
+                self.builder.cmd("run", *args, ctr, "--", *argv),
                 capture_output=True,
                 text=True,
                 timeout=timeout,

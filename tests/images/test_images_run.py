@@ -173,6 +173,7 @@ def test_featurestore_wheel_build_argument_installs_the_sdk_beside_the_credentia
     assert images.user(tag) == "10001"
 
 
+@pytest.mark.timeout(1200)  # includes the CPU trainer's build when its layers are not cached
 def test_trainer_cpu_image_trains_two_ranks_with_dumps_that_the_tools_image_verifies(
     images, trainer_cpu_image, tools_image, data
 ):
@@ -194,7 +195,7 @@ def test_trainer_cpu_image_trains_two_ranks_with_dumps_that_the_tools_image_veri
         "--batch-size", "16", "--model-config", "/data/model.json", "--log-every", "3",
         "--dump-every-steps", "3", *_steps("demo", store),
     ]  # fmt: skip
-    done = images.run(trainer_cpu_image, train, [(data, "/data")], timeout=600)
+    done = images.run(trainer_cpu_image, train, [(data, "/data")], timeout=400)
     _ok(done, "deltarec train")
     assert "step 6/6" in done.stderr
 
