@@ -58,6 +58,19 @@ def test_tools_image_runs_as_a_non_root_user(images, tools_image):
     assert out.strip() == "10001"
 
 
+def test_images_carry_this_checkouts_deltarec_sources(images, tools_image, trainer_cpu_image):
+    code = (
+        "import hashlib, pathlib, deltarec; root = pathlib.Path(deltarec.__file__).parent; "
+        "print(hashlib.sha256(b''.join(p.read_bytes() for p in sorted(root.rglob('*.py'))))"
+        ".hexdigest())"
+    )
+    host = Path(__file__).resolve().parents[2] / "src" / "deltarec"
+    want = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(host.rglob("*.py"))))
+    for image in (tools_image, trainer_cpu_image):
+        out = _ok(images.run(image, ["python3", "-c", code]), f"sources in {image}")
+        assert out.strip() == want.hexdigest(), f"{image} holds other deltarec sources"
+
+
 def test_tools_image_holds_none_of_the_build_machine_settings(images, tools_image):
     """The pip configuration and CA bundle were secrets; the wheel folders were served."""
     probe = "import os, sys; print([p for p in sys.argv[1:] if os.path.exists(p)])"
