@@ -25,8 +25,11 @@ from deltarec.artifacts.types import DumpKind, TableSpec
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 
-# Real builds and containers: out of `make test-fast`, like the tests that start servers.
-pytestmark = pytest.mark.integration
+# Real builds and containers: out of `make test-fast`, like the tests that start servers. The
+# first test to use an image waits for its build: cold (no cached layer) on a busy 2-core
+# machine the local base and both images took 11 minutes; each container command has its own
+# timeout below.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 T = "sparse.ebc.user_id"
 TABLES = {T: TableSpec(dim=4, num_embeddings=100)}
@@ -190,7 +193,6 @@ def test_featurestore_wheel_build_argument_installs_the_sdk_beside_the_credentia
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(1200)  # includes the CPU trainer's build when its layers are not cached
 def test_trainer_cpu_image_trains_two_ranks_with_dumps_that_the_tools_image_verifies(
     images, trainer_cpu_image, tools_image, data
 ):
