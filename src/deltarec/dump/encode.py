@@ -188,6 +188,7 @@ class ParallelShardWriter:
     """
 
     _SYNC_EVERY = 64 << 20
+    _WRITE_BLOCK = 1 << 20
 
     def __init__(
         self,
@@ -393,7 +394,9 @@ class ParallelShardWriter:
         if self._fd >= 0:
             view = data.cast("B") if data.format != "B" else data
             while view.nbytes:
-                n = os.write(self._fd, view)
+                # 1 MiB per call: one write of a whole piece (tens of MB) racing the syncer's
+                # fdatasync cost 3 CPU-s per GB on a VM, against 0.5 in 1 MiB writes
+                n = os.write(self._fd, view[: self._WRITE_BLOCK])
                 view = view[n:]
         else:
             self._stream.write(data)
