@@ -94,6 +94,24 @@ def test_settings_round_trip_through_the_environment_and_reach_the_hook(tmp_path
     assert hook.config.queue_bytes == 1 << 20
 
 
+def test_hook_from_env_builds_its_tables_with_the_given_source_factory(tmp_path):
+    import pytest
+    import torch
+
+    class Asked(Exception):
+        pass
+
+    def sources(model):
+        raise Asked(model)
+
+    env = api.TrainSettings(artifacts=str(tmp_path), run="r", dump_every_steps=5).to_env()
+    hook = api.hook_from_env(environ=env, sources=sources)
+    model = torch.nn.Linear(1, 1)
+    with pytest.raises(Asked) as asked:
+        hook.on_start(model, 0, None)
+    assert asked.value.args == (model,)
+
+
 def test_bad_settings_name_the_variable():
     import pytest
 

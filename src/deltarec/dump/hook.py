@@ -297,11 +297,5 @@ def hook_from_env(
     settings = TrainSettings.from_env(environ)
     hook = make_train_hook(**settings.hook_arguments(), **options)
     if sources is not None:
-        hook = DumpHook(
-            hook.config,
-            store=hook.store,
-            publish_mode=hook.publish_mode,
-            sources=sources,
-            metrics_port=hook.metrics_port,
-        )
+        hook._sources = sources
     return hook
