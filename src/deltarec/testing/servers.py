@@ -127,6 +127,45 @@ def _server_user() -> str:
     raise RuntimeError(f"running as root and none of the users {_PG_USERS} exists")
 
 
+def _reachable_bindir(bindir: str, user: str) -> str:
+    """``bindir``, or a copy of its install tree that ``user`` can run.
+
+    As root the server runs as an unprivileged user, which cannot run binaries below a folder
+    only root may enter (a checkout in a ``mktemp -d`` folder, mode 700). The install tree
+    (``bin``'s parent: ``bin``, ``lib``, ``share``; about 27 MB for pgserver's) is then copied
+    once to a world-readable folder in the temporary directory and reused. A wheel's bundled
+    libraries (``<package>.libs`` beside the package, found through an ``$ORIGIN``-relative
+    rpath) are copied along at the same relative place.
+    """
+    probe = ["su", user, "-s", "/bin/sh", "-c", f"test -x {bindir}/initdb"]
+    if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return bindir
+    import hashlib
+
+    tree = os.path.dirname(os.path.realpath(bindir))  # .../pgserver/pginstall
+    package = os.path.dirname(tree)  # .../pgserver
+    site = os.path.dirname(package)  # .../site-packages
+    # a new install of the package gets a copy of its own
+    stamp = f"{tree}:{os.stat(os.path.join(bindir, 'postgres')).st_mtime_ns}"
+    copy = os.path.join(
+        tempfile.gettempdir(), f"deltarec-pgbin-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}"
+    )
+    if not os.path.isdir(copy):
+        staging = tempfile.mkdtemp(prefix="deltarec-pgbin-")
+        wanted = [os.path.join(tree, p) for p in ("bin", "lib", "share")]
+        wanted.append(os.path.join(site, os.path.basename(package) + ".libs"))
+        for src in filter(os.path.isdir, wanted):
+            dst = os.path.join(staging, os.path.relpath(src, site))
+            shutil.copytree(src, dst, symlinks=True)
+        for folder, _, _ in os.walk(staging):
+            os.chmod(folder, 0o755)
+        try:
+            os.rename(staging, copy)
+        except OSError:  # another process copied it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return os.path.join(copy, os.path.relpath(os.path.realpath(bindir), site))
+
+
 class PostgresServer:
     """A throwaway PostgreSQL cluster (trust auth, fsync off: for tests only).
 
@@ -149,6 +188,8 @@ class PostgresServer:
         self.datadir = os.path.join(self.base, "data")
         self.logfile = os.path.join(self.base, "server.log")
         self.os_user = _server_user() if self.as_root else _current_user()
+        if self.as_root:
+            self.bindir = _reachable_bindir(self.bindir, self.os_user)
         # The database role: the OS user's name, as initdb would pick (``nobody`` included).
         self.user = self.os_user
         if self.as_root:
