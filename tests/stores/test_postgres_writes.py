@@ -246,9 +246,14 @@ def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgre
     stores[0].write(T, keys, emb, np.zeros(20, np.int8), np.full(20, v))
     both_locked = threading.Barrier(2, timeout=10)
 
-    def deletes(part: slice) -> Any:  # consumed after the share lock is taken
+    def deletes(part: slice) -> Any:
+        # write_batches takes the first batch before its transaction and the rest inside it,
+        # after the share lock: both writers wait there for each other, both holding it.
+        half = slice(part.start, part.start + 5)
+        yield batch(keys[half], emb[half], make_version(1, 2), ops=1)
         both_locked.wait()
-        yield batch(keys[part], emb[part], make_version(1, 2), ops=1)
+        rest = slice(part.start + 5, part.stop)
+        yield batch(keys[rest], emb[rest], make_version(1, 2), ops=1)
 
     outcome: list[Any] = [None, None]
 
