@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from deltarec.errors import InvalidIdentifierError
 
 SCHEMA_VERSION = 1
@@ -39,6 +41,11 @@ def split_version(version: int) -> tuple[int, int]:
     if version < 0:
         raise ValueError(f"version {version} is negative")
     return version >> _SEQ_BITS, version & _SEQ_MASK
+
+
+def generations_of(versions: np.ndarray) -> np.ndarray:
+    """The generation of each version of an int64 array (:func:`split_version`, vectorized)."""
+    return np.asarray(versions, np.int64) >> _SEQ_BITS
 
 
 def validate_table_id(table: str) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType
-from deltarec.ids import make_version
+from deltarec.ids import generations_of, make_version
 from deltarec.verify.types import CLASS_ORDER, RowClass
 
 CODE = {c: np.int8(i) for i, c in enumerate(CLASS_ORDER)}
@@ -148,7 +148,8 @@ def classify(
     newer = np.zeros(n, bool)
     if holds.versions:
         if rollback_generations:
-            by_rollback = found & (sv > threshold) & _of_generations(sv, rollback_generations)
+            gens = np.fromiter(rollback_generations, np.int64)
+            by_rollback = found & (sv > threshold) & np.isin(generations_of(sv), gens)
         newer = found & (sv > threshold) & ~by_rollback
     # A key that must hold a row: present, or evicted on a store that cannot delete (its
     # record's row, the fallback row, was written in its place).
@@ -203,22 +204,6 @@ def classify(
             else:
                 reasons[j] = "values differ"
     return BatchOutcome(classes, reasons, diffs, tol)
-
-
-def _of_generations(versions: np.ndarray, generations: frozenset[int]) -> np.ndarray:
-    """Whether each version belongs to one of ``generations`` (a range of versions each)."""
-    out = np.zeros(len(versions), bool)
-    for g in generations:
-        out |= (versions >= make_version(g, 0)) & (versions <= _last_version(g))
-    return out
-
-
-def _last_version(generation: int) -> int:
-    return make_version(generation, 0) + _SEQ_SPAN - 1
-
-
-_SEQ_SPAN = make_version(2, 0) - make_version(1, 0)
-"""Versions per generation (every seq of one generation)."""
 
 
 def _same_rows(expected: np.ndarray, stored: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
