@@ -18,7 +18,7 @@ from deltarec.errors import InvalidRowError
 from deltarec.ids import make_version
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import ProgressMark, RowBatch, open_store
-from deltarec.stores import sqlite as sqlitestore
+from deltarec.stores import spill as spillmod
 
 T = "sparse.ebc.user_id"
 DIM = 4
@@ -28,7 +28,7 @@ DIM = 4
 def small_reads(monkeypatch):  # type: ignore[no-untyped-def]
     """Read chunks of 3 rows; records the chunk sizes read back."""
     sizes: list[int] = []
-    real = sqlitestore._Spill.rows
+    real = spillmod.Spill.rows
 
     def spy(self: Any) -> Any:
         for chunk in real(self):
@@ -36,8 +36,8 @@ def small_reads(monkeypatch):  # type: ignore[no-untyped-def]
             yield chunk
 
     record = 8 + 1 + DIM * 4
-    monkeypatch.setattr(sqlitestore, "SPILL_READ_BYTES", 3 * record)
-    monkeypatch.setattr(sqlitestore._Spill, "rows", spy)
+    monkeypatch.setattr(spillmod, "SPILL_READ_BYTES", 3 * record)
+    monkeypatch.setattr(spillmod.Spill, "rows", spy)
     return sizes
 
 
@@ -147,13 +147,13 @@ def test_a_bad_row_in_a_later_batch_leaves_nothing_and_no_spill_file(
     monkeypatch.setenv("SQLITE_TMPDIR", str(tmp_path / "spill"))
     (tmp_path / "spill").mkdir()
     made: list[Any] = []
-    real = sqlitestore.tempfile.TemporaryFile
+    real = spillmod.tempfile.TemporaryFile
 
     def temporary_file(**kwargs: Any) -> Any:
         made.append(kwargs.get("dir"))
         return real(**kwargs)
 
-    monkeypatch.setattr(sqlitestore.tempfile, "TemporaryFile", temporary_file)
+    monkeypatch.setattr(spillmod.tempfile, "TemporaryFile", temporary_file)
     store = open_at(tmp_path / "n.db")
     keys = np.arange(30, dtype=np.int64)[::-1].copy()
     values = np.ones((30, DIM), np.float32)

@@ -14,12 +14,10 @@ import itertools
 import json
 import os
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -32,6 +30,7 @@ from deltarec.stores.config import SqliteConfig
 from deltarec.stores.naming import quote
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
+from deltarec.stores.spill import Spill
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
@@ -48,8 +47,6 @@ STATEMENT_ROWS = 8192
 """Rows per ``INSERT ... SELECT ... FROM json_each(?)`` statement. A statement takes its keys
 as one JSON array and its rows as one blob that SQL slices (``substr``), so no Python object
 is made per row: about a third of the CPU of an ``executemany`` with one tuple per row."""
-SPILL_READ_BYTES = 8 << 20
-"""Rows read back from a write's spill file (:class:`_Spill`) at a time, in key order."""
 
 
 def _json_rows(with_op: bool) -> str:
@@ -261,8 +258,9 @@ class SqliteStore(RelationalStore):
 
         A single batch is sorted and applied at once. Of several, those that come in key order
         (each sorted and after the one before, as a dump of a plain table is) are applied as
-        they come; from the first that is not, the rest wait in a spill file (:class:`_Spill`,
-        each batch sorted) and are applied in one key-ordered pass at the end.
+        they come; from the first that is not, the rest wait in a spill file
+        (:class:`~deltarec.stores.spill.Spill`, each batch sorted) and are applied in one
+        key-ordered pass at the end.
         """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
@@ -344,7 +342,7 @@ class SqliteStore(RelationalStore):
     ) -> int:
         n, last = 0, None
         with ExitStack() as stack:
-            spill: _Spill | None = None
+            spill: Spill | None = None
             for batch in batches:
                 keys = np.asarray(batch.keys)
                 if spill is None and _follows(keys, last):
@@ -355,7 +353,7 @@ class SqliteStore(RelationalStore):
                     last = int(keys[-1]) if len(keys) else last
                     continue
                 if spill is None:
-                    spill = stack.enter_context(_Spill())
+                    spill = stack.enter_context(Spill())
                 keys, ops, versions = checked_arrays(table, view, *batch)
                 n += int(keys.shape[0])
                 keep = versions >= floor
@@ -564,94 +562,6 @@ def _one_run(keys: np.ndarray, versions: np.ndarray) -> bool:
     """Whether sorted unique ``keys`` are ``lo..hi`` at one version."""
     n = len(keys)
     return n > 0 and int(keys[-1]) - int(keys[0]) + 1 == n and bool((versions == versions[0]).all())
-
-
-class _Spill:
-    """The rows of one write that wait in a file until all have come, then come back in key order.
-
-    Each batch is appended sorted by key, as records (version, op, row); only the keys stay in
-    memory (8 bytes a row). A bulk upsert into SQLite's B-tree is several times faster in key
-    order. Reading back, a chunk of consecutive keys holds one contiguous range of each batch,
-    so it takes one read per batch. The file is unlinked from the start (it goes to
-    ``SQLITE_TMPDIR``, else Python's temporary directory) and needs about the write's size.
-    """
-
-    def __init__(self) -> None:
-        tmp = os.environ.get("SQLITE_TMPDIR") or None
-        self._file = tempfile.TemporaryFile(dir=tmp)  # noqa: SIM115 (closed by __exit__)
-        self._keys: list[np.ndarray] = []
-        self._record: np.dtype | None = None
-        self._buffer: np.ndarray[Any, Any] = np.empty(0)  # reused records, sized on first use
-
-    def __enter__(self) -> _Spill:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self._file.close()
-
-    def add(
-        self,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        versions: np.ndarray,
-        ops: np.ndarray,
-        keep: np.ndarray | None,
-    ) -> None:
-        """Append the rows ``keep`` marks (None: all), sorted by key (a stable sort)."""
-        rows = np.arange(len(keys)) if keep is None else np.flatnonzero(keep)
-        rows = rows[np.argsort(keys[rows], kind="stable")]
-        if self._record is None:  # the rows of one view: one width, one dtype
-            self._record = np.dtype(
-                [("version", "<i8"), ("op", "i1"), ("row", embedding.dtype, embedding.shape[1:])]
-            )
-            self._buffer = np.empty(max(1, SPILL_READ_BYTES // self._record.itemsize), self._record)
-        for start in range(0, len(rows), len(self._buffer)):
-            part = rows[start : start + len(self._buffer)]
-            out = self._buffer[: len(part)]
-            out["version"], out["op"] = versions[part], ops[part]
-            np.take(embedding, part, axis=0, out=out["row"], mode="clip")  # part is in range
-            self._file.write(out.view(np.uint8).data)
-        self._keys.append(keys[rows])
-
-    def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """``(keys, rows, versions, ops)`` of every row added, in key order, a chunk at a time.
-
-        Rows of one key keep the order in which they were added.
-        """
-        if self._record is None:
-            return
-        self._file.flush()
-        keys = np.concatenate(self._keys)
-        self._keys = []
-        order = np.argsort(keys, kind="stable")
-        if len(order) < 2**31:
-            order = order.astype(np.int32)
-        size = self._record.itemsize
-        for start in range(0, len(order), len(self._buffer)):
-            take = order[start : start + len(self._buffer)]
-            at = np.sort(take)  # positions in the file: one contiguous range per batch
-            buf = self._buffer[: len(at)]
-            raw = buf.view(np.uint8).data
-            bounds = np.concatenate([[0], np.flatnonzero(np.diff(at) != 1) + 1, [len(at)]])
-            for a, b in itertools.pairwise(bounds.tolist()):
-                _read_exactly(self._file.fileno(), raw[a * size : b * size], int(at[a]) * size)
-            got = buf[np.searchsorted(at, take)]
-            yield keys[take], got["row"], got["version"], got["op"]
-
-
-def _read_exactly(fd: int, into: memoryview, offset: int) -> None:
-    """Fill ``into`` from file ``fd`` at ``offset``."""
-    done = 0
-    while done < len(into):
-        n = os.preadv(fd, [into[done:]], offset + done)
-        if n <= 0:
-            raise StoreError(f"spill file ended early: {done} of {len(into)} bytes at {offset}")
-        done += n
 
 
 def _follows(keys: np.ndarray, last: int | None) -> bool:
