@@ -95,6 +95,7 @@ class PostgresStore(RelationalStore):
         snapshot_replace=True,
         batch_bytes=512 << 20,
     )
+    _GREATEST = "GREATEST"
 
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
@@ -534,12 +535,6 @@ class PostgresStore(RelationalStore):
             return np.frombuffer(value, dtype=element)
         return decode_float4_array(value, view.dim).astype(element)
 
-    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
-        """See :meth:`Store.scan_keys` (ascending)."""
-        view = self._view(table)
-        for page in self._iter_pages(view.name, batch_rows, quote(view.name)):
-            yield np.asarray(page, dtype=np.int64)
-
     def scan_rows(
         self, table: str, batch_rows: int = 65536
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:
@@ -579,17 +574,6 @@ class PostgresStore(RelationalStore):
                 return
 
     # ---- snapshot / staging --------------------------------------------------------------
-    def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
-        cur.execute(
-            "UPDATE deltarec_views SET floor_version = GREATEST(floor_version, %s) WHERE name = %s",
-            (version, view.name),
-        )
-        cur.execute(f"DELETE FROM {quote(view.name)} WHERE version < %s", (version,))
-        cur.execute(
-            "DELETE FROM deltarec_tombstones WHERE name = %s AND version < %s", (view.name, version)
-        )
-        self._views_cache.clear()
-
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
         cur.execute(
             "UPDATE deltarec_views SET has_tombstones = 1 WHERE name = %s AND has_tombstones = 0 "

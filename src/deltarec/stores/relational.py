@@ -31,7 +31,7 @@ from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, StaleGenerationError, ViewMismatchError
 from deltarec.ids import make_version, validate_run
 from deltarec.stores.base import Registry, Store
-from deltarec.stores.naming import staging_prefix, view_names
+from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.types import (
     FreshnessRecord,
     ProgressMark,
@@ -104,9 +104,24 @@ class RelationalStore(Store, Registry):
     def _drop_view_sql(self, name: str) -> str:
         """DDL dropping one view."""
 
-    @abc.abstractmethod
+    _GREATEST = "MAX"
+    """The dialect's two-argument maximum (SQLite's scalar ``MAX``, PostgreSQL's ``GREATEST``)."""
+
     def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
         """Delete rows and tombstones of ``view`` older than ``version``; raise its floor."""
+        self._exec(
+            cur,
+            f"UPDATE deltarec_views SET floor_version = {self._GREATEST}(floor_version, ?) "
+            "WHERE name = ?",
+            (version, view.name),
+        )
+        self._exec(cur, f"DELETE FROM {quote(view.name)} WHERE version < ?", (version,))
+        self._exec(
+            cur,
+            "DELETE FROM deltarec_tombstones WHERE name = ? AND version < ?",
+            (view.name, version),
+        )
+        self._views_cache.clear()
 
     @abc.abstractmethod
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
@@ -481,15 +496,22 @@ class RelationalStore(Store, Registry):
             raise BadInputError(f"view {name!r} was dropped; provision it again")
         return int(rows[0][0]), bool(rows[0][1])
 
-    def _iter_pages(self, name: str, batch_rows: int, quote: str) -> Iterator[list[int]]:
+    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
+        """See :meth:`Store.scan_keys` (ascending)."""
+        view = self._view(table)
+        for page in self._iter_pages(view.name, batch_rows):
+            yield np.asarray(page, dtype=np.int64)
+
+    def _iter_pages(self, name: str, batch_rows: int) -> Iterator[list[int]]:
+        quoted = quote(name)
         last: int | None = None
         while True:
             with self._tx(write=False) as cur:
                 if last is None:
-                    sql = f"SELECT key FROM {quote} ORDER BY key LIMIT ?"
+                    sql = f"SELECT key FROM {quoted} ORDER BY key LIMIT ?"
                     params: tuple[Any, ...] = (batch_rows,)
                 else:
-                    sql = f"SELECT key FROM {quote} WHERE key > ? ORDER BY key LIMIT ?"
+                    sql = f"SELECT key FROM {quoted} WHERE key > ? ORDER BY key LIMIT ?"
                     params = (last, batch_rows)
                 keys = [int(k) for (k,) in self._rows(cur, sql, params)]
             if not keys:

@@ -411,12 +411,6 @@ class SqliteStore(RelationalStore):
                     out.embedding[i] = np.frombuffer(blob, dtype=element)
         return out
 
-    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
-        """See :meth:`Store.scan_keys` (ascending)."""
-        view = self._view(table)
-        for page in self._iter_pages(view.name, batch_rows, quote(view.name)):
-            yield np.asarray(page, dtype=np.int64)
-
     def scan_rows(
         self, table: str, batch_rows: int = 65536
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:
@@ -511,17 +505,6 @@ class SqliteStore(RelationalStore):
             )
 
     # ---- snapshot / staging --------------------------------------------------------------
-    def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
-        cur.execute(
-            "UPDATE deltarec_views SET floor_version = MAX(floor_version, ?) WHERE name = ?",
-            (version, view.name),
-        )
-        cur.execute(f"DELETE FROM {quote(view.name)} WHERE version < ?", (version,))
-        cur.execute(
-            "DELETE FROM deltarec_tombstones WHERE name = ? AND version < ?", (view.name, version)
-        )
-        self._views_cache.clear()
-
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
         s, q = quote(stage.name), quote(live.name)
         floor, _ = self._view_state(cur, live.name)
