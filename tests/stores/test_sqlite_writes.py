@@ -175,3 +175,24 @@ def test_a_bad_row_in_a_later_batch_leaves_nothing_and_no_spill_file(
     assert made == [str(tmp_path / "spill")]  # the spill went where SQLITE_TMPDIR says
     assert list((tmp_path / "spill").iterdir()) == []  # and left nothing there
     store.close()
+
+
+def test_a_store_file_locked_by_another_process_at_open_is_a_transient_error(tmp_path):
+    """Switching a new file to WAL may answer "locked" at once: the publisher retries that."""
+    import sqlite3
+
+    from deltarec.errors import StoreUnavailableError
+
+    path = tmp_path / "store.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(StoreUnavailableError, match="cannot open"):
+        open_store(f"sqlite:///{path}?timeout_s=0.1")
+    holder.execute("ROLLBACK")
+    holder.close()
+    store = open_store(f"sqlite:///{path}?timeout_s=0.1")  # the retry, once the lock is gone
+    store.close()
+    again = sqlite3.connect(path)  # the first opener switched the file to WAL for good
+    assert again.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    again.close()

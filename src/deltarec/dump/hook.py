@@ -108,6 +108,7 @@ class DumpHook:
         from deltarec.artifacts.root import ArtifactRoot
         from deltarec.errors import StaleGenerationError
         from deltarec.publish import DumpPublisher
+        from deltarec.publish.retry import RetryPolicy
         from deltarec.stores import open_store
 
         assert self.store is not None
@@ -116,9 +117,12 @@ class DumpHook:
         generations = [g for g in root.list_generations(run) if g < new.generation]
         if not generations:
             return
-        store = open_store(self.store)
+        retry = RetryPolicy()
+        store = retry.call(
+            lambda: open_store(self.store, root.uri), f"open the store of run {run!r}"
+        )
         try:
-            publisher = DumpPublisher(store, root, run, mode=self.publish_mode)
+            publisher = DumpPublisher(store, root, run, mode=self.publish_mode, retry=retry)
             seen = publisher.retry.call(
                 lambda: store.registry.generations(run), f"read the generations of run {run!r}"
             )

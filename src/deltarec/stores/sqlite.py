@@ -187,14 +187,18 @@ class SqliteStore(RelationalStore):
                 path, timeout=config.timeout_s, isolation_level=None, check_same_thread=False
             )
             self._conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            # Switching to WAL needs the file to itself and may answer "locked" at once, without
+            # waiting: only the file's first opener switches (WAL is kept in the file).
+            mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {config.synchronous}")
             self._conn.execute(f"PRAGMA cache_size = {-1024 * config.cache_mb}")
             page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
             checkpoint = max(1, config.checkpoint_pages * 4096 // page)  # same WAL bytes
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
-        except sqlite3.Error as e:
-            raise StoreError(f"sqlite store {path!r}: cannot open: {e}") from e
+        except sqlite3.Error as e:  # a file another process holds locked: transient
+            raise _map_error(f"sqlite store {path!r}: cannot open", e) from e
         try:
             self._conn.execute("SELECT count(*) FROM json_each('[1]')")
         except sqlite3.OperationalError as e:
