@@ -57,7 +57,7 @@ class _OnlyTheAbstractMethods(TableSource):
         ids, self.touched = torch.unique(self.touched), torch.empty(0, dtype=torch.int64)
         return TouchedRows(ids, self.weight[ids], torch.zeros(len(ids), dtype=torch.int8))
 
-    def snapshot(self, chunk_rows: int):  # type: ignore[no-untyped-def]
+    def snapshot(self, chunk_rows: int):
         for start in range(0, len(self.weight), chunk_rows):
             ids = torch.arange(start, min(start + chunk_rows, len(self.weight)))
             yield TouchedRows(ids, self.weight[ids], torch.zeros(len(ids), dtype=torch.int8))

@@ -173,7 +173,7 @@ def test_a_shard_that_cannot_be_opened_fails_the_dump_and_gives_its_bytes_back(
 
     real_init = ParallelShardWriter.__init__
 
-    def init(self, root, run, generation, seq, table, *args, **kw):  # type: ignore[no-untyped-def]
+    def init(self, root, run, generation, seq, table, *args, **kw):
         if table == "sparse.b":
             raise PermissionError("read-only artifact root")
         real_init(self, root, run, generation, seq, table, *args, **kw)

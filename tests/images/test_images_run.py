@@ -49,7 +49,7 @@ def _writable_by_all(path: Path) -> None:
         p.chmod(0o777 if p.is_dir() else 0o666)
 
 
-def _ok(done, what: str) -> str:  # type: ignore[no-untyped-def]
+def _ok(done, what: str) -> str:
     assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return str(done.stdout)
 

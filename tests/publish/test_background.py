@@ -23,13 +23,13 @@ TABLES = {T: TableSpec(dim=8, dtype=DType.FLOAT16, num_embeddings=1000)}
 
 
 @pytest.fixture
-def setup(tmp_path):  # type: ignore[no-untyped-def]
+def setup(tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "run", TABLES, world_size=2)
     return root, info, f"sqlite:///{tmp_path / 'store.db'}"
 
 
-def test_submitted_dumps_are_published_from_memory_with_freshness(setup):  # type: ignore[no-untyped-def]
+def test_submitted_dumps_are_published_from_memory_with_freshness(setup):
     root, info, url = setup
     metrics = PublishMetrics()
     pub = BackgroundPublisher(url, root.uri, "run", rank=1, world_size=2, metrics=metrics)
@@ -53,7 +53,7 @@ def test_submitted_dumps_are_published_from_memory_with_freshness(setup):  # typ
     assert metrics.value("deltarec_publish_last_version") == make_version(1, 3)
 
 
-def test_rows_not_in_memory_are_read_from_the_artifacts(setup):  # type: ignore[no-untyped-def]
+def test_rows_not_in_memory_are_read_from_the_artifacts(setup):
     root, info, url = setup
     rows = {T: {r: random_rows(range(r, 10, 2), TABLES[T], seed=7) for r in range(2)}}
     manifest = write_dump(root, info, 1, rows)
@@ -66,7 +66,7 @@ def test_rows_not_in_memory_are_read_from_the_artifacts(setup):  # type: ignore[
         )
 
 
-def test_rows_wait_for_a_manifest_another_rank_commits(setup):  # type: ignore[no-untyped-def]
+def test_rows_wait_for_a_manifest_another_rank_commits(setup):
     root, info, url = setup
     rows = {T: {r: random_rows(range(r, 10, 2), TABLES[T], seed=8) for r in range(2)}}
     manifest = write_dump(root, info, 1, rows, commit=False)
@@ -79,7 +79,7 @@ def test_rows_wait_for_a_manifest_another_rank_commits(setup):  # type: ignore[n
     assert [(p.seq, p.rows) for p in pub.results] == [(1, 5)]
 
 
-def test_background_failure_is_raised_on_the_training_thread(setup):  # type: ignore[no-untyped-def]
+def test_background_failure_is_raised_on_the_training_thread(setup):
     root, info, url = setup
     bad = random_rows([3, 4], TABLES[T], seed=1)
     bad.embedding[0, 0] = np.float16("inf")
@@ -97,7 +97,7 @@ def test_background_failure_is_raised_on_the_training_thread(setup):  # type: ig
         pub.close(timeout=10)
 
 
-def test_submit_blocks_while_the_queue_is_full(setup):  # type: ignore[no-untyped-def]
+def test_submit_blocks_while_the_queue_is_full(setup):
     root, info, url = setup
     rows = random_rows(range(0, 400, 2), TABLES[T], seed=2)  # 3.2 kB of rows
     manifests = [write_dump(root, info, s, {T: {0: rows}}) for s in (1, 2)]
@@ -105,7 +105,7 @@ def test_submit_blocks_while_the_queue_is_full(setup):  # type: ignore[no-untype
     gate = threading.Event()
     real_open = pub._open
 
-    def slow_open():  # type: ignore[no-untyped-def]
+    def slow_open():
         gate.wait(30)
         return real_open()
 
@@ -121,7 +121,7 @@ def test_submit_blocks_while_the_queue_is_full(setup):  # type: ignore[no-untype
     assert [p.seq for p in pub.results] == [1, 2]
 
 
-def test_metrics_are_served_over_http(setup):  # type: ignore[no-untyped-def]
+def test_metrics_are_served_over_http(setup):
     root, info, url = setup
     port = free_port()
     pub = BackgroundPublisher(url, root.uri, "run", rank=0, world_size=2, metrics_port=port)
@@ -132,7 +132,7 @@ def test_metrics_are_served_over_http(setup):  # type: ignore[no-untyped-def]
     assert 'deltarec_publish_rows_total{mode="direct",table="sparse.ebc.item_id"} 2.0' in text
 
 
-def test_retry_policy_backs_off_with_jitter_and_gives_up_at_the_deadline():  # type: ignore[no-untyped-def]
+def test_retry_policy_backs_off_with_jitter_and_gives_up_at_the_deadline():
     policy = RetryPolicy(initial_s=1.0, max_s=8.0, jitter=0.5, deadline_s=20.0)
     waits: list[float] = []
     calls = []
@@ -152,7 +152,7 @@ def test_retry_policy_backs_off_with_jitter_and_gives_up_at_the_deadline():  # t
         never.call(lambda: (_ for _ in ()).throw(StoreUnavailableError("down")), "write")
 
 
-def test_deterministic_errors_are_not_retried():  # type: ignore[no-untyped-def]
+def test_deterministic_errors_are_not_retried():
     calls = []
 
     def bad() -> None:

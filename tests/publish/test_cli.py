@@ -16,11 +16,11 @@ T = "sparse.ebc.user_id"
 TABLES = {T: TableSpec(dim=4, num_embeddings=100)}
 
 
-def _args(root, url, *extra):  # type: ignore[no-untyped-def]
+def _args(root, url, *extra):
     return ["--artifacts", root.uri, "--run", "ctr", "--store", url, *extra]
 
 
-def test_provision_then_publish_only_what_the_store_lacks(tmp_path, capsys):  # type: ignore[no-untyped-def]
+def test_provision_then_publish_only_what_the_store_lacks(tmp_path, capsys):
     root = ArtifactRoot(str(tmp_path / "art"))
     url = f"sqlite:///{tmp_path / 'store.db'}"
     info = new_generation(root, "ctr", TABLES, world_size=2)
@@ -54,7 +54,7 @@ def test_provision_then_publish_only_what_the_store_lacks(tmp_path, capsys):  # 
     assert "nothing pending" in capsys.readouterr().err
 
 
-def test_provision_with_another_dim_fails_naming_both(tmp_path, capsys):  # type: ignore[no-untyped-def]
+def test_provision_with_another_dim_fails_naming_both(tmp_path, capsys):
     root = ArtifactRoot(str(tmp_path / "art"))
     url = f"sqlite:///{tmp_path / 'store.db'}"
     new_generation(root, "ctr", TABLES, world_size=1)
@@ -65,7 +65,7 @@ def test_provision_with_another_dim_fails_naming_both(tmp_path, capsys):  # type
     assert "emb_sparse_ebc_user_id" in err and "dim=4" in err and "dim=8" in err
 
 
-def test_publish_rejects_bad_rows_and_bad_flags_with_exit_2(tmp_path, capsys):  # type: ignore[no-untyped-def]
+def test_publish_rejects_bad_rows_and_bad_flags_with_exit_2(tmp_path, capsys):
     root = ArtifactRoot(str(tmp_path / "art"))
     url = f"sqlite:///{tmp_path / 'store.db'}"
     info = new_generation(root, "ctr", TABLES, world_size=1)
@@ -80,12 +80,12 @@ def test_publish_rejects_bad_rows_and_bad_flags_with_exit_2(tmp_path, capsys):  
     assert "unknown scheme" in capsys.readouterr().err
 
 
-def test_provision_and_publish_flags_are_frozen():  # type: ignore[no-untyped-def]
+def test_provision_and_publish_flags_are_frozen():
     import argparse
 
     from deltarec.cli import cmd_provision, cmd_publish
 
-    def flags(module):  # type: ignore[no-untyped-def]
+    def flags(module):
         parser = argparse.ArgumentParser()
         module.add_arguments(parser)
         return {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}

@@ -32,7 +32,7 @@ class FlakyWrites:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def write_batches(self, table, batches, mark=None, staging_generation=None):  # type: ignore[no-untyped-def]
+    def write_batches(self, table, batches, mark=None, staging_generation=None):
         self.calls += 1
         batches = list(batches) if self.calls != self.fail_on_call else batches
         if self.calls == self.fail_on_call:
@@ -43,7 +43,7 @@ class FlakyWrites:
         return self._store.write_batches(table, batches, mark, staging_generation)
 
 
-def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(tmp_path, monkeypatch):
     monkeypatch.setattr(publisher_module, "READ_BYTES", 37 * 56)  # chunks of 37 rows
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
@@ -72,7 +72,7 @@ def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(tmp_
     assert sum(len(k) for k in store.scan_keys(T)) == 1000
 
 
-def test_rows_in_memory_go_to_the_store_as_views_of_one_transaction_each(tmp_path):  # type: ignore[no-untyped-def]
+def test_rows_in_memory_go_to_the_store_as_views_of_one_transaction_each(tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
     rows = random_rows(np.arange(500)[::-1], TABLES[T], seed=2)

@@ -34,7 +34,7 @@ def s3_uri() -> Iterator[tuple[str, dict[str, object]]]:
 LONG_ENV = "DELTAREC_FAULTS_LONG"
 
 
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+def pytest_collection_modifyitems(config, items):
     """The long fault campaign runs only on demand: ``-m faults_long`` or DELTAREC_FAULTS_LONG=1."""
     import os
 

@@ -70,19 +70,19 @@ class Committed:
         return h.hexdigest(), files.hexdigest()
 
 
-def _cli(argv: list[str], capsys) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
     code = main(argv)
     out = capsys.readouterr()
     return code, out.out + out.err
 
 
-def _publish(c: Committed, capsys, *extra: str) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+def _publish(c: Committed, capsys, *extra: str) -> tuple[int, str]:
     return _cli(["publish", "--artifacts", str(c.art), "--run", "ctr", "--store", c.url, *extra],
                 capsys)  # fmt: skip
 
 
 @pytest.fixture
-def run(tmp_path) -> Committed:  # type: ignore[no-untyped-def]
+def run(tmp_path) -> Committed:
     return Committed(tmp_path)
 
 
@@ -150,7 +150,7 @@ def test_a_store_view_of_another_dim_is_named_and_nothing_is_written(run, tmp_pa
 
 
 @pytest.fixture
-def unwritable(tmp_path) -> Path:  # type: ignore[no-untyped-def]
+def unwritable(tmp_path) -> Path:
     """A directory this process cannot create anything in (sysfs when running as root)."""
     if os.geteuid() == 0:
         return Path("/sys/fs") / f"deltarec-{uuid.uuid4().hex[:8]}"

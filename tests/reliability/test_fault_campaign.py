@@ -32,7 +32,7 @@ def _committed(c: Campaign) -> int:
     return sum(len(root.list_dumps(c.run, g)) for g in root.list_generations(c.run))
 
 
-def _wait_for(what: str, check, trainer: Trainer, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(what: str, check, trainer: Trainer, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert trainer.proc.poll() is None, f"trainer exited before {what}: {trainer.tail()}"
@@ -40,7 +40,7 @@ def _wait_for(what: str, check, trainer: Trainer, timeout: float = 120.0) -> Non
         time.sleep(0.05)
 
 
-def _kill_at(c: Campaign, point: str, while_held=None) -> None:  # type: ignore[no-untyped-def]
+def _kill_at(c: Campaign, point: str, while_held=None) -> None:
     trainer = c.start(fault=point)
     reached = c.wait_fault(trainer, point.split("@")[0])
     assert reached, f"the trainer ended before {point}: {trainer.tail()}"
@@ -78,7 +78,7 @@ def test_a_trainer_killed_at_its_worst_moments_restarts_and_the_store_equals_the
     assert len(ArtifactRoot(str(c.artifacts)).list_generations(c.run)) == 3
 
 
-def _outage(c: Campaign, server, seconds: float) -> Trainer:  # type: ignore[no-untyped-def]
+def _outage(c: Campaign, server, seconds: float) -> Trainer:
     trainer = c.start()
     _wait_for("two committed dumps", lambda: _committed(c) >= 2, trainer)
     server.stop()

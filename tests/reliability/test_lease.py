@@ -44,7 +44,7 @@ def _plant(root: ArtifactRoot, record: LeaseRecord) -> None:
     assert root.create_exclusive(path, json.dumps(record.to_json()).encode())
 
 
-def _roots(tmp_path, s3_uri=None):  # type: ignore[no-untyped-def]
+def _roots(tmp_path, s3_uri=None):
     if s3_uri is None:
         return ArtifactRoot(str(tmp_path / "art"))
     return ArtifactRoot(s3_uri[0], s3_uri[1])

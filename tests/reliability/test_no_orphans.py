@@ -75,7 +75,7 @@ class FakeCustomObjectsApi:
     def _check(self, group: str, version: str, plural: str) -> None:
         assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):  # type: ignore[no-untyped-def]
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
         self._check(group, version, plural)
         key = (namespace, body["metadata"]["name"])
         if key in self.objects:
@@ -83,7 +83,7 @@ class FakeCustomObjectsApi:
         self.objects[key] = body
         return body
 
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):  # type: ignore[no-untyped-def]
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         self._check(group, version, plural)
         if (namespace, name) not in self.objects:
             raise ApiException(404)
@@ -91,7 +91,7 @@ class FakeCustomObjectsApi:
         obj["status"] = {"conditions": [{"type": self.state, "status": "True"}]}
         return obj
 
-    def delete_namespaced_custom_object(  # type: ignore[no-untyped-def]
+    def delete_namespaced_custom_object(
         self, group, version, namespace, plural, name, *, propagation_policy="Background"
     ):
         self._check(group, version, plural)
@@ -148,7 +148,7 @@ def test_a_step_that_fails_while_following_its_job_deletes_it():
     polls = [0]
     real_get = api.get_namespaced_custom_object
 
-    def get(*args):  # type: ignore[no-untyped-def]
+    def get(*args):
         polls[0] += 1
         if polls[0] == 2:  # the API server answers 500 once while the step follows the job
             raise ApiException(500)

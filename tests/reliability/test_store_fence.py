@@ -22,7 +22,7 @@ _N = itertools.count()
 
 
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
-def store_url(request, tmp_path) -> str:  # type: ignore[no-untyped-def]
+def store_url(request, tmp_path) -> str:
     n = next(_N)
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"
@@ -31,7 +31,7 @@ def store_url(request, tmp_path) -> str:  # type: ignore[no-untyped-def]
     return f"{request.getfixturevalue('redis_server').url}?prefix=fence{n}:"
 
 
-def _write(store, keys, value: float, generation: int, seq: int = 1):  # type: ignore[no-untyped-def]
+def _write(store, keys, value: float, generation: int, seq: int = 1):
     k = np.asarray(keys, np.int64)
     emb = codec.encode(np.full((len(k), 4), value, np.float32), SPEC[T].dtype)
     mark = ProgressMark("ctr", generation, seq, T, 0, len(k), True)

@@ -30,7 +30,7 @@ class Backend:
     _held: list[sqlite3.Connection] = field(default_factory=list)
 
 
-def _sqlite_backend(tmp_path) -> Backend:  # type: ignore[no-untyped-def]
+def _sqlite_backend(tmp_path) -> Backend:
     path = tmp_path / "store.db"
     held: list[sqlite3.Connection] = []
 
@@ -48,7 +48,7 @@ def _sqlite_backend(tmp_path) -> Backend:  # type: ignore[no-untyped-def]
     return Backend("sqlite", f"sqlite:///{path}?timeout_s=0.2", down, up, held)
 
 
-def _featurestore_backend(tmp_path, monkeypatch) -> Backend:  # type: ignore[no-untyped-def]
+def _featurestore_backend(tmp_path, monkeypatch) -> Backend:
     """FeatureStore through the test SDK: network down = every SDK call fails with a reset."""
     state = str(tmp_path / "featurestore.db")
     fs_state.use_test_sdk(monkeypatch, state)
@@ -69,7 +69,7 @@ def _featurestore_backend(tmp_path, monkeypatch) -> Backend:  # type: ignore[no-
     return Backend("featurestore", url, down, up)
 
 
-def _make(kind: str, request, tmp_path) -> Backend:  # type: ignore[no-untyped-def]
+def _make(kind: str, request, tmp_path) -> Backend:
     n = next(_COUNTER)
     if kind == "sqlite":
         return _sqlite_backend(tmp_path)
@@ -85,7 +85,7 @@ def _make(kind: str, request, tmp_path) -> Backend:  # type: ignore[no-untyped-d
     return Backend("redis", f"{rd.url}?prefix=t{n}:&socket_timeout_s=2", rd.stop, rd.start)
 
 
-def _restore(b: Backend, request) -> None:  # type: ignore[no-untyped-def]
+def _restore(b: Backend, request) -> None:
     """A failed test must not leave the shared server down for the next one."""
     if b.kind in ("sqlite", "featurestore"):
         b.up()
@@ -100,7 +100,7 @@ def _restore(b: Backend, request) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
-def backend(request, tmp_path) -> Iterator[Backend]:  # type: ignore[no-untyped-def]
+def backend(request, tmp_path) -> Iterator[Backend]:
     b = _make(request.param, request, tmp_path)
     try:
         yield b
@@ -109,7 +109,7 @@ def backend(request, tmp_path) -> Iterator[Backend]:  # type: ignore[no-untyped-
 
 
 @pytest.fixture(params=["sqlite", "postgres", "redis", "featurestore"])
-def any_backend(request, tmp_path) -> Iterator[Backend]:  # type: ignore[no-untyped-def]
+def any_backend(request, tmp_path) -> Iterator[Backend]:
     """Every backend, PAI FeatureStore through the test SDK included (tests it cannot meet
     carry ``@pytest.mark.featurestore_cannot("reason")``)."""
     b = _make(request.param, request, tmp_path)
@@ -119,7 +119,7 @@ def any_backend(request, tmp_path) -> Iterator[Backend]:  # type: ignore[no-unty
         _restore(b, request)
 
 
-def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
+def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "featurestore_cannot(reason): a contract PAI FeatureStore cannot meet"
     )

@@ -22,7 +22,7 @@ from deltarec.stores import (
 from deltarec.stores.naming import view_names
 
 
-def test_urls_parse_into_backend_configs():  # type: ignore[no-untyped-def]
+def test_urls_parse_into_backend_configs():
     assert parse_store_url("sqlite:///rel/store.db") == SqliteConfig(path="rel/store.db")
     assert parse_store_url("sqlite:////abs/store.db").path == "/abs/store.db"
     pg = parse_store_url("postgresql://ml@db.local:6432/feat?layout=float4[]&prefix=e_")
@@ -61,19 +61,19 @@ def test_urls_parse_into_backend_configs():  # type: ignore[no-untyped-def]
         ("featurestore://proj/emb", "region"),
     ],
 )
-def test_bad_urls_are_rejected_naming_the_problem(url, message):  # type: ignore[no-untyped-def]
+def test_bad_urls_are_rejected_naming_the_problem(url, message):
     with pytest.raises(ConfigError, match=message):
         parse_store_url(url)
 
 
-def test_passwords_never_appear_in_config_text():  # type: ignore[no-untyped-def]
+def test_passwords_never_appear_in_config_text():
     url = "postgresql://ml:s3cret@h:5432/db"
     config = parse_store_url(url)
     assert "s3cret" not in repr(config) and "s3cret" not in redact_url(url)
     assert "s3cret" not in str(config.model_dump())
 
 
-def test_view_names_follow_the_spec_and_long_ones_get_a_hash():  # type: ignore[no-untyped-def]
+def test_view_names_follow_the_spec_and_long_ones_get_a_hash():
     assert view_name("sparse.ebc.user_id") == "emb_sparse_ebc_user_id"
     assert view_name("Sparse.EBC-x.y", prefix="p_") == "p_sparse_ebc_x_y"
     long_a, long_b = "m." + "a" * 80 + ".t1", "m." + "a" * 80 + ".t2"
@@ -88,7 +88,7 @@ def test_view_names_follow_the_spec_and_long_ones_get_a_hash():  # type: ignore[
 @pytest.mark.parametrize("walk", [False, True], ids=["nested-loop", "merge-join"])
 def test_postgres_float4_array_layout_round_trips_and_refuses_int8(
     postgres_server, monkeypatch, walk
-):  # type: ignore[no-untyped-def]
+):
     from deltarec.stores import postgres as pgstore
 
     monkeypatch.setattr(pgstore, "_WALK_MIN_BYTES", 0 if walk else 1 << 60)

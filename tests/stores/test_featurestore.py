@@ -38,18 +38,18 @@ FAST = RetryPolicy(initial_s=0.01, max_s=0.05, deadline_s=10)
 
 
 @pytest.fixture
-def state(tmp_path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+def state(tmp_path, monkeypatch) -> str:
     path = str(tmp_path / "featurestore.db")
     fs_state.use_test_sdk(monkeypatch, path)
     return path
 
 
-def url(tmp_path, **options) -> str:  # type: ignore[no-untyped-def]
+def url(tmp_path, **options) -> str:
     opts = {"region": "cn-hangzhou", "registry": f"sqlite:///{tmp_path}/reg.db", **options}
     return f"featurestore://{FS_PROJECT}/{FS_VIEW}?" + "&".join(f"{k}={v}" for k, v in opts.items())
 
 
-def publish(tmp_path, store, rows, tables=TABLES):  # type: ignore[no-untyped-def]
+def publish(tmp_path, store, rows, tables=TABLES):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", tables, world_size=1)
     write_dump(root, info, 1, {t: {0: r} for t, r in rows.items()})
@@ -57,14 +57,14 @@ def publish(tmp_path, store, rows, tables=TABLES):  # type: ignore[no-untyped-de
     return root
 
 
-def first_rows():  # type: ignore[no-untyped-def]
+def first_rows():
     return {
         T: random_rows(range(50), TABLES[T], 1),
         Z: random_rows([-1, 5, 9], TABLES[Z], 2, ops=np.array([0, 1, 0], np.int8)),
     }
 
 
-def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_path, state):
     with open_store(url(tmp_path)) as store:
         root = publish(tmp_path, store, first_rows())
         sampled = verify(root, "r", store, sample=1000)
@@ -83,7 +83,7 @@ def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_p
     assert "fallback row" in bad.tables[Z].mismatches[0].reason
 
 
-def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_path, state):
     with open_store(url(tmp_path)) as store:
         store.provision(TABLES)
         store.provision(TABLES)
@@ -99,7 +99,7 @@ def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_p
     assert all("secret" not in json.dumps(c) for c in clients)
 
 
-def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_path, state):
     config = parse_store_url(url(tmp_path, create_wait_s=20))
     waiting = FeatureStoreStore(config, rank=1)
     done: list[object] = []
@@ -122,7 +122,7 @@ def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_p
         assert late.read(T, rows.keys).found.all()
 
 
-def test_an_existing_view_of_another_field_type_is_refused_naming_both(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_an_existing_view_of_another_field_type_is_refused_naming_both(tmp_path, state):
     with open_store(url(tmp_path)) as store:
         store.provision({T: TABLES[T]})
     with (
@@ -137,7 +137,7 @@ def test_an_existing_view_of_another_field_type_is_refused_naming_both(tmp_path,
         s.provision(TABLES)
 
 
-def test_writes_follow_the_sdk_batches_window_and_flush_summary(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_writes_follow_the_sdk_batches_window_and_flush_summary(tmp_path, state):
     spec = TableSpec(dim=4)
     rows = random_rows(range(2500), spec, 3)
     with open_store(url(tmp_path, batch_size=300)) as store:
@@ -150,13 +150,13 @@ def test_writes_follow_the_sdk_batches_window_and_flush_summary(tmp_path, state)
     assert sum(f["success_records"] for f in flushes) == 2500
 
 
-def test_failed_flush_is_retried_on_a_new_client_and_auth_errors_fail_at_once(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_failed_flush_is_retried_on_a_new_client_and_auth_errors_fail_at_once(tmp_path, state):
     spec = TableSpec(dim=4)
     rows = random_rows(range(10), spec, 3)
     fetched: list[int] = []
 
     class Chain:
-        def get_credential(self):  # type: ignore[no-untyped-def]
+        def get_credential(self):
             fetched.append(1)
             return types.SimpleNamespace(
                 access_key_id="ak", access_key_secret="sk", security_token="sts"
@@ -185,7 +185,7 @@ def test_failed_flush_is_retried_on_a_new_client_and_auth_errors_fail_at_once(tm
     store.close()
 
 
-def test_tzrec_contract_names_tables_and_writes_int8_as_uint8_rows(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_tzrec_contract_names_tables_and_writes_int8_as_uint8_rows(tmp_path, state):
     assert tzrec_embedding_name("model.embedding_group.ebc_user.user_id") == (
         "model.embedding_group.ebc.embedding_bags.user_id"
     )
@@ -206,7 +206,7 @@ def test_tzrec_contract_names_tables_and_writes_int8_as_uint8_rows(tmp_path, sta
     assert np.allclose(codec.dequantize_int8_rowwise(np.array([stored[(name, 9)]]), 4), values[2])
 
 
-def test_options_the_sdk_cannot_use_and_a_missing_registry_are_refused(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_options_the_sdk_cannot_use_and_a_missing_registry_are_refused(tmp_path, state):
     with pytest.raises(ConfigError, match="datasource"):
         parse_store_url("featurestore://proj/emb?region=x&datasource=fdb")
     with pytest.raises(ConfigError, match="credentials never go in the URL"):
@@ -223,7 +223,7 @@ def test_options_the_sdk_cannot_use_and_a_missing_registry_are_refused(tmp_path,
         assert set(again.views()) == {T, Z}
 
 
-def test_cli_round_trip_provision_publish_verify_all_promote(tmp_path, state, capsys):  # type: ignore[no-untyped-def]
+def test_cli_round_trip_provision_publish_verify_all_promote(tmp_path, state, capsys):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
     write_dump(root, info, 1, {t: {0: r} for t, r in first_rows().items()})
@@ -245,7 +245,7 @@ def test_cli_round_trip_provision_publish_verify_all_promote(tmp_path, state, ca
     assert "DIFFERENT 1" in err and "Traceback" not in err
 
 
-def test_an_older_point_verifies_and_rollback_restores_it(tmp_path, state, capsys):  # type: ignore[no-untyped-def]
+def test_an_older_point_verifies_and_rollback_restores_it(tmp_path, state, capsys):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
     one = first_rows()
@@ -279,7 +279,7 @@ def test_an_older_point_verifies_and_rollback_restores_it(tmp_path, state, capsy
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):
     import feature_store_py
 
     with pytest.raises(TypeError):  # an unknown keyword
@@ -300,7 +300,7 @@ def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):  # type:
     assert not hasattr(view, "write_features_arrow") and not hasattr(view, "delete")
 
 
-def test_closing_waits_for_the_writer_to_drain_no_longer_than_the_shutdown_timeout(tmp_path, state):  # type: ignore[no-untyped-def]
+def test_closing_waits_for_the_writer_to_drain_no_longer_than_the_shutdown_timeout(tmp_path, state):
     store = open_store(url(tmp_path, shutdown_timeout_s=0.3))
     store.provision({T: TABLES[T]})
     fs_state.inject_fault(state, "close", 1, "hang 3")

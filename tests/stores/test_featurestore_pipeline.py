@@ -20,7 +20,7 @@ pytestmark = pytest.mark.multiprocess
 
 def test_pipeline_with_quantized_rows_on_featurestore_passes_and_a_tampered_row_fails(
     tmp_path, monkeypatch, capsys
-):  # type: ignore[no-untyped-def]
+):
     state = str(tmp_path / "featurestore.db")
     fs_state.use_test_sdk(monkeypatch, state)
     store = f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou"

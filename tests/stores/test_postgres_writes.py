@@ -30,7 +30,7 @@ _SCHEMAS = itertools.count()
 
 
 @pytest.fixture
-def store(postgres_server):  # type: ignore[no-untyped-def]
+def store(postgres_server):
     s = open_store(f"{postgres_server.url}?schema=writes{next(_SCHEMAS)}")
     s.provision({T: TableSpec(dim=DIM)})
     yield s
@@ -38,12 +38,12 @@ def store(postgres_server):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def direct(monkeypatch):  # type: ignore[no-untyped-def]
+def direct(monkeypatch):
     """Each batch its own COPY group; records ``went in`` per group."""
     calls: list[bool] = []
     real = pgstore.PostgresStore._copy_direct
 
-    def spy(self, *args: Any) -> Any:  # type: ignore[no-untyped-def]
+    def spy(self, *args: Any) -> Any:
         result = real(self, *args)
         calls.append(result[0])
         return result
@@ -54,12 +54,12 @@ def direct(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def walks(monkeypatch):  # type: ignore[no-untyped-def]
+def walks(monkeypatch):
     """Merge joins for merges of any size; records ``walk`` per merge."""
     calls: list[bool] = []
     real = pgstore.PostgresStore._merge_batch
 
-    def spy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
+    def spy(self, *args: Any, **kwargs: Any) -> Any:
         calls.append(bool(kwargs.get("walk", args[6] if len(args) > 6 else False)))
         return real(self, *args, **kwargs)
 
@@ -85,7 +85,7 @@ def batch(keys: np.ndarray, emb: np.ndarray, version: int, ops: Any = 0) -> RowB
     return RowBatch(keys, emb, np.full(n, ops, np.int8), np.full(n, version, np.int64))
 
 
-def test_new_keys_go_straight_in_until_a_group_holds_a_key_the_view_has(store, direct):  # type: ignore[no-untyped-def]
+def test_new_keys_go_straight_in_until_a_group_holds_a_key_the_view_has(store, direct):
     held, held_emb = rows(range(500, 600), seed=1)
     store.write_batches(T, [batch(held, held_emb, make_version(1, 5))])
     assert direct == [True]  # an empty view: straight in
@@ -108,7 +108,7 @@ def test_new_keys_go_straight_in_until_a_group_holds_a_key_the_view_has(store, d
     assert [m.rows for m in store.progress("r", 1)] == [800]
 
 
-def test_a_failed_group_is_undone_and_the_write_goes_on(store, direct):  # type: ignore[no-untyped-def]
+def test_a_failed_group_is_undone_and_the_write_goes_on(store, direct):
     """A group that fails on its last row is undone whole, and merged."""
     keys, emb = rows(range(300), seed=3)
     store.write(T, keys[299:], emb[299:], np.zeros(1, np.int8), np.full(1, make_version(1, 1)))
@@ -121,7 +121,7 @@ def test_a_failed_group_is_undone_and_the_write_goes_on(store, direct):  # type:
     np.testing.assert_array_equal(got.embedding, emb)
 
 
-def test_deletes_go_to_the_merge_and_tombstones_stop_copies_straight_in(store, direct):  # type: ignore[no-untyped-def]
+def test_deletes_go_to_the_merge_and_tombstones_stop_copies_straight_in(store, direct):
     keys, emb = rows(range(40), seed=4)
     v1, v2 = make_version(1, 1), make_version(1, 2)
     ops = np.array([0, 1] * 20, np.int8)  # deletes of keys the view never held
@@ -139,7 +139,7 @@ def test_deletes_go_to_the_merge_and_tombstones_stop_copies_straight_in(store, d
     assert store.read(T, np.array([100])).found.tolist() == [True]
 
 
-def test_rows_below_the_floor_are_not_copied_in(store, direct):  # type: ignore[no-untyped-def]
+def test_rows_below_the_floor_are_not_copied_in(store, direct):
     keys, emb = rows(range(10), seed=5)
     snap = make_version(2, 0)
     mark = ProgressMark("r", 2, 0, T, 0, 5, True)
@@ -152,7 +152,7 @@ def test_rows_below_the_floor_are_not_copied_in(store, direct):  # type: ignore[
     assert store.read(T, keys[5:]).found.tolist() == [False] * 3 + [True] * 2
 
 
-def test_groups_copied_straight_in_per_write_are_bounded(store, direct, monkeypatch):  # type: ignore[no-untyped-def]
+def test_groups_copied_straight_in_per_write_are_bounded(store, direct, monkeypatch):
     monkeypatch.setattr(pgstore, "_DIRECT_SAVEPOINTS", 2)
     keys, emb = rows(range(500), seed=6)
     v = make_version(1, 1)
@@ -165,7 +165,7 @@ def test_groups_copied_straight_in_per_write_are_bounded(store, direct, monkeypa
     np.testing.assert_array_equal(got.embedding, emb)
 
 
-def test_a_staging_view_takes_new_rows_and_tombstones_straight_in(store, direct):  # type: ignore[no-untyped-def]
+def test_a_staging_view_takes_new_rows_and_tombstones_straight_in(store, direct):
     keys, emb = rows(range(20), seed=7)
     store.write(T, keys, emb, np.zeros(20, np.int8), np.full(20, make_version(1, 1)))
     store.provision({T: TableSpec(dim=DIM)}, staging_generation=2)
@@ -195,7 +195,7 @@ def _other_writer(url: str, schema: str) -> psycopg.Connection[Any]:
 )
 def test_concurrent_insert_of_a_new_key_is_applied_not_lost(
     postgres_server, monkeypatch, view_holds_a_key, walk
-):  # type: ignore[no-untyped-def]
+):
     """Another session inserts key 3 and commits while this write waits on it.
 
     ``copy``: the view is empty, the COPY straight in waits on key 3 and fails on it; the rows
@@ -234,7 +234,7 @@ def test_concurrent_insert_of_a_new_key_is_applied_not_lost(
     store.close()
 
 
-def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgres_server):  # type: ignore[no-untyped-def]
+def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgres_server):
     """Both hold the registry row's share lock, then both set ``has_tombstones``: PostgreSQL
     aborts one as a deadlock, which is transient (the publisher retries); the other commits."""
     schema = f"tombstones{next(_SCHEMAS)}"
@@ -280,7 +280,7 @@ def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgre
         s.close()
 
 
-def test_servers_before_15_take_the_plain_path(store, direct, monkeypatch):  # type: ignore[no-untyped-def]
+def test_servers_before_15_take_the_plain_path(store, direct, monkeypatch):
     """Wire-compatible stores that report older versions: no savepoints, no MERGE."""
     monkeypatch.setattr(pgstore.PostgresStore, "_has_merge", staticmethod(lambda cur: False))
     keys, emb = rows(range(200), seed=11)
@@ -306,7 +306,7 @@ def test_servers_before_15_take_the_plain_path(store, direct, monkeypatch):  # t
     assert [m.rows for m in store.progress("r", 1)] == [160]
 
 
-def test_a_merge_of_a_large_share_of_the_view_walks_both_indexes(store, direct, walks, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_merge_of_a_large_share_of_the_view_walks_both_indexes(store, direct, walks, monkeypatch):
     keys, emb = rows(range(3000), seed=13)
     v1, v2, v3 = make_version(1, 1), make_version(1, 2), make_version(1, 3)
     store.write(T, keys[:2000], emb[:2000], np.zeros(2000, np.int8), np.full(2000, v2))
@@ -359,7 +359,7 @@ def test_a_merge_of_a_large_share_of_the_view_walks_both_indexes(store, direct, 
     assert got.found.tolist() == [False] * 100 + [True] * 100
 
 
-def test_small_merges_into_a_large_view_keep_the_nested_loop(store, walks):  # type: ignore[no-untyped-def]
+def test_small_merges_into_a_large_view_keep_the_nested_loop(store, walks):
     keys, emb = rows(range(4000), seed=15)
     store.write(T, keys, emb, np.zeros(4000, np.int8), np.full(4000, make_version(1, 1)))
     _, new = rows(range(20), seed=16)
@@ -368,7 +368,7 @@ def test_small_merges_into_a_large_view_keep_the_nested_loop(store, walks):  # t
     np.testing.assert_array_equal(store.read(T, keys[:20]).embedding, new)
 
 
-def test_a_failed_merge_join_write_leaves_nothing_behind(store, walks, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_failed_merge_join_write_leaves_nothing_behind(store, walks, monkeypatch):
     keys, emb = rows(range(100), seed=17)
     v1, v2 = make_version(1, 1), make_version(1, 2)
     store.write(T, keys, emb, np.zeros(100, np.int8), np.full(100, v1))
@@ -397,7 +397,7 @@ def test_a_failed_merge_join_write_leaves_nothing_behind(store, walks, monkeypat
     np.testing.assert_array_equal(got.embedding[10:], new[10:])
 
 
-def test_promote_merges_a_large_staging_view_by_a_merge_join(store, walks):  # type: ignore[no-untyped-def]
+def test_promote_merges_a_large_staging_view_by_a_merge_join(store, walks):
     keys, emb = rows(range(200), seed=19)
     store.write(T, keys, emb, np.zeros(200, np.int8), np.full(200, make_version(2, 5)))
     store.provision({T: TableSpec(dim=DIM)}, staging_generation=2)

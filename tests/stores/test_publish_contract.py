@@ -29,7 +29,7 @@ class Crash(Exception):
     pass
 
 
-def two_rank_dump(root, info, seq, seed, kind=DumpKind.DELTA, n=600):  # type: ignore[no-untyped-def]
+def two_rank_dump(root, info, seq, seed, kind=DumpKind.DELTA, n=600):
     """Rank r holds keys r, r+2, ... of T; ZCH ids -1, 10 (evicted), 20 (rank 0), 11 (evicted),
     21 (rank 1)."""
     t = TABLES[T]
@@ -42,17 +42,17 @@ def two_rank_dump(root, info, seq, seed, kind=DumpKind.DELTA, n=600):  # type: i
     return write_dump(root, info, seq, rows, kind=kind), rows
 
 
-def read_all(store, table, keys):  # type: ignore[no-untyped-def]
+def read_all(store, table, keys):
     return store.read(table, np.asarray(keys, np.int64))
 
 
-def test_crash_between_batches_resumes_without_loss_or_duplicates(backend, tmp_path):  # type: ignore[no-untyped-def]
+def test_crash_between_batches_resumes_without_loss_or_duplicates(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     _, rows = two_rank_dump(root, info, 1, seed=3)
     written: list[int] = []
 
-    def crash_after_three(mark, n):  # type: ignore[no-untyped-def]
+    def crash_after_three(mark, n):
         written.append(n)
         if len(written) == 3:
             raise Crash("process died")
@@ -87,7 +87,7 @@ def test_crash_between_batches_resumes_without_loss_or_duplicates(backend, tmp_p
     store.close()
 
 
-def test_store_down_for_seconds_then_back_loses_nothing(backend, tmp_path):  # type: ignore[no-untyped-def]
+def test_store_down_for_seconds_then_back_loses_nothing(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     two_rank_dump(root, info, 1, seed=1)
@@ -125,7 +125,7 @@ def test_store_down_for_seconds_then_back_loses_nothing(backend, tmp_path):  # t
     store.close()
 
 
-def test_nan_row_fails_naming_table_dump_key_and_applies_nothing(backend, tmp_path):  # type: ignore[no-untyped-def]
+def test_nan_row_fails_naming_table_dump_key_and_applies_nothing(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
     good = random_rows(range(300), TABLES[T], 1)
@@ -143,7 +143,7 @@ def test_nan_row_fails_naming_table_dump_key_and_applies_nothing(backend, tmp_pa
     store.close()
 
 
-def test_snapshot_publication_replaces_the_table(backend, tmp_path):  # type: ignore[no-untyped-def]
+def test_snapshot_publication_replaces_the_table(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     two_rank_dump(root, info, 1, seed=1, n=100)  # keys 0..199
@@ -162,7 +162,7 @@ def test_snapshot_publication_replaces_the_table(backend, tmp_path):  # type: ig
     store.close()
 
 
-def test_staged_generation_is_invisible_until_merged(backend, tmp_path):  # type: ignore[no-untyped-def]
+def test_staged_generation_is_invisible_until_merged(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     _, rows = two_rank_dump(root, info, 1, seed=4, n=50)

@@ -25,7 +25,7 @@ DIM = 4
 
 
 @pytest.fixture
-def small_reads(monkeypatch):  # type: ignore[no-untyped-def]
+def small_reads(monkeypatch):
     """Read chunks of 3 rows; records the chunk sizes read back."""
     sizes: list[int] = []
     real = spillmod.Spill.rows
@@ -52,7 +52,7 @@ def state(store: Any, keys: np.ndarray) -> tuple[list[bool], list[int], np.ndarr
     return got.found.tolist(), got.versions[got.found].tolist(), got.embedding[got.found]
 
 
-def test_a_spilled_write_ends_as_its_batches_written_one_by_one(tmp_path, small_reads):  # type: ignore[no-untyped-def]
+def test_a_spilled_write_ends_as_its_batches_written_one_by_one(tmp_path, small_reads):
     rng = np.random.default_rng(0)
     key_space = np.arange(60, dtype=np.int64)
     base = rng.normal(size=(60, DIM)).astype(np.float32)
@@ -97,7 +97,7 @@ def test_a_spilled_write_ends_as_its_batches_written_one_by_one(tmp_path, small_
     one_by_one.close()
 
 
-def test_a_spilled_write_skips_rows_below_the_floor(tmp_path, small_reads):  # type: ignore[no-untyped-def]
+def test_a_spilled_write_skips_rows_below_the_floor(tmp_path, small_reads):
     store = open_at(tmp_path / "s.db")
     keys = np.arange(10, dtype=np.int64)
     emb = codec.encode(np.ones((10, DIM), np.float32), codec.DType.FLOAT32)
@@ -120,7 +120,7 @@ def test_a_spilled_write_skips_rows_below_the_floor(tmp_path, small_reads):  # t
     store.close()
 
 
-def test_a_spilled_write_into_a_staging_view_keeps_deletes_as_rows(tmp_path, small_reads):  # type: ignore[no-untyped-def]
+def test_a_spilled_write_into_a_staging_view_keeps_deletes_as_rows(tmp_path, small_reads):
     store = open_at(tmp_path / "g.db")
     keys = np.arange(20, dtype=np.int64)
     emb = codec.encode(np.ones((20, DIM), np.float32), codec.DType.FLOAT32)
@@ -143,7 +143,7 @@ def test_a_spilled_write_into_a_staging_view_keeps_deletes_as_rows(tmp_path, sma
 
 def test_a_bad_row_in_a_later_batch_leaves_nothing_and_no_spill_file(
     tmp_path, small_reads, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     monkeypatch.setenv("SQLITE_TMPDIR", str(tmp_path / "spill"))
     (tmp_path / "spill").mkdir()
     made: list[Any] = []

@@ -17,19 +17,19 @@ Z = "sparse.zch.ad_id"
 SPEC = {T: TableSpec(dim=8), Z: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH)}
 
 
-def rows(keys, dim=8, seed=0, dtype=DType.FLOAT32):  # type: ignore[no-untyped-def]
+def rows(keys, dim=8, seed=0, dtype=DType.FLOAT32):
     values = np.random.default_rng(seed).normal(size=(len(keys), dim)).astype(np.float32)
     return np.asarray(keys, np.int64), codec.encode(values, dtype)
 
 
-def write(store, table, keys, emb, version, ops=None, **kw):  # type: ignore[no-untyped-def]
+def write(store, table, keys, emb, version, ops=None, **kw):
     n = len(keys)
     ops = np.zeros(n, np.int8) if ops is None else np.asarray(ops, np.int8)
     return store.write(table, keys, emb, ops, np.full(n, version, np.int64), **kw)
 
 
 @pytest.fixture
-def store(any_backend):  # type: ignore[no-untyped-def]
+def store(any_backend):
     s = open_store(any_backend.url)
     s.provision(SPEC)
     yield s
@@ -39,7 +39,7 @@ def store(any_backend):  # type: ignore[no-untyped-def]
 @pytest.mark.featurestore_cannot(
     "no row versions are kept and keys cannot be listed (test_featurestore.py checks the values)"
 )
-def test_rows_written_read_back_identical_for_every_dtype(store):  # type: ignore[no-untyped-def]
+def test_rows_written_read_back_identical_for_every_dtype(store):
     keys, emb = rows(range(100))
     write(store, T, keys, emb, make_version(1, 1))
     zkeys, zemb = rows([-1, 7, 10**12], dim=4, dtype=DType.INT8_ROWWISE)
@@ -58,7 +58,7 @@ def test_rows_written_read_back_identical_for_every_dtype(store):  # type: ignor
 @pytest.mark.featurestore_cannot(
     "no row versions: the newest MERGE wins (the publisher orders writes)"
 )
-def test_older_version_never_overwrites_newer(store):  # type: ignore[no-untyped-def]
+def test_older_version_never_overwrites_newer(store):
     keys, new = rows(range(10), seed=1)
     _, old = rows(range(10), seed=2)
     write(store, T, keys, new, make_version(2, 1))
@@ -71,7 +71,7 @@ def test_older_version_never_overwrites_newer(store):  # type: ignore[no-untyped
 
 
 @pytest.mark.featurestore_cannot("no row versions and no key listing to compare")
-def test_replaying_a_batch_changes_nothing(store):  # type: ignore[no-untyped-def]
+def test_replaying_a_batch_changes_nothing(store):
     keys, emb = rows(range(50))
     mark = ProgressMark("r", 1, 1, T, 0, 50, True)
     write(store, T, keys, emb, make_version(1, 1), mark=mark)
@@ -86,7 +86,7 @@ def test_replaying_a_batch_changes_nothing(store):  # type: ignore[no-untyped-de
 
 
 @pytest.mark.featurestore_cannot("no deletes: an evicted id holds its fallback row")
-def test_delete_leaves_tombstone_that_late_older_upsert_cannot_resurrect(store):  # type: ignore[no-untyped-def]
+def test_delete_leaves_tombstone_that_late_older_upsert_cannot_resurrect(store):
     keys, emb = rows([1, 2, 3], dim=4, dtype=DType.INT8_ROWWISE)
     write(store, Z, keys, emb, make_version(1, 1))
     write(store, Z, keys[:1], emb[:1], make_version(1, 2), ops=[1])
@@ -102,7 +102,7 @@ def test_delete_leaves_tombstone_that_late_older_upsert_cannot_resurrect(store):
 
 
 @pytest.mark.featurestore_cannot("no deletes: a snapshot is written like a delta")
-def test_snapshot_removes_keys_it_lacks_and_blocks_older_writes(store):  # type: ignore[no-untyped-def]
+def test_snapshot_removes_keys_it_lacks_and_blocks_older_writes(store):
     keys, emb = rows(range(10))
     write(store, T, keys, emb, make_version(1, 3))
     snap = make_version(2, 0)
@@ -119,7 +119,7 @@ def test_snapshot_removes_keys_it_lacks_and_blocks_older_writes(store):  # type:
     assert finish_snapshot(store, "r", 2, 0, T, world_size=2)  # idempotent
 
 
-def test_nan_row_is_rejected_and_nothing_of_the_batch_is_written(store):  # type: ignore[no-untyped-def]
+def test_nan_row_is_rejected_and_nothing_of_the_batch_is_written(store):
     keys, emb = rows(range(20))
     emb[13, 2] = np.inf
     with pytest.raises(InvalidRowError, match=r"sparse\.ebc\.user_id.*key 13.*NaN/Inf"):
@@ -132,7 +132,7 @@ def test_nan_row_is_rejected_and_nothing_of_the_batch_is_written(store):  # type
         write(store, T, np.array([-5], np.int64), emb[:1], make_version(1, 1))
 
 
-def test_provision_is_idempotent_and_names_both_on_mismatch(store, any_backend):  # type: ignore[no-untyped-def]
+def test_provision_is_idempotent_and_names_both_on_mismatch(store, any_backend):
     again = open_store(any_backend.url)
     try:
         views = again.provision(SPEC)
@@ -148,7 +148,7 @@ def test_provision_is_idempotent_and_names_both_on_mismatch(store, any_backend):
 
 
 @pytest.mark.featurestore_cannot("no staging views")
-def test_staged_rows_become_live_only_after_merge(store):  # type: ignore[no-untyped-def]
+def test_staged_rows_become_live_only_after_merge(store):
     keys, emb = rows(range(6))
     write(store, T, keys, emb, make_version(1, 1))
     store.provision(SPEC, staging_generation=2)
@@ -166,7 +166,7 @@ def test_staged_rows_become_live_only_after_merge(store):  # type: ignore[no-unt
 
 
 @pytest.mark.featurestore_cannot("no staging views")
-def test_dropped_staging_views_never_reach_live(store):  # type: ignore[no-untyped-def]
+def test_dropped_staging_views_never_reach_live(store):
     keys, emb = rows(range(4))
     write(store, T, keys, emb, make_version(1, 1))
     store.provision(SPEC, staging_generation=2)
@@ -181,7 +181,7 @@ def test_dropped_staging_views_never_reach_live(store):  # type: ignore[no-untyp
 
 
 @pytest.mark.featurestore_cannot("no staging views")
-def test_staging_merges_from_a_store_opened_later(store, any_backend):  # type: ignore[no-untyped-def]
+def test_staging_merges_from_a_store_opened_later(store, any_backend):
     # promote runs in another process than the publisher: its store object has no view cache
     keys, emb = rows(range(3))
     store.provision(SPEC, staging_generation=3)
@@ -196,7 +196,7 @@ def test_staging_merges_from_a_store_opened_later(store, any_backend):  # type: 
         later.close()
 
 
-def test_registry_keeps_generations_serving_history_and_freshness(store):  # type: ignore[no-untyped-def]
+def test_registry_keeps_generations_serving_history_and_freshness(store):
     store.registry.register_generation("r", 2)
     store.registry.register_generation("r", 1)
     store.registry.register_generation("r", 2)
@@ -215,7 +215,7 @@ def test_registry_keeps_generations_serving_history_and_freshness(store):  # typ
 
 
 @pytest.mark.featurestore_cannot("no key listing and no row versions")
-def test_scan_rows_returns_every_live_row_with_its_version(store):  # type: ignore[no-untyped-def]
+def test_scan_rows_returns_every_live_row_with_its_version(store):
     keys, emb = rows(range(0, 70, 3))
     write(store, T, keys, emb, make_version(1, 2))
     write(store, T, keys[:2], emb[:2], make_version(1, 3), ops=[1, 1])  # deleted: not scanned
@@ -229,7 +229,7 @@ def test_scan_rows_returns_every_live_row_with_its_version(store):  # type: igno
         assert seen[key] == (make_version(1, 2), emb[i].tobytes())
 
 
-def batches_of(keys, emb, version, size, ops=None):  # type: ignore[no-untyped-def]
+def batches_of(keys, emb, version, size, ops=None):
     ops = np.zeros(len(keys), np.int8) if ops is None else np.asarray(ops, np.int8)
     versions = np.full(len(keys), version, np.int64)
     return [
@@ -239,7 +239,7 @@ def batches_of(keys, emb, version, size, ops=None):  # type: ignore[no-untyped-d
 
 
 @pytest.mark.featurestore_cannot("no row versions and no deletes")
-def test_write_batches_applies_every_batch_and_the_mark(store):  # type: ignore[no-untyped-def]
+def test_write_batches_applies_every_batch_and_the_mark(store):
     order = np.random.default_rng(3).permutation(1000)
     keys, emb = rows(order.tolist())
     keys[:3] = [2**62 + 1, 2**53 + 1, 10**15]  # beyond float precision: exact round trip
@@ -271,7 +271,7 @@ def test_write_batches_applies_every_batch_and_the_mark(store):  # type: ignore[
     assert got.versions[ops == 0].tolist() == versions[ops == 0].tolist()
 
 
-def test_write_batches_with_a_bad_row_writes_nothing(store):  # type: ignore[no-untyped-def]
+def test_write_batches_with_a_bad_row_writes_nothing(store):
     keys, emb = rows(range(300))
     emb[250, 1] = np.nan
     mark = ProgressMark("r", 1, 1, T, 0, 300, True)
@@ -285,7 +285,7 @@ def test_write_batches_with_a_bad_row_writes_nothing(store):  # type: ignore[no-
 
 
 @pytest.mark.featurestore_cannot("no staging views")
-def test_write_batches_into_a_staging_view(store):  # type: ignore[no-untyped-def]
+def test_write_batches_into_a_staging_view(store):
     keys, emb = rows(range(100))
     write(store, T, keys, emb, make_version(1, 1))
     store.provision(SPEC, staging_generation=2)
@@ -302,7 +302,7 @@ def test_write_batches_into_a_staging_view(store):  # type: ignore[no-untyped-de
 
 
 @pytest.mark.featurestore_cannot("no deletes and no key listing")
-def test_write_batches_in_key_order_then_out_of_order(store):  # type: ignore[no-untyped-def]
+def test_write_batches_in_key_order_then_out_of_order(store):
     keys, emb = rows(range(1000))
     write(store, T, keys[:50], emb[:50], make_version(1, 1))
     _, new = rows(range(1000), seed=6)
@@ -321,7 +321,7 @@ def test_write_batches_in_key_order_then_out_of_order(store):  # type: ignore[no
 
 
 @pytest.mark.featurestore_cannot("no deletes")
-def test_wide_rows_in_one_large_batch(store):  # type: ignore[no-untyped-def]
+def test_wide_rows_in_one_large_batch(store):
     # 1500 rows of 8 KB (12 MB): SQLite cuts them into statements of 512 rows, PostgreSQL's COPY
     # into pieces of about 8 MB, both in key order
     wide = "sparse.ebc.wide"
