@@ -24,6 +24,7 @@ import json
 import os
 
 from deltarec.errors import BadInputError, CheckFailedError
+from deltarec.publish.types import PublishMode
 
 ENGINES = ("kfp", "airflow")
 
@@ -105,7 +106,7 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--dump-every-minutes", type=float, default=0.0, metavar="M", help="0: off (default)"
     )
-    g.add_argument("--publish-mode", choices=["direct", "staged"], default="direct")
+    g.add_argument("--publish-mode", choices=PublishMode.names(), default="direct")
     g.add_argument(
         "--sample",
         dest="sample_size",

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from deltarec.cli.common import add_location_arguments
+from deltarec.publish.types import PublishMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=["direct", "staged"],
+        choices=PublishMode.names(),
         default="direct",
         help="direct: into the live views; staged: into the generation's staging views, made "
         "live by promote (default: direct)",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deltarec.errors import ConfigError
+from deltarec.publish.types import PublishMode
 
 log = logging.getLogger("deltarec.train")
 
@@ -174,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     d.add_argument(
         "--publish-mode",
-        choices=["direct", "staged"],
+        choices=PublishMode.names(),
         default="direct",
         help="publish into the live view (direct) or a per-generation staging view",
     )

@@ -26,6 +26,7 @@ from deltarec.artifacts.types import GenerationInfo, Manifest
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.dumper import Dumper
 from deltarec.errors import ConfigError
+from deltarec.publish.types import PublishMode
 from deltarec.tracking.types import TableSource
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class DumpHook:
         sources: SourceFactory = _default_sources,
         metrics_port: int | None = None,
     ) -> None:
-        if publish_mode not in ("direct", "staged"):
+        if publish_mode not in PublishMode.names():
             raise ConfigError(f"publish_mode must be 'direct' or 'staged', got {publish_mode!r}")
         self.config = config
         self.store = store

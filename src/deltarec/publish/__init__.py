@@ -8,6 +8,7 @@ Exports:
     RetryPolicy: exponential backoff with jitter for transient store errors.
     PublishMetrics: Prometheus metrics (rows, bytes, retries, lag).
     finish_snapshot: the snapshot-completion rule (all ranks in -> sweep and record).
+    PublishMode: ``direct`` or ``staged`` (SPEC §6).
 """
 
 from deltarec.publish.background import BackgroundPublisher
@@ -15,6 +16,7 @@ from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import MODES, DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
+from deltarec.publish.types import PublishMode
 
 __all__ = [
     "MODES",
@@ -22,6 +24,7 @@ __all__ = [
     "DumpPublisher",
     "PartResult",
     "PublishMetrics",
+    "PublishMode",
     "RetryPolicy",
     "finish_snapshot",
 ]

@@ -36,6 +36,7 @@ from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.reader import iter_shard_rows
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
+from deltarec.publish.types import PublishMode
 from deltarec.stores.base import Store
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
@@ -43,7 +44,7 @@ from deltarec.testing.faults import failpoint
 
 log = logging.getLogger(__name__)
 
-MODES = ("direct", "staged")
+MODES = tuple(PublishMode.names())
 READ_BYTES = 8 << 20
 """Rows read from the artifacts (and handed to the store) at a time."""
 
