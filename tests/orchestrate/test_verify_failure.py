@@ -1,7 +1,7 @@
 """When verify fails, the FAIL branch runs: a direct-mode run is rolled back to the last promoted
 generation, a staged one loses only its staging views; the webhook gets the summary and the
 run ends failed. The failure is a lost write, injected by the training program
-(tests/pipeline/lossy_team)."""
+(tests/orchestrate/lossy_team)."""
 
 import json
 import pathlib

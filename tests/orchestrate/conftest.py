@@ -52,7 +52,7 @@ LOSSY_TEAM = __import__("pathlib").Path(__file__).parent / "lossy_team"
 
 @pytest.fixture
 def lossy_team(monkeypatch):
-    """tests/pipeline/lossy_team importable here and in every step and rank process."""
+    """tests/orchestrate/lossy_team importable here and in every step and rank process."""
     import os
 
     monkeypatch.setenv(
