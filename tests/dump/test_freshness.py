@@ -6,16 +6,19 @@ import time
 import urllib.request
 
 import pytest
+import torch
 from tests._helpers.dump import HandTables
 
 from deltarec.artifacts import ArtifactRoot, parse_time
 from deltarec.dump import Dumper, DumperConfig, make_train_hook
 from deltarec.dump.encode import ParallelShardWriter
 from deltarec.dump.env import TrainSettings
+from deltarec.dump.hook import DumpHook
 from deltarec.publish import BackgroundPublisher, PublishMetrics
 from deltarec.publish.metrics import quantile
 from deltarec.stores import open_store
 from deltarec.testing.servers import free_port
+from deltarec.tracking.staging import DeviceBudget
 
 
 def test_freshness_counts_from_the_dump_step_and_the_trainers_publisher_serves_it(
@@ -73,3 +76,47 @@ def test_freshness_quantiles_are_nearest_rank():
     values = [float(x) for x in range(1, 101)]
     assert quantile(values, 0.5) == 50.0 and quantile(values, 0.99) == 99.0
     assert quantile([3.0], 0.99) == 3.0 and quantile(values, 1.0) == 100.0
+
+
+def _scrape(port: int) -> dict[str, float]:
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in page.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+@pytest.mark.parametrize("with_store", [False, True])
+def test_the_trainers_metrics_endpoint_serves_the_dump_paths_counters(tmp_path, with_store):
+    tables, port = HandTables(seed=3), free_port()
+    cfg = DumperConfig(
+        artifacts=str(tmp_path / "art"), run="m", snapshot=False, fsync=False, queue_bytes=1 << 20
+    )
+    store = f"sqlite:///{tmp_path / 'store.db'}" if with_store else None
+    hook = DumpHook(cfg, store=store, sources=lambda m: tables.sources(), metrics_port=port)
+    try:
+        hook.on_start(torch.nn.Linear(1, 1), 0, None)
+        assert hook.dumper is not None
+        budget = hook.dumper.device_budget = DeviceBudget(0.0, capacity_bytes=100)
+        assert budget.try_take(torch.device("cpu"), 60, "sparse.a")
+        assert not budget.try_take(torch.device("cpu"), 60, "sparse.b")  # the buffer is full
+        for step in (1, 2):
+            tables.step(step)
+            hook.dumper.dump_now(step)
+        hook.dumper.wait_idle(timeout=60)
+        got = _scrape(port)
+    finally:
+        hook.close()
+    assert got["deltarec_dump_device_staging_full_total"] == 1
+    assert got["deltarec_dump_device_staged_total"] == 1
+    assert got["deltarec_dump_device_staging_bytes"] == 60
+    assert got["deltarec_dump_device_staging_capacity_bytes"] == 100
+    assert got["deltarec_dump_host_budget_bytes"] == 1 << 20
+    assert 0 < got["deltarec_dump_host_peak_bytes"] <= 1 << 20
+    assert got["deltarec_dump_host_held_bytes"] == 0  # every dump written
+    assert got["deltarec_dumps_total"] == 2
+    assert got["deltarec_dump_last_hold_seconds"] > 0
+    assert "deltarec_dump_train_wait_seconds_total" in got
+    assert ("deltarec_publish_retries_total" in got) == with_store  # the publisher's, beside

@@ -48,8 +48,10 @@ class DumpHook:
         store: a store URL to publish committed dumps to (None: artifacts only).
         publish_mode: ``direct`` or ``staged`` (see SPEC §6).
         sources: builds the table sources from the model (default: DMP discovery).
-        metrics_port: serve the background publisher's Prometheus metrics on this port plus
-            the process's ``LOCAL_RANK`` (None: not served).
+        metrics_port: serve Prometheus metrics on this port plus the process's
+            ``LOCAL_RANK`` (None: not served): the dump path's (:mod:`deltarec.dump.metrics`)
+            and, with a store, the background publisher's (the same as ``deltarec publish
+            --metrics-port``).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DumpHook:
         self.metrics_port = metrics_port
         self.dumper: Dumper | None = None
         self.publisher: Any = None
+        self.registry: Any = None  # prometheus_client.CollectorRegistry when served
         self._state: dict[str, Any] | None = None
 
     def on_start(self, model: torch.nn.Module, step: int, restored_from: int | None) -> None:
@@ -83,6 +86,10 @@ class DumpHook:
         on_commit = None
         keep = 0
         on_generation = None
+        if self.metrics_port is not None:
+            from prometheus_client import CollectorRegistry
+
+            self.registry = CollectorRegistry()
         if self.store is not None:
             on_generation = self._publish_earlier_generations
             self.publisher = self._make_publisher()
@@ -95,6 +102,14 @@ class DumpHook:
             keep_rows_bytes=keep,
             on_generation=on_generation,
         )
+        if self.registry is not None:
+            from prometheus_client import start_http_server
+
+            from deltarec.dump.metrics import DumpCollector
+
+            self.registry.register(DumpCollector(self.dumper))
+            if self.publisher is None:  # no store: the dump path's metrics alone
+                start_http_server(self._rank_port(), registry=self.registry)
         if self._state is not None:
             self.dumper.load_state_dict(self._state)
         self.dumper.start(step, restored_from)
@@ -146,7 +161,7 @@ class DumpHook:
     def _make_publisher(self) -> Any:
         import torch.distributed as dist
 
-        from deltarec.publish import BackgroundPublisher
+        from deltarec.publish import BackgroundPublisher, PublishMetrics
 
         distributed = dist.is_available() and dist.is_initialized()
         assert self.store is not None
@@ -157,12 +172,14 @@ class DumpHook:
             rank=dist.get_rank() if distributed else 0,
             world_size=dist.get_world_size() if distributed else 1,
             mode=self.publish_mode,
-            metrics_port=(
-                None
-                if self.metrics_port is None
-                else self.metrics_port + int(os.environ.get("LOCAL_RANK", "0") or 0)
-            ),
+            metrics=None if self.registry is None else PublishMetrics(self.registry),
+            metrics_port=None if self.registry is None else self._rank_port(),
         )
+
+    def _rank_port(self) -> int:
+        """The metrics port of this process: ``metrics_port`` plus its ``LOCAL_RANK``."""
+        assert self.metrics_port is not None
+        return self.metrics_port + int(os.environ.get("LOCAL_RANK", "0") or 0)
 
     def _submit(self, manifest: Manifest, rows: dict[str, ShardRows] | None) -> None:
         self.publisher.submit(manifest, rows)
@@ -254,8 +271,9 @@ def make_train_hook(
         snapshot: write a snapshot (dump 0) when a generation starts without a parent.
         store: store URL to publish to while training (None: artifacts only).
         publish_mode: ``direct`` or ``staged``.
-        metrics_port: serve the background publisher's Prometheus metrics (the same as
-            ``deltarec publish --metrics-port``) on this port plus ``LOCAL_RANK``.
+        metrics_port: serve Prometheus metrics on this port plus ``LOCAL_RANK``: the dump
+            path's and, with a store, the background publisher's (as ``deltarec publish
+            --metrics-port``).
         **options: further :class:`DumperConfig` fields (``table_dtypes``, ``queue_bytes``...).
 
     Raises:

@@ -110,13 +110,14 @@ class DeviceBudget:
             self._held[device] = self._held.get(device, 0) - nbytes
 
     def metrics(self) -> dict[str, int]:
-        """Counters for logs and metrics: staged, full (fallbacks), peak and held bytes."""
+        """Counters for logs and metrics: staged, full (fallbacks), peak, held, capacity bytes."""
         with self._lock:
             return {
                 "staged": self.staged,
                 "full": self.full,
                 "peak_bytes": self.peak_bytes,
                 "held_bytes": sum(self._held.values()),
+                "capacity_bytes": sum(self._capacity.values()),
             }
 
 
