@@ -138,3 +138,54 @@ def test_row_encodings_reach_the_hook_as_dumper_dtypes():
     args = settings.hook_arguments()
     assert args["default_dtype"] is api.DType.FLOAT16
     assert args["table_dtypes"] == {"t.x": api.DType.INT8_ROWWISE}
+
+
+TORCH_FREE = """
+import sys
+
+import deltarec.dump, deltarec.model, deltarec.stores, deltarec.train
+from deltarec.cli import COMMANDS, build_parser
+from deltarec.cli import cmd_train
+from deltarec.model import ModelConfig, model_tables
+from deltarec.train import TrainError
+
+for command in COMMANDS:
+    build_parser(command)
+args = build_parser("train").parse_args([
+    "train", "--nproc-per-node", "2", "--artifacts", "a", "--run", "r",
+    "--row-encodings", "float16",
+])
+cmd_train._check_dump_flags(args)
+cmd_train._check_row_encodings(args, cmd_train.build_config(args))
+assert cmd_train.forwarded_argv(args)
+assert model_tables(ModelConfig(), 2)
+loaded = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "torchrec", "fbgemm_gpu"})
+print(",".join(loaded) or "none")
+"""
+
+
+def test_the_store_side_and_every_command_parser_import_no_torch():
+    """The stores, the lazy packages' torch-free parts, every command's flags and what
+    ``deltarec train --nproc-per-node`` checks before it starts torchrun need no torch."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "none"
+
+
+def test_the_lazy_exports_resolve_to_their_modules_and_refuse_other_names():
+    import importlib
+
+    import pytest
+
+    for name in ("deltarec.dump", "deltarec.model", "deltarec.train"):
+        package = importlib.import_module(name)
+        for export, module in package._LAZY.items():
+            assert export in package.__all__, f"{name}.{export} is not in __all__"
+            assert getattr(package, export) is getattr(importlib.import_module(module), export)
+        with pytest.raises(AttributeError, match=f"module '{name}' has no attribute 'nothing'"):
+            package.nothing  # noqa: B018

@@ -18,8 +18,9 @@ Exports (loaded lazily, so the plain-torch gather core, which lives in
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from deltarec._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from deltarec.dump.config import DumperConfig
@@ -60,7 +61,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'deltarec.dump' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -15,9 +15,9 @@ train`` before it starts torchrun) stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from deltarec._lazy import lazy_exports
 from deltarec.model.config import (
     HISTORY,
     ZCH_TABLE,
@@ -68,7 +68,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'deltarec.model' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

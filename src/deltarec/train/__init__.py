@@ -12,9 +12,9 @@ without importing torch in the launching process.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from deltarec._lazy import lazy_exports
 from deltarec.train.errors import CheckpointError, DataExhaustedError, TrainError
 
 if TYPE_CHECKING:
@@ -51,7 +51,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'deltarec.train' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
