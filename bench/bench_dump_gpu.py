@@ -23,6 +23,7 @@ first and last row groups against the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -48,6 +49,41 @@ from deltarec.dump import Dumper, DumperConfig
 from deltarec.tracking.gather import dedup_ids
 from deltarec.tracking.plain import RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
+
+
+class MemoryParts(PeakRss):
+    """:class:`PeakRss` that also records, at the RSS peak, where the host memory is.
+
+    ``parts`` holds at the peak: pinned host memory reserved by torch's caching host allocator
+    (``pinned``, when torch reports it), pyarrow's memory pool (``arrow``), the encoders' piece
+    buffer arena (``arena``) and the host budget's accounting (``budget``).
+    """
+
+    def __init__(self, dumper: Any) -> None:
+        super().__init__()
+        self.dumper = dumper
+        self.parts: dict[str, int] = {}
+
+    def sample(self) -> dict[str, int]:
+        import pyarrow as pa
+
+        d = self.dumper
+        out = {"arrow": pa.total_allocated_bytes(), "budget": d.queue.outstanding_bytes}
+        worker = d._worker
+        if worker is not None:
+            out["arena"] = worker.pool.arena._held
+        stats = getattr(torch.cuda, "host_memory_stats", None)
+        if stats is not None:
+            with contextlib.suppress(RuntimeError):  # no CUDA context yet
+                out["pinned"] = int(stats().get("reserved_bytes.current", 0))
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = rss_bytes()
+            if rss > self.peak:
+                self.peak, self.parts = rss, self.sample()
+            time.sleep(0.002)
 
 
 def bare_gather(weight: torch.Tensor, raw: torch.Tensor, reps: int) -> list[float]:
@@ -94,13 +130,14 @@ def run_dumps(
     tracker.record("t", torch.randperm(weight.shape[0], device=weight.device)[:65536])
     dumper.dump_now(1)  # warm-up: pinned buffers, threads, files
     dumper.wait_idle()
-    out: dict[str, Any] = {"held": [], "commit": [], "rss": [], "bytes": 0}
+    out: dict[str, Any] = {"held": [], "commit": [], "rss": [], "bytes": 0, "parts": []}
     for rep in range(reps):
         tracker.record("t", raw)
         torch.cuda.synchronize()
         before = rss_bytes()
         dumper.queue.peak_bytes = 0
-        with PeakRss() as peak:
+        base = MemoryParts(dumper).sample()
+        with MemoryParts(dumper) as peak:
             t0 = time.perf_counter()
             dumper.dump_now(2 + rep)
             torch.cuda.synchronize()
@@ -114,6 +151,9 @@ def run_dumps(
         out["held"].append(held)
         out["commit"].append(commit)
         out["rss"].append(peak.peak - before)
+        out["parts"].append(
+            {k: v - base.get(k, 0) for k, v in peak.parts.items()} | {"at_start": base}
+        )
         out["bytes"] = sum(s.bytes for s in m.shards)
         out["host_peak"] = dumper.queue.peak_bytes
         shutil.rmtree(ArtifactRoot(workdir).dump_dir("bench", m.generation, m.seq))
@@ -202,6 +242,8 @@ def main() -> None:
         f"{ours['device']}"
     )
     print(f"runs      held {ours['held']}  commit {ours['commit']}")
+    for rss, parts in zip(ours["rss"], ours["parts"], strict=True):
+        print(f"at the RSS peak (+{rss / 2**30:.2f} GiB), change since the dump began: {parts}")
     if before is not None:
         print(
             f"before    (no device staging, 1 thread, 64 MiB): held {before['held'][0]:.2f} s, "
