@@ -1,10 +1,11 @@
-"""Freeze the artifact schema: renaming or dropping a field breaks every other writer/reader."""
+"""Freeze the artifact schema: renaming or dropping a field breaks every other writer/reader.
+
+The command line (command names, every flag) is frozen in tests/cli/test_cli_surface.py."""
 
 import pyarrow as pa
 from tests._helpers.artifacts import TABLE, new_generation, write_dump
 
 from deltarec.artifacts import ArtifactRoot, DType, codec
-from deltarec.cli import COMMANDS
 
 
 def test_generation_json_fields_are_frozen(tmp_path):
@@ -65,17 +66,3 @@ def test_parquet_columns_are_frozen():
     assert schema.field("step").type == pa.int64()
     emb16 = codec.shard_schema(DType.FLOAT16, 8).field("embedding").type
     assert (emb16.list_size, emb16.value_type) == (8, pa.float16())
-
-
-def test_cli_command_names_are_frozen():
-    assert list(COMMANDS) == [
-        "demo",
-        "train",
-        "provision",
-        "publish",
-        "verify",
-        "promote",
-        "rollback",
-        "inspect",
-        "pipeline",
-    ]

@@ -1,34 +1,171 @@
-"""Freeze the flags of ``deltarec pipeline`` and ``deltarec demo``: adding one is a decision."""
+"""Freeze the command line: every command's name and every flag, with what it takes.
+
+A flag is frozen with whether it is a switch or takes a value (and of what type), its choices,
+its default, whether it is required and, for an optional value, what it stands for when given
+bare. Adding, removing or renaming a flag, or changing any of these, is a decision: made here,
+in the docs and in the changelog of the release.
+"""
 
 import argparse
+from typing import Any, NamedTuple
 
 import pytest
 
-from deltarec.cli import build_parser
+from deltarec.cli import COMMANDS, build_parser
 
-PARAMS = {
-    "--run", "--artifacts", "--store", "--steps", "--dump-every-steps", "--dump-every-minutes",
-    "--publish-mode", "--sample", "--ranks-per-node", "--nodes", "--gpus-per-node",
-    "--checkpoint-dir", "--train-args", "--entry-point", "--tables", "--webhook-url",
-    "--row-encodings",
-}  # fmt: skip
-EXPECTED = {
-    "compile": {"--engine", "--output", "--components", "--secret", "--no-secrets"},
-    "submit": {
-        "--host",
-        "--namespace",
-        "--experiment",
-        "--run-label",
-        "--service-account",
-        "--pipeline-root",
-        "--output",
-        "--secret",
-        "--no-secrets",
-    }
-    | PARAMS,
-    "run": {"--local", "--engine", "--pipeline-root", "--json"} | PARAMS,
-    "verify-serving": {"--artifacts", "--run", "--store", "--sample", "--json", "--report"},
+
+class F(NamedTuple):
+    """What a flag takes: ``switch``, a type name (``str``, ``int``, ``float``), that name
+    with ``?`` for an optional value (``const`` when given bare) or with ``+`` for a repeatable
+    one."""
+
+    takes: str
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    const: Any = None
+
+
+LOCATION = {
+    "--artifacts": F("str", required=True),
+    "--run": F("str", required=True),
+    "--store": F("str", required=True),
 }
+PIPELINE_PARAMS = {
+    "--run": F("str", required=True),
+    "--artifacts": F("str", required=True),
+    "--store": F("str", required=True),
+    "--steps": F("int", 1000),
+    "--dump-every-steps": F("int", 100),
+    "--dump-every-minutes": F("float", 0.0),
+    "--publish-mode": F("str", "direct", ("direct", "staged")),
+    "--sample": F("int", 10000),
+    "--ranks-per-node": F("int", 2),
+    "--nodes": F("int", 1),
+    "--gpus-per-node": F("int", 0),
+    "--checkpoint-dir": F("str", ""),
+    "--row-encodings": F("str", ""),
+    "--train-args": F("str", ""),
+    "--entry-point": F("str", ""),
+    "--tables": F("str", ""),
+    "--webhook-url": F("str", ""),
+}
+SECRETS = {"--secret": F("str+"), "--no-secrets": F("switch", False)}
+
+FROZEN: dict[str, dict[str, F]] = {
+    "": {"-v/--verbose": F("switch", False)},
+    "demo": {
+        "--workdir": F("str", "demo-work"),
+        "--steps": F("int", 300),
+        "--store": F("str"),
+        "--engine": F("str", "kfp", ("kfp", "airflow")),
+    },
+    "train": {
+        "--device": F("str", "cpu", ("cpu", "cuda")),
+        "--steps": F("int", 300),
+        "--batch-size": F("int", 128),
+        "--seed": F("int", 0),
+        "--batches-per-rank": F("int"),
+        "--model-config": F("str"),
+        "--eval-every": F("int"),
+        "--eval-batches": F("int", 4),
+        "--log-every": F("int", 50),
+        "--nproc-per-node": F("int"),
+        "--workdir": F("str"),
+        "--checkpoint-every": F("int"),
+        "--no-final-checkpoint": F("switch", False),
+        "--no-resume": F("switch", False),
+        "--resume-step": F("int"),
+        "--export-tables": F("str"),
+        "--artifacts": F("str"),
+        "--run": F("str"),
+        "--dump-every-steps": F("int"),
+        "--dump-every-minutes": F("float"),
+        "--no-snapshot": F("switch", False),
+        "--store": F("str"),
+        "--lease-ttl": F("float"),
+        "--row-encodings": F("str"),
+        "--publish-mode": F("str", "direct", ("direct", "staged")),
+    },
+    "provision": {
+        **LOCATION,
+        "--generation": F("int"),
+        "--staged": F("switch", False),
+        "--json": F("str?", const="-"),
+    },
+    "publish": {
+        **LOCATION,
+        "--generation": F("int"),
+        "--mode": F("str", "direct", ("direct", "staged")),
+        "--ranks": F("str"),
+        "--batch-mb": F("float"),
+        "--retry-deadline": F("float", 600.0),
+        "--metrics-port": F("int"),
+        "--json": F("str?", const="-"),
+    },
+    "verify": {
+        **LOCATION,
+        "--generation": F("int"),
+        "--through-seq": F("int"),
+        "--sample": F("int", 10000),
+        "--all": F("switch", False),
+        "--seed": F("int", 0),
+        "--json": F("str"),
+        "--report": F("str"),
+        "--metrics": F("str"),
+        "--batch-size": F("int", 8192),
+        "--max-mismatches": F("int", 20),
+        "--no-record": F("switch", False),
+    },
+    "promote": {
+        **LOCATION,
+        "--generation": F("int", required=True),
+        "--through-seq": F("int"),
+        "--force": F("switch", False),
+    },
+    "rollback": {
+        **LOCATION,
+        "--to-generation": F("int", required=True),
+        "--through-seq": F("int"),
+    },
+    "inspect": {
+        "--artifacts": F("str", required=True),
+        "--run": F("str", required=True),
+        "--generation": F("int"),
+        "--json": F("switch", False),
+    },
+    "pipeline compile": {
+        "--engine": F("str", "kfp", ("kfp", "airflow")),
+        "--output": F("str"),
+        "--components": F("str"),
+        **SECRETS,
+    },
+    "pipeline submit": {
+        "--host": F("str"),
+        "--namespace": F("str"),
+        "--experiment": F("str", "deltarec"),
+        "--run-label": F("str"),
+        "--service-account": F("str"),
+        "--pipeline-root": F("str"),
+        "--output": F("str"),
+        **SECRETS,
+        **PIPELINE_PARAMS,
+    },
+    "pipeline run": {
+        "--local": F("switch", False),
+        "--engine": F("str", "kfp", ("kfp", "airflow")),
+        "--pipeline-root": F("str"),
+        "--json": F("str"),
+        **PIPELINE_PARAMS,
+    },
+    "pipeline verify-serving": {
+        **LOCATION,
+        "--sample": F("int", 10000),
+        "--json": F("str"),
+        "--report": F("str"),
+    },
+}
+"""Command (``""``: the top level, ``pipeline ACTION``: a pipeline action) -> flag -> F."""
 
 
 def subparser(parser, name):
@@ -36,24 +173,99 @@ def subparser(parser, name):
     return action.choices[name]
 
 
-def flags(parser):
-    return {s for a in parser._actions for s in a.option_strings if s not in ("-h", "--help")}
+def command_parser(command):
+    if not command:
+        return build_parser()
+    name, _, action = command.partition(" ")
+    parser = subparser(build_parser(name), name)
+    return subparser(parser, action) if action else parser
 
 
-@pytest.mark.parametrize("action", sorted(EXPECTED))
-def test_pipeline_flags_are_frozen(action):
+def described(action):
+    """The :class:`F` of an argparse action."""
+    if action.nargs == 0:
+        takes = "switch"
+    else:
+        takes = action.type.__name__ if action.type else "str"
+        if action.nargs == "?":
+            takes += "?"
+        elif isinstance(action, argparse._AppendAction):
+            takes += "+"
+        elif action.nargs is not None:
+            takes += f"[{action.nargs}]"
+    return F(
+        takes,
+        action.default,
+        tuple(action.choices) if action.choices is not None else None,
+        action.required,
+        action.const if action.nargs == "?" else None,
+    )
+
+
+def flag_table(parser):
+    return {
+        "/".join(a.option_strings): described(a)
+        for a in parser._actions
+        if a.option_strings and "--help" not in a.option_strings
+    }
+
+
+def differences(command, actual, frozen):
+    """One line per flag that was added, removed or changed, naming the command and flag."""
+    where = f"deltarec {command}".rstrip()
+    lines = [f"{where}: {flag} is new: {actual[flag]}" for flag in actual if flag not in frozen]
+    lines += [f"{where}: {flag} is gone" for flag in frozen if flag not in actual]
+    for flag in actual.keys() & frozen.keys():
+        for field in F._fields:
+            now, was = getattr(actual[flag], field), getattr(frozen[flag], field)
+            if now != was or type(now) is not type(was):
+                lines.append(f"{where} {flag}: {field} is {now!r}, frozen as {was!r}")
+    return sorted(lines)
+
+
+def test_cli_command_names_are_frozen():
+    assert list(COMMANDS) == [
+        "demo",
+        "train",
+        "provision",
+        "publish",
+        "verify",
+        "promote",
+        "rollback",
+        "inspect",
+        "pipeline",
+    ]
+
+
+def test_every_command_and_pipeline_action_has_a_frozen_flag_table():
     pipeline = subparser(build_parser("pipeline"), "pipeline")
-    assert flags(subparser(pipeline, action)) == EXPECTED[action]
+    actions = next(a for a in pipeline._actions if isinstance(a, argparse._SubParsersAction))
+    commands = ["", *(c for c in COMMANDS if c != "pipeline")]
+    commands += [f"pipeline {action}" for action in actions.choices]
+    assert sorted(FROZEN) == sorted(commands)
 
 
-def test_demo_flags_are_the_specs():
-    demo = subparser(build_parser("demo"), "demo")
-    assert flags(demo) == {"--workdir", "--steps", "--store", "--engine"}
+@pytest.mark.parametrize("command", list(FROZEN))
+def test_the_flags_of_every_command_are_frozen(command):
+    actual = flag_table(command_parser(command))
+    assert differences(command, actual, FROZEN[command]) == []
+
+
+def test_a_changed_flag_is_reported_by_command_and_flag():
+    frozen = dict(FROZEN["train"])
+    frozen["--steps"] = F("int", 400)
+    frozen["--old-name"] = frozen.pop("--seed")
+    assert differences("train", flag_table(command_parser("train")), frozen) == [
+        "deltarec train --steps: default is 300, frozen as 400",
+        "deltarec train: --old-name is gone",
+        "deltarec train: --seed is new: F(takes='int', default=0, choices=None, required=False, "
+        "const=None)",
+    ]
 
 
 def test_every_pipeline_parameter_has_a_flag_by_its_name():
     from deltarec.orchestrate.params import PipelineParams
 
-    run = subparser(subparser(build_parser("pipeline"), "pipeline"), "run")
+    run = command_parser("pipeline run")
     dests = {a.dest for a in run._actions}
     assert set(PipelineParams.names()) <= dests

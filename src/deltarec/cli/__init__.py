@@ -1,8 +1,9 @@
 """The ``deltarec`` command line (SPEC §7a).
 
-Each command lives in its own module ``deltarec.cli.cmd_<name>`` which defines ``NAME``,
-``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when
-their command runs, so ``deltarec verify`` never imports torch.
+Each command lives in its own module ``deltarec.cli.cmd_<name>`` which defines
+``add_arguments(parser)`` and ``run(args) -> int``; its one-line help is in :data:`COMMANDS`.
+Modules are imported only when their command runs, so ``deltarec verify`` never imports torch.
+Every command's flags are frozen by tests/cli/test_cli_surface.py.
 
 Exit codes: 0 success, 1 a check failed (or the command failed), 2 bad usage or bad input.
 """

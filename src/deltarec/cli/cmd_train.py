@@ -181,32 +181,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_FORWARD = [
-    ("device", "--device"), ("steps", "--steps"), ("batch_size", "--batch-size"),
-    ("seed", "--seed"), ("batches_per_rank", "--batches-per-rank"),
-    ("model_config", "--model-config"), ("eval_every", "--eval-every"),
-    ("eval_batches", "--eval-batches"), ("log_every", "--log-every"), ("workdir", "--workdir"),
-    ("checkpoint_every", "--checkpoint-every"), ("resume_step", "--resume-step"),
-    ("export_tables", "--export-tables"), ("artifacts", "--artifacts"), ("run", "--run"),
-    ("dump_every_steps", "--dump-every-steps"), ("dump_every_minutes", "--dump-every-minutes"),
-    ("store", "--store"), ("publish_mode", "--publish-mode"), ("lease_ttl", "--lease-ttl"),
-    ("row_encodings", "--row-encodings"),
-]  # fmt: skip
-_FORWARD_SWITCHES = [
-    ("no_final_checkpoint", "--no-final-checkpoint"),
-    ("no_resume", "--no-resume"),
-    ("no_snapshot", "--no-snapshot"),
-]
+_NOT_FORWARDED = frozenset({"--nproc-per-node"})
+"""The flags of the launching process only; every other ``train`` flag reaches each rank."""
 
 
 def forwarded_argv(args: argparse.Namespace) -> list[str]:
-    """The ``train`` flags of ``args`` without ``--nproc-per-node`` (what each rank gets)."""
+    """The ``train`` flags of ``args`` without ``--nproc-per-node`` (what each rank gets).
+
+    Derived from :func:`add_arguments`: a flag that takes a value is passed when its value is
+    set (not None), a switch when it is on, so a new flag is forwarded without an edit here.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
     argv: list[str] = []
-    for attr, flag in _FORWARD:
-        value = getattr(args, attr)
-        if value is not None:
+    for action in parser._actions:
+        flag = action.option_strings[-1]
+        if flag in _NOT_FORWARDED:
+            continue
+        value = getattr(args, action.dest)
+        if action.nargs == 0:  # a switch: given only when it differs from its default
+            if value != action.default:
+                argv.append(flag)
+        elif value is not None:
             argv += [flag, str(value)]
-    argv += [flag for attr, flag in _FORWARD_SWITCHES if getattr(args, attr)]
     return argv
 
 
