@@ -1,6 +1,6 @@
 """PostgreSQL's write paths: new keys copied straight into a view, the rest merged.
 
-Which path a write took is seen through ``PostgresStore._copy_direct`` (wrapped to record
+Which path a write took is seen through ``pgload.copy_direct`` (wrapped to record
 whether each group went in) and ``PostgresStore._merge_batch`` (whether the merge walked both
 indexes by a merge join); what the view holds afterwards is checked in full.
 """
@@ -21,7 +21,7 @@ from deltarec.artifacts.types import TableSpec
 from deltarec.errors import StoreUnavailableError
 from deltarec.ids import make_version
 from deltarec.publish.snapshot import finish_snapshot
-from deltarec.stores import ProgressMark, RowBatch, open_store
+from deltarec.stores import ProgressMark, RowBatch, open_store, pgload
 from deltarec.stores import postgres as pgstore
 
 T = "sparse.ebc.user_id"
@@ -41,15 +41,15 @@ def store(postgres_server):
 def direct(monkeypatch):
     """Each batch its own COPY group; records ``went in`` per group."""
     calls: list[bool] = []
-    real = pgstore.PostgresStore._copy_direct
+    real = pgload.copy_direct
 
-    def spy(self, *args: Any) -> Any:
-        result = real(self, *args)
+    def spy(*args: Any) -> Any:
+        result = real(*args)
         calls.append(result[0])
         return result
 
-    monkeypatch.setattr(pgstore, "_DIRECT_BYTES", 1)
-    monkeypatch.setattr(pgstore.PostgresStore, "_copy_direct", spy)
+    monkeypatch.setattr(pgload, "_DIRECT_BYTES", 1)
+    monkeypatch.setattr(pgload, "copy_direct", spy)
     return calls
 
 
@@ -153,7 +153,7 @@ def test_rows_below_the_floor_are_not_copied_in(store, direct):
 
 
 def test_groups_copied_straight_in_per_write_are_bounded(store, direct, monkeypatch):
-    monkeypatch.setattr(pgstore, "_DIRECT_SAVEPOINTS", 2)
+    monkeypatch.setattr(pgload, "_DIRECT_SAVEPOINTS", 2)
     keys, emb = rows(range(500), seed=6)
     v = make_version(1, 1)
     store.write_batches(

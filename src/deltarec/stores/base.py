@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import StaleGenerationError, UnsupportedError
 from deltarec.stores.types import (
@@ -159,8 +160,6 @@ class Store(abc.ABC):
     def delete(self, table: str, keys: np.ndarray, version: int) -> int:
         """Delete ``keys`` at ``version`` (a versioned delete; see the class contract)."""
         view = self.views()[table]
-        from deltarec.artifacts import codec
-
         n = int(np.asarray(keys).shape[0])
         width = codec.encoded_width(view.dtype, view.dim)
         return self.write(

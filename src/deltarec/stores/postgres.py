@@ -11,6 +11,10 @@ CONFLICT DO UPDATE ... WHERE version <= EXCLUDED.version``) in key order (and a 
 ``DELETE`` + tombstone for ``op = 1``); then the progress mark. A lost connection raises
 :class:`~deltarec.errors.StoreUnavailableError` and the next call reconnects; the publisher
 retries.
+
+This module holds the connection, the DDL, the merges and the reads;
+:mod:`deltarec.stores.pgload` copies a write's rows in, :mod:`deltarec.stores.pgcopy` encodes
+them.
 """
 
 from __future__ import annotations
@@ -18,10 +22,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -29,28 +32,18 @@ from psycopg import errors as pgerrors
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
-from deltarec.errors import ConfigError, StoreError, StoreUnavailableError
+from deltarec.errors import ConfigError, StoreError
 from deltarec.stores.base import first_batch
 from deltarec.stores.config import PostgresConfig
+from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
-from deltarec.stores.pgcopy import HEADER, TRAILER, batch_records, decode_float4_array
-from deltarec.stores.relational import RelationalStore
-from deltarec.stores.rows import ascending, checked_arrays
+from deltarec.stores.pgcopy import decode_float4_array
+from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
+from deltarec.stores.relational import REGISTRY_DDL, RelationalStore
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
 _READ_CHUNK = 10000
-_COPY_CHUNK = 8 << 20
-_DIRECT_BYTES = 32 << 20
-"""Rows per ``COPY`` straight into a view, held until it is done (to be merged instead if a key
-was there). One ``COPY`` per 8 MB read chunk ingested ~15 % slower than 32 MB groups here."""
-_DIRECT_SAVEPOINTS = 48
-"""At most this many groups of one write are copied straight into the view, each in its own
-savepoint (a subtransaction). A backend keeps the ids of up to 64 subtransactions in shared
-memory; past that, other sessions' snapshots look them up on disk while the write runs. The
-publisher's transactions (up to 512 MB: 16 groups) stay well under this; the rest of a longer
-write goes through the merge."""
-_BATCH = {"bytea": "deltarec_batch_bytea", "float4[]": "deltarec_batch_float4"}
 _WALK = 4
 """A merge of at least 1/4 of the view's size (by the tables' files) goes by a merge join:
 the batch table gets an index on its keys (a sort of keys only), and both indexes are read once
@@ -76,6 +69,8 @@ _TRANSIENT = (
     pgerrors.DeadlockDetected,
     pgerrors.LockNotAvailable,
 )
+_ERRORS = DriverErrors(psycopg.Error, lambda e: isinstance(e, _TRANSIENT))
+"""psycopg's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
 
 
 class PostgresStore(RelationalStore):
@@ -130,36 +125,35 @@ class PostgresStore(RelationalStore):
         for name in ("user", "password", "sslmode"):
             if getattr(c, name):
                 params[name] = getattr(c, name)
-        try:
+        with _ERRORS.map_errors(self.describe()):
             conn = psycopg.connect(autocommit=True, **params)
             schema = quote(c.schema_name)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             conn.execute(f"SET search_path TO {schema}")
             for setting in _SESSION:  # before the session's first temp table
                 conn.execute(setting)
-            for layout, table in _BATCH.items():
+            for layout, table in BATCH_TABLES.items():
                 emb = "BYTEA" if layout == "bytea" else "REAL[]"
                 conn.execute(
                     f"CREATE TEMP TABLE IF NOT EXISTS {table} (key BIGINT NOT NULL, "
                     f"embedding {emb} NOT NULL, version BIGINT NOT NULL, op SMALLINT NOT NULL) "
                     "ON COMMIT DELETE ROWS"
                 )
-        except psycopg.Error as e:
-            raise _map_error(self.describe(), e) from e
         self._conn = conn
         return conn
 
     @contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
-        with self._lock:
+        """A transaction; nested in another one of this store's, a savepoint (psycopg's rule)."""
+        with self._lock, _ERRORS.map_errors(self.describe()):
             conn = self._connect()
             try:
                 with conn.transaction(), conn.cursor() as cur:
                     yield cur
             except psycopg.Error as e:
-                if isinstance(e, _TRANSIENT) or conn.closed or conn.broken:
-                    self._drop_connection()
-                raise _map_error(self.describe(), e) from e
+                if _ERRORS.transient(e) or conn.closed or conn.broken:
+                    self._drop_connection()  # the next call reconnects
+                raise
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -171,8 +165,6 @@ class PostgresStore(RelationalStore):
     def _create_registry(self) -> None:
         with self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
-            from deltarec.stores.relational import REGISTRY_DDL
-
             for ddl in REGISTRY_DDL:
                 cur.execute(ddl)
 
@@ -193,10 +185,14 @@ class PostgresStore(RelationalStore):
                 "tables only (use layout=bytea)"
             )
 
-    def provision(self, tables: Any, staging_generation: int | None = None) -> dict[str, ViewInfo]:
+    def provision(
+        self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
+    ) -> dict[str, ViewInfo]:
         """See :meth:`Store.provision` (serialized with other ranks by an advisory lock)."""
         with self._lock, self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            # super()'s transaction nests in this one as a savepoint: its DDL commits with
+            # this transaction, under the lock, which is held until then.
             return super().provision(tables, staging_generation)
 
     def _lock_run(self, cur: Any, run: str, shared: bool) -> None:
@@ -230,9 +226,10 @@ class PostgresStore(RelationalStore):
         """See :meth:`Store.write_batches`: one transaction, rows copied, then one merge.
 
         Each batch is sorted by key. Rows of keys the view does not hold yet are copied
-        straight into it (see :meth:`_copy_direct`); the others go through the batch table and
-        one versioned merge, which reads them in key order (an ``ORDER BY`` only where they did
-        not come in key order), so the view's index is walked, not probed at random.
+        straight into it (see :func:`~deltarec.stores.pgload.copy_direct`); the others go
+        through the batch table and one versioned merge, which reads them in key order (an
+        ``ORDER BY`` only where they did not come in key order), so the view's index is walked,
+        not probed at random.
         """
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
@@ -240,12 +237,12 @@ class PostgresStore(RelationalStore):
         with self._tx() as cur:
             # The share lock holds off a snapshot sweep (which raises the floor) until commit.
             floor, tombstones = self._view_state(cur, view.name, " FOR SHARE")
-            sent = _Sent()
-            rows = _sorted_rows(table, view, itertools.chain([first], it), sent)
+            sent = Sent()
+            rows = sorted_rows(table, view, itertools.chain([first], it), sent)
             # Straight in only on PostgreSQL 15+ (as MERGE): wire-compatible stores that
             # report older versions get the plain path, without savepoints.
             direct = self._has_merge(cur) and (bool(stage) or not tombstones)
-            self._copy(cur, view, rows, floor, direct, sent)
+            copy_rows(cur, view, self.layout, rows, floor, direct, sent)
             if sent.deletes and not stage and not tombstones:
                 # The first tombstones of a view. Two writers doing this at once each wait for
                 # the other's share lock: PostgreSQL aborts one (a deadlock, transient), and the
@@ -257,7 +254,7 @@ class PostgresStore(RelationalStore):
                 )
                 tombstones = True
             if sent.staged:
-                source = _BATCH[self.layout]
+                source = BATCH_TABLES[self.layout]
                 if stage:
                     sort = not sent.in_order and not self._cached(cur, view.name)
                     self._merge_into_stage(cur, view, floor, sort)
@@ -274,103 +271,6 @@ class PostgresStore(RelationalStore):
             if mark is not None:
                 self._write_mark(cur, mark, stage)
         return sent.rows
-
-    def _copy(
-        self,
-        cur: Any,
-        view: ViewInfo,
-        rows: Iterator[_Rows],
-        floor: int,
-        direct: bool,
-        sent: _Sent,
-    ) -> None:
-        """Copy the batches' new rows into the view while that works, the rest to the batch table.
-
-        From the first group that holds a key the view already has, that group and every later
-        batch go to the batch table in one ``COPY``.
-        """
-        for savepoints, first in enumerate(rows):
-            if not direct or savepoints >= _DIRECT_SAVEPOINTS:
-                self._copy_batch(cur, itertools.chain([first], rows), sent)
-                return
-            went_in, taken, left = self._copy_direct(cur, view, first, rows, floor)
-            if not went_in:
-                self._copy_batch(cur, itertools.chain(taken, rows), sent)
-                return
-            if left:
-                self._copy_batch(cur, iter(left), sent)
-
-    def _copy_direct(
-        self, cur: Any, view: ViewInfo, first: _Rows, rows: Iterator[_Rows], floor: int
-    ) -> tuple[bool, list[_Rows], list[_Rows]]:
-        """Copy ``first`` and more of ``rows`` (:data:`_DIRECT_BYTES`) into the view itself.
-
-        Returns whether they went in, the batches taken, and the rows of them that are not
-        for the view directly: deletes in a live view (a staging view holds them as rows) and
-        rows below the floor; those go to the merge.
-
-        A binary ``COPY`` into the view writes its heap pages in bulk (one WAL record per
-        page, not per row): rows go in about twice as fast as by a merge's inserts. It is
-        right for keys the view does not hold: with no row and no tombstone (the caller does
-        not come here when the view has tombstones) there is nothing to guard. The first key
-        the view already has (or that another writer is inserting) fails it with a unique
-        violation; the savepoint undoes the group, and the caller sends it to the merge.
-        """
-        with_op = bool(view.staging_generation)
-        columns = "key, embedding, version, op" if with_op else "key, embedding, version"
-        sql = f"COPY {quote(view.name)} ({columns}) FROM STDIN (FORMAT BINARY)"
-        taken: list[_Rows] = []
-        left: list[_Rows] = []
-        try:
-            with cur.connection.transaction(), cur.copy(sql) as cp:  # in a savepoint
-                cp.write(HEADER)
-                size = 0
-                for batch in itertools.chain([first], rows):
-                    taken.append(batch)
-                    mine = batch.versions >= floor
-                    if not with_op:
-                        mine &= batch.ops == 0
-                    self._write_records(cp, batch.take(mine), with_op)
-                    if not mine.all():
-                        left.append(batch.take(~mine))
-                    size += len(batch.keys) * (batch.embedding[0].nbytes + 24)
-                    if size >= _DIRECT_BYTES:
-                        break
-                cp.write(TRAILER)
-        except pgerrors.UniqueViolation:
-            return False, taken, []
-        return True, taken, left
-
-    def _copy_batch(self, cur: Any, rows: Iterator[_Rows], sent: _Sent) -> None:
-        """One ``COPY`` of every batch of ``rows`` into the batch table."""
-        with cur.copy(
-            f"COPY {_BATCH[self.layout]} (key, embedding, version, op) FROM STDIN (FORMAT BINARY)"
-        ) as cp:
-            cp.write(HEADER)
-            for batch in rows:
-                if not len(batch.keys):
-                    continue
-                if sent.last_staged is not None and int(batch.keys[0]) <= sent.last_staged:
-                    sent.in_order = False
-                sent.last_staged = int(batch.keys[-1])
-                sent.staged += len(batch.keys)
-                self._write_records(cp, batch, True)
-            cp.write(TRAILER)
-
-    def _write_records(self, cp: Any, batch: _Rows, with_op: bool) -> None:
-        """The COPY tuples of ``batch``, encoded about 8 MB at a time."""
-        width = batch.embedding.shape[1] * batch.embedding.itemsize
-        step = max(1, _COPY_CHUNK // (width + 40))
-        for start in range(0, len(batch.keys), step):
-            part = slice(start, start + step)
-            records = batch_records(
-                batch.keys[part],
-                batch.embedding_rows(part),
-                batch.versions[part],
-                batch.ops[part] if with_op else None,
-                self.layout,
-            )
-            cp.write(records.view(np.uint8).data)
 
     @staticmethod
     def _cached(cur: Any, name: str) -> bool:
@@ -493,7 +393,7 @@ class PostgresStore(RelationalStore):
         order = " ORDER BY s.key" if sort else ""
         cur.execute(
             f"INSERT INTO {q} AS v (key, embedding, version, updated_at, op) "
-            f"SELECT s.key, s.embedding, s.version, now(), s.op FROM {_BATCH[self.layout]} s "
+            f"SELECT s.key, s.embedding, s.version, now(), s.op FROM {BATCH_TABLES[self.layout]} s "
             f"WHERE s.version >= %s{order} ON CONFLICT (key) DO UPDATE SET "
             "embedding = EXCLUDED.embedding, version = EXCLUDED.version, "
             "updated_at = EXCLUDED.updated_at, op = EXCLUDED.op "
@@ -590,65 +490,6 @@ class PostgresStore(RelationalStore):
         """See :meth:`Store.merge_staging` (one transaction, serialized by an advisory lock)."""
         with self._lock, self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
+            # super() lists the staging views under the lock (a merge that waited finds them
+            # gone) and its transaction nests in this one as a savepoint: one commit.
             return super().merge_staging(run, generation)
-
-
-class _Rows(NamedTuple):
-    """One batch, checked, with its keys, versions and ops sorted by key.
-
-    ``order`` picks the embedding rows in that order (``None``: already in order); the rows
-    themselves are picked a COPY piece at a time, so a large batch is not copied whole.
-    """
-
-    keys: np.ndarray
-    embedding: np.ndarray
-    versions: np.ndarray
-    ops: np.ndarray
-    order: np.ndarray | None
-
-    def take(self, mask: np.ndarray) -> _Rows:
-        """The rows where ``mask`` is true."""
-        if mask.all():
-            return self
-        order = np.flatnonzero(mask) if self.order is None else self.order[mask]
-        return _Rows(self.keys[mask], self.embedding, self.versions[mask], self.ops[mask], order)
-
-    def embedding_rows(self, part: slice) -> np.ndarray:
-        """The embedding rows of sorted positions ``part``."""
-        if self.order is None:
-            return self.embedding[part]
-        return self.embedding[self.order[part]]
-
-
-@dataclass
-class _Sent:
-    """What one write has sent so far."""
-
-    rows: int = 0
-    deletes: bool = False
-    staged: int = 0  # rows in the batch table
-    in_order: bool = True  # the batch table's rows came in ascending key order
-    last_staged: int | None = None
-
-
-def _sorted_rows(
-    table: str, view: ViewInfo, batches: Iterable[RowBatch], sent: _Sent
-) -> Iterator[_Rows]:
-    """Each batch checked (nothing is sent unless it passes) and sorted by key."""
-    for batch in batches:
-        keys, ops, versions = checked_arrays(table, view, *batch)
-        if not len(keys):
-            continue
-        sent.rows += len(keys)
-        sent.deletes = sent.deletes or bool((ops == 1).any())
-        if ascending(keys):
-            yield _Rows(keys, batch.embedding, versions, ops, None)
-        else:
-            order = np.argsort(keys)
-            yield _Rows(keys[order], batch.embedding, versions[order], ops[order], order)
-
-
-def _map_error(where: str, e: psycopg.Error) -> Exception:
-    if isinstance(e, _TRANSIENT):
-        return StoreUnavailableError(f"{where}: {type(e).__name__}: {e}".strip())
-    return StoreError(f"{where}: {type(e).__name__}: {e}".strip())

@@ -25,7 +25,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -39,12 +38,21 @@ from deltarec.errors import (
     BadInputError,
     StaleGenerationError,
     StoreError,
-    StoreUnavailableError,
     ViewMismatchError,
 )
 from deltarec.ids import make_version, validate_run, validate_table_id
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import RedisConfig, env_password
+from deltarec.stores.errors import DriverErrors
+from deltarec.stores.redislua import (
+    LUA_FLOOR,
+    LUA_MERGE,
+    LUA_REGISTER,
+    LUA_SWEEP,
+    LUA_WRITE,
+    pack_version,
+)
+from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,
@@ -55,150 +63,13 @@ from deltarec.stores.types import (
     ViewInfo,
 )
 
-_LUA_COMMON = """
-local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
-local function ge(ah, al, bh, bl) return ah > bh or (ah == bh and al >= bl) end
-local function floor_of(floors, view)
-  local f = redis.call('HGET', floors, view)
-  if f then return ver(f) end
-  return 0, 0
-end
--- apply one row to a live view; returns 1 if it changed the view
-local function apply(live, tomb, key, vbytes, op, row)
-  local vh, vl = ver(vbytes)
-  local cur = redis.call('HGET', live, key)
-  local newer = true
-  if cur then local ch, cl = ver(string.sub(cur, 1, 8)); newer = ge(vh, vl, ch, cl) end
-  if op == '1' then
-    local t = redis.call('HGET', tomb, key)
-    if not t then redis.call('HSET', tomb, key, vbytes)
-    else
-      local th, tl = ver(t)
-      if ge(vh, vl, th, tl) then redis.call('HSET', tomb, key, vbytes) end
-    end
-    if newer and cur then redis.call('HDEL', live, key); return 1 end
-    return 0
-  end
-  if not newer then return 0 end
-  local t = redis.call('HGET', tomb, key)
-  if t then local th, tl = ver(t); if ge(th, tl, vh, vl) then return 0 end end
-  redis.call('HSET', live, key, vbytes .. row)
-  return 1
-end
-"""
-
-_LUA_WRITE = (
-    _LUA_COMMON
-    + """
--- KEYS: view (live or staging), tombstones, floors, floor field; ARGV: n, stride, blob, ops,
--- staged ('1'/'0'), then n keys. blob holds n records of 8-byte version + row.
-local view, tomb, floors = KEYS[1], KEYS[2], KEYS[3]
-local n, stride = tonumber(ARGV[1]), tonumber(ARGV[2])
-local blob, ops, staged = ARGV[3], ARGV[4], ARGV[5] == '1'
-local fh, fl = floor_of(floors, KEYS[4])
-local changed = 0
-for i = 1, n do
-  local key = ARGV[5 + i]
-  local rec = string.sub(blob, (i - 1) * stride + 1, i * stride)
-  local vbytes = string.sub(rec, 1, 8)
-  local vh, vl = ver(vbytes)
-  local op = string.sub(ops, i, i)
-  if ge(vh, vl, fh, fl) then
-    if staged then
-      local cur = redis.call('HGET', view, key)
-      local newer = true
-      if cur then local ch, cl = ver(string.sub(cur, 1, 8)); newer = ge(vh, vl, ch, cl) end
-      if newer then
-        redis.call('HSET', view, key, vbytes .. op .. string.sub(rec, 9))
-        changed = changed + 1
-      end
-    else
-      changed = changed + apply(view, tomb, key, vbytes, op, string.sub(rec, 9))
-    end
-  end
-end
-return changed
-"""
-)
-
-_LUA_MERGE = (
-    _LUA_COMMON
-    + """
--- KEYS: staging view, live view, tombstones, floors; ARGV: fields of the staging view
-local stage, live, tomb, floors = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local fh, fl = floor_of(floors, live)
-local changed = 0
-for i = 1, #ARGV do
-  local rec = redis.call('HGET', stage, ARGV[i])
-  if rec then
-    local vbytes = string.sub(rec, 1, 8)
-    local vh, vl = ver(vbytes)
-    if ge(vh, vl, fh, fl) then
-      local op, row = string.sub(rec, 9, 9), string.sub(rec, 10)
-      changed = changed + apply(live, tomb, ARGV[i], vbytes, op, row)
-    end
-    redis.call('HDEL', stage, ARGV[i])
-  end
-end
-return changed
-"""
-)
-
-_LUA_SWEEP = """
--- KEYS: a hash whose values start with an 8-byte version; ARGV: version, fields
-local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
-local vh, vl = ver(ARGV[1])
-local removed = 0
-for i = 2, #ARGV do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if cur then
-    local ch, cl = ver(string.sub(cur, 1, 8))
-    if ch < vh or (ch == vh and cl < vl) then
-      redis.call('HDEL', KEYS[1], ARGV[i])
-      removed = removed + 1
-    end
-  end
-end
-return removed
-"""
-
-_LUA_FLOOR = """
-local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then
-  local ch, cl = ver(cur); local vh, vl = ver(ARGV[2])
-  if ch > vh or (ch == vh and cl >= vl) then return 0 end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-
 _SCAN_CHUNK = 1000
 _READ_CHUNK = 10000
-
-
-_LUA_REGISTER = """
--- KEYS: generations hash, newest-generation key; ARGV: generation, record
-local newest = redis.call('GET', KEYS[2])
-if not newest then
-  newest = 0
-  for _, g in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if tonumber(g) > newest then newest = tonumber(g) end
-  end
-else
-  newest = tonumber(newest)
-end
-local gen = tonumber(ARGV[1])
-if gen > newest then newest = gen end
-redis.call('SET', KEYS[2], newest)
-redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-return newest
-"""
-
-
-def pack_version(version: int) -> bytes:
-    """The 8-byte little-endian form of a version (the head of every stored value)."""
-    return struct.pack("<q", version)
+_ERRORS = DriverErrors(
+    redis_lib.RedisError,
+    lambda e: isinstance(e, (redis_lib.ConnectionError, redis_lib.TimeoutError)),
+)
+"""redis-py's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
 
 
 class RedisStore(Store, Registry):
@@ -231,28 +102,19 @@ class RedisStore(Store, Registry):
             socket_connect_timeout=config.socket_timeout_s,
             retry=Retry(NoBackoff(), 0),  # the publisher's retry policy decides, visibly
         )
-        self._write_script = self._client.register_script(_LUA_WRITE)
-        self._merge_script = self._client.register_script(_LUA_MERGE)
-        self._sweep_script = self._client.register_script(_LUA_SWEEP)
-        self._floor_script = self._client.register_script(_LUA_FLOOR)
-        self._register_script = self._client.register_script(_LUA_REGISTER)
+        self._write_script = self._client.register_script(LUA_WRITE)
+        self._merge_script = self._client.register_script(LUA_MERGE)
+        self._sweep_script = self._client.register_script(LUA_SWEEP)
+        self._floor_script = self._client.register_script(LUA_FLOOR)
+        self._register_script = self._client.register_script(LUA_REGISTER)
         self._lock = threading.RLock()
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             self._client.ping()
 
     def describe(self) -> str:
         """``redis://host:port/db``."""
         return f"redis://{self.config.host}:{self.config.port}/{self.config.db}"
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        try:
-            yield
-        except (redis_lib.ConnectionError, redis_lib.TimeoutError) as e:
-            raise StoreUnavailableError(f"{self.describe()}: {type(e).__name__}: {e}") from e
-        except redis_lib.RedisError as e:
-            raise StoreError(f"{self.describe()}: {type(e).__name__}: {e}") from e
 
     # ---- key names -----------------------------------------------------------------------
     def _hash(self, table: str, stage: int = 0) -> str:
@@ -269,7 +131,7 @@ class RedisStore(Store, Registry):
         """See :meth:`Store.provision` (records the views; hashes appear on first write)."""
         stage = int(staging_generation or 0)
         out: dict[str, ViewInfo] = {}
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             for table, spec in tables.items():
                 view = ViewInfo(table, self._hash(table, stage), spec.dim, DType(spec.dtype), stage)
                 field = f"{table}|{stage}"
@@ -289,7 +151,7 @@ class RedisStore(Store, Registry):
         return out
 
     def _all_views(self) -> list[ViewInfo]:
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             raw = self._client.hgetall(self._reg("views"))
         views = []
         for field, record in raw.items():
@@ -336,8 +198,6 @@ class RedisStore(Store, Registry):
         staging_generation: int | None = None,
     ) -> int:
         """See :meth:`Store.write`: one MULTI/EXEC of version-guarded scripts and the mark."""
-        from deltarec.stores.rows import checked_arrays
-
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
         keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
@@ -382,7 +242,7 @@ class RedisStore(Store, Registry):
         The run's newest-generation key is WATCHed: a registration of a newer generation
         between the check and EXEC aborts the transaction, which is then checked again.
         """
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             for _ in range(20):
                 pipe = self._client.pipeline(transaction=True)
                 try:
@@ -436,7 +296,7 @@ class RedisStore(Store, Registry):
             np.zeros((n, codec.encoded_width(view.dtype, view.dim)), element),
         )
         skip = 9 if view.staging_generation else 8
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             for s in range(0, n, _READ_CHUNK):
                 fields = [str(k) for k in keys[s : s + _READ_CHUNK].tolist()]
                 for i, value in enumerate(self._client.hmget(view.name, fields), start=s):
@@ -457,7 +317,7 @@ class RedisStore(Store, Registry):
     def _hscan(self, name: str, count: int) -> Iterator[list[bytes]]:
         cursor = 0
         while True:
-            with self._errors():
+            with _ERRORS.map_errors(self.describe()):
                 cursor, page = self._client.hscan(name, cursor, count=count)
             if page:
                 yield [bytes(f) for f in page]  # type: ignore[arg-type]
@@ -467,7 +327,7 @@ class RedisStore(Store, Registry):
     def _chunked(self, name: str, fn: Callable[[list[bytes]], Any]) -> None:
         for fields in self._hscan(name, _SCAN_CHUNK):
             for s in range(0, len(fields), _SCAN_CHUNK):
-                with self._errors():
+                with _ERRORS.map_errors(self.describe()):
                     fn(fields[s : s + _SCAN_CHUNK])
 
     # ---- snapshot / staging --------------------------------------------------------------
@@ -478,7 +338,7 @@ class RedisStore(Store, Registry):
 
     def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
         """See :meth:`Registry.snapshot`."""
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             raw = self._client.hget(self._reg("snapshots", run), f"{generation}|{seq}|{table}")
         if raw is None:
             return None
@@ -503,13 +363,13 @@ class RedisStore(Store, Registry):
             "swept_at": record.swept_at,
         }
         field = f"{record.generation}|{record.seq}|{record.table}"
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             self._client.hset(self._reg("snapshots", record.run), field, json.dumps(value))
 
     def _sweep(self, table: str, version: int) -> None:
         live = self._hash(table)
         packed = pack_version(version)
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             self._floor_script(keys=[self._reg("floors")], args=[live, packed])
         for name in (live, self._reg("tomb", table)):
 
@@ -522,7 +382,7 @@ class RedisStore(Store, Registry):
         """See :meth:`Store.merge_staging`: chunked, guarded, idempotent; not one transaction."""
         validate_run(run)
         merged = 0
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             snapshots = self._client.hgetall(self._reg("snapshots", run))
         for stage in [v for v in self._all_views() if v.staging_generation == generation]:
             live = self._hash(stage.table)
@@ -534,7 +394,7 @@ class RedisStore(Store, Registry):
 
             while True:
                 self._chunked(stage.name, merge)
-                with self._errors():
+                with _ERRORS.map_errors(self.describe()):
                     if not self._client.hlen(stage.name):
                         break
             for field, raw in snapshots.items():
@@ -543,9 +403,9 @@ class RedisStore(Store, Registry):
                 if int(g) == generation and t == stage.table and record["swept_at"] is None:
                     self._sweep(stage.table, int(record["version"]))
                     record["swept_at"] = time.time()
-                    with self._errors():
+                    with _ERRORS.map_errors(self.describe()):
                         self._client.hset(self._reg("snapshots", run), field, json.dumps(record))
-            with self._errors():
+            with _ERRORS.map_errors(self.describe()):
                 self._client.hdel(self._reg("views"), f"{stage.table}|{generation}")
         self._set_gen_field(run, generation, "merged_at", time.time())
         self._views_cache.clear()
@@ -556,7 +416,7 @@ class RedisStore(Store, Registry):
         validate_run(run)
         stages = [v for v in self._all_views() if v.staging_generation == generation]
         for stage in stages:
-            with self._errors():
+            with _ERRORS.map_errors(self.describe()):
                 self._client.delete(stage.name)
                 self._client.hdel(self._reg("views"), f"{stage.table}|{generation}")
         self._views_cache.clear()
@@ -565,7 +425,7 @@ class RedisStore(Store, Registry):
     # ---- registry ------------------------------------------------------------------------
     def _set_gen_field(self, run: str, generation: int, field: str, value: float) -> None:
         key = self._reg("gens", run)
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             raw = self._client.hget(key, str(generation))
             record = json.loads(raw) if raw else {"registered_at": value}
             record[field] = value
@@ -575,7 +435,7 @@ class RedisStore(Store, Registry):
         """See :meth:`Registry.register_generation`."""
         validate_run(run)
         record = json.dumps({"registered_at": time.time()})
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             self._register_script(
                 keys=[self._reg("gens", run), self._reg("newest", run)],
                 args=[str(int(generation)), record],
@@ -583,12 +443,12 @@ class RedisStore(Store, Registry):
 
     def generations(self, run: str) -> list[int]:
         """See :meth:`Registry.generations`."""
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             return sorted(int(g) for g in self._client.hkeys(self._reg("gens", run)))
 
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
         """See :meth:`Registry.progress`."""
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             raw = self._client.hgetall(self._reg("progress", run, generation))
         marks = []
         for field, value in raw.items():
@@ -612,7 +472,7 @@ class RedisStore(Store, Registry):
     def record_freshness(self, record: FreshnessRecord) -> None:
         """See :meth:`Registry.record_freshness` (the first record is kept)."""
         value = json.dumps({"committed_at": record.committed_at, "visible_at": record.visible_at})
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             self._client.hsetnx(
                 self._reg("fresh", record.run),
                 f"{record.generation}|{record.seq}|{record.rank}",
@@ -621,7 +481,7 @@ class RedisStore(Store, Registry):
 
     def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
         """See :meth:`Registry.freshness`."""
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             raw = self._client.hgetall(self._reg("fresh", run))
         out = []
         for field, value in raw.items():
@@ -639,7 +499,7 @@ class RedisStore(Store, Registry):
         now = max(time.time(), (last.promoted_at + 1e-6) if last else 0.0)
         pointer = ServingPointer(run, generation, seq, now, note)
         record = {"generation": generation, "seq": seq, "promoted_at": now, "note": note}
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             self._client.rpush(self._reg("serving", run), json.dumps(record))
         return pointer
 
@@ -650,7 +510,7 @@ class RedisStore(Store, Registry):
 
     def serving_history(self, run: str) -> list[ServingPointer]:
         """See :meth:`Registry.serving_history`."""
-        with self._errors():
+        with _ERRORS.map_errors(self.describe()):
             raw = self._client.lrange(self._reg("serving", run), 0, -1)
         out = []
         for value in raw:

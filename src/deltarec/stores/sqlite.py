@@ -24,14 +24,25 @@ import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
-from deltarec.errors import StoreError, StoreUnavailableError
+from deltarec.errors import StoreError
 from deltarec.stores.base import first_batch
 from deltarec.stores.config import SqliteConfig
+from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.spill import Spill
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
+
+
+def _transient(e: BaseException) -> bool:
+    """A database another connection holds locked or busy: a later try may get it."""
+    text = str(e)
+    return isinstance(e, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+_ERRORS = DriverErrors(sqlite3.Error, _transient)
+"""SQLite's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
 
 _READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
 PAGE_SIZE = 16384
@@ -182,7 +193,8 @@ class SqliteStore(RelationalStore):
         if path != ":memory:":
             parent = os.path.dirname(os.path.abspath(path))
             os.makedirs(parent, exist_ok=True)
-        try:
+        # A file another process holds locked is a transient error (see _transient).
+        with _ERRORS.map_errors(f"sqlite store {path!r}: cannot open"):
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 path, timeout=config.timeout_s, isolation_level=None, check_same_thread=False
             )
@@ -197,8 +209,6 @@ class SqliteStore(RelationalStore):
             page = int(self._conn.execute("PRAGMA page_size").fetchone()[0])
             checkpoint = max(1, config.checkpoint_pages * 4096 // page)  # same WAL bytes
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint}")
-        except sqlite3.Error as e:  # a file another process holds locked: transient
-            raise _map_error(f"sqlite store {path!r}: cannot open", e) from e
         try:
             self._conn.execute("SELECT count(*) FROM json_each('[1]')")
         except sqlite3.OperationalError as e:
@@ -215,7 +225,7 @@ class SqliteStore(RelationalStore):
     # ---- connection ----------------------------------------------------------------------
     @contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
-        with self._lock:
+        with self._lock, _ERRORS.map_errors(self.describe()):
             if self._conn is None:
                 raise StoreError(f"{self.describe()} is closed")
             cur = self._conn.cursor()
@@ -223,11 +233,9 @@ class SqliteStore(RelationalStore):
                 cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield cur
                 cur.execute("COMMIT")
-            except BaseException as e:
+            except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise _map_error(self.describe(), e) from e
                 raise
             finally:
                 cur.close()
@@ -556,10 +564,3 @@ def _follows(keys: np.ndarray, last: int | None) -> bool:
     if not len(keys):
         return True
     return ascending(keys) and (last is None or int(keys[0]) > last)
-
-
-def _map_error(where: str, e: sqlite3.Error) -> Exception:
-    text = str(e)
-    if isinstance(e, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
-        return StoreUnavailableError(f"{where}: {text}")
-    return StoreError(f"{where}: {text}")
