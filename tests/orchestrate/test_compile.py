@@ -32,14 +32,24 @@ def load_module(path):
     return module
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_each_component_folder_compiles_its_component_on_the_pinned_image(step, tmp_path):
-    module = load_module(REPO / "components" / step / "component.py")
-    assert (REPO / "components" / step / "README.md").read_text().startswith(f"# {step}")
-    from kfp import compiler
+def test_every_component_but_params_has_a_documented_folder():
+    from deltarec.orchestrate.components import COMPONENTS
 
+    def listing(folder):
+        return sorted(p.name for p in folder.iterdir() if p.name != "__pycache__")
+
+    folders = [name for name in listing(REPO / "components") if "." not in name]
+    assert folders == sorted(STEPS) == sorted(set(COMPONENTS) - {"params"})
+    for step in STEPS:
+        assert listing(REPO / "components" / step) == ["README.md"]
+        assert (REPO / "components" / step / "README.md").read_text().startswith(f"# {step}")
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_components_compile_py_compiles_each_step_on_the_pinned_image(step, tmp_path, capsys):
     out = tmp_path / f"{step}.yaml"
-    compiler.Compiler().compile(module.component, str(out))
+    assert load_module(REPO / "components" / "compile.py").main([step, str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
     spec = yaml.safe_load(out.read_text())
     (executor,) = spec["deploymentSpec"]["executors"].values()
     container = executor["container"]
@@ -47,6 +57,19 @@ def test_each_component_folder_compiles_its_component_on_the_pinned_image(step, 
     source = container["command"][-1]
     assert "from deltarec.orchestrate import steps" in source
     assert "packages_to_install" not in out.read_text() and "deltarec==" not in source
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "usage: python components/compile.py STEP [OUTPUT.yaml]"),
+        (["trian"], "no step 'trian'; STEP: params | provision | train |"),
+        (["train", "a.yaml", "b.yaml"], "usage:"),
+    ],
+)
+def test_components_compile_py_refuses_a_wrong_call_naming_the_steps(argv, message, capsys):
+    assert load_module(REPO / "components" / "compile.py").main(argv) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_path, monkeypatch):
@@ -210,15 +233,18 @@ def test_run_requires_local(capsys):
     assert "only --local" in capsys.readouterr().err
 
 
-def test_checkout_entry_points_compile_the_pipeline_and_every_component(tmp_path):
+def test_checkout_entry_points_compile_the_pipeline_and_a_component(tmp_path):
     import subprocess
     import sys
 
     scripts = [(REPO / "pipelines" / "deltarec_pipeline.py", tmp_path / "pipeline.yaml")]
-    scripts += [(REPO / "components" / s / "component.py", tmp_path / f"{s}.yaml") for s in STEPS]
-    for script, out in scripts:
+    scripts += [(REPO / "components" / "compile.py", "train", tmp_path / "train.yaml")]
+    for script, *args, out in scripts:
         done = subprocess.run(
-            [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120
+            [sys.executable, str(script), *args, str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == str(out)
