@@ -299,9 +299,13 @@ class Registry(abc.ABC):
     def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
         """Point serving at ``generation`` through dump ``seq``; kept in a history."""
 
-    @abc.abstractmethod
     def get_serving(self, run: str) -> ServingPointer | None:
-        """The current serving pointer of ``run``, or None if never promoted."""
+        """The current serving pointer of ``run``, or None if never promoted.
+
+        The default takes the newest of :meth:`serving_history`.
+        """
+        history = self.serving_history(run)
+        return history[-1] if history else None
 
     @abc.abstractmethod
     def serving_history(self, run: str) -> list[ServingPointer]:

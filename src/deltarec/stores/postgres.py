@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,7 +43,6 @@ from deltarec.stores.relational import REGISTRY_DDL, RelationalStore
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
-_READ_CHUNK = 10000
 _WALK = 4
 """A merge of at least 1/4 of the view's size (by the tables' files) goes by a merge join:
 the batch table gets an index on its keys (a sort of keys only), and both indexes are read once
@@ -91,6 +90,7 @@ class PostgresStore(RelationalStore):
         batch_bytes=512 << 20,
     )
     _GREATEST = "GREATEST"
+    _read_chunk = 10000
 
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
@@ -211,9 +211,6 @@ class PostgresStore(RelationalStore):
             f"embedding {emb} NOT NULL, version BIGINT NOT NULL, "
             f"updated_at TIMESTAMPTZ NOT NULL DEFAULT now(){op}){fill}"
         ]
-
-    def _drop_view_sql(self, name: str) -> str:
-        return f"DROP TABLE IF EXISTS {quote(name)}"
 
     # ---- rows ----------------------------------------------------------------------------
     def write_batches(
@@ -401,34 +398,8 @@ class PostgresStore(RelationalStore):
             (floor,),
         )
 
-    def read(
-        self, table: str, keys: np.ndarray, staging_generation: int | None = None
-    ) -> ReadResult:
-        """See :meth:`Store.read`."""
-        view = self._view(table, staging_generation)
-        keys = np.asarray(keys, dtype=np.int64)
-        n = int(keys.shape[0])
-        element = codec.element_type(view.dtype)
-        out = ReadResult(
-            np.zeros(n, bool),
-            np.zeros(n, np.int64),
-            np.zeros((n, codec.encoded_width(view.dtype, view.dim)), element),
-        )
-        position = {int(k): i for i, k in enumerate(keys.tolist())}
-        extra = " AND op = 0" if view.staging_generation else ""
-        with self._tx(write=False) as cur:
-            for start in range(0, n, _READ_CHUNK):
-                cur.execute(
-                    f"SELECT key, embedding, version FROM {quote(view.name)} "
-                    f"WHERE key = ANY(%s){extra}",
-                    (keys[start : start + _READ_CHUNK].tolist(),),
-                )
-                for key, emb, version in cur.fetchall():
-                    i = position[int(key)]
-                    out.found[i] = True
-                    out.versions[i] = version
-                    out.embedding[i] = self._decode(emb, view, element)
-        return out
+    def _keys_in(self, keys: list[int]) -> tuple[str, Sequence[Any]]:
+        return "key = ANY(?)", (keys,)
 
     def _decode(self, value: Any, view: ViewInfo, element: np.dtype) -> np.ndarray:
         if self.layout == "bytea":
@@ -440,26 +411,9 @@ class PostgresStore(RelationalStore):
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:
         """Every row of a live view, ascending, in keyset-paged ``SELECT``s (one read each)."""
         view = self._view(table)
-        q = quote(view.name)
         element = codec.element_type(view.dtype)
         width = codec.encoded_width(view.dtype, view.dim)
-        last: int | None = None
-        while True:
-            with self._tx(write=False) as cur:
-                if last is None:
-                    cur.execute(
-                        f"SELECT key, embedding, version FROM {q} ORDER BY key LIMIT %s",
-                        (batch_rows,),
-                    )
-                else:
-                    cur.execute(
-                        f"SELECT key, embedding, version FROM {q} WHERE key > %s "
-                        "ORDER BY key LIMIT %s",
-                        (last, batch_rows),
-                    )
-                rows = cur.fetchall()
-            if not rows:
-                return
+        for rows in self._pages(view.name, "key, embedding, version", batch_rows):
             n = len(rows)
             keys = np.fromiter((r[0] for r in rows), np.int64, n)
             if self.layout == "bytea":
@@ -469,9 +423,6 @@ class PostgresStore(RelationalStore):
                 emb = emb.astype(element)
             versions = np.fromiter((r[2] for r in rows), np.int64, n)
             yield keys, ReadResult(np.ones(n, bool), versions, emb)
-            last = int(keys[-1])
-            if n < batch_rows:
-                return
 
     # ---- snapshot / staging --------------------------------------------------------------
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:

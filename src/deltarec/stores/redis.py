@@ -32,7 +32,6 @@ import redis as redis_lib
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import (
     BadInputError,
@@ -150,13 +149,16 @@ class RedisStore(Store, Registry):
         self._views_cache.clear()
         return out
 
-    def _all_views(self) -> list[ViewInfo]:
+    def _records(self, key: str) -> list[tuple[str, Any]]:
+        """Every field of the registry hash ``key`` with its JSON record, decoded."""
         with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hgetall(self._reg("views"))
+            raw = self._client.hgetall(key)
+        return [(_text(field), json.loads(value)) for field, value in raw.items()]
+
+    def _all_views(self) -> list[ViewInfo]:
         views = []
-        for field, record in raw.items():
-            table, _, stage = _text(field).rpartition("|")
-            obj = json.loads(record)
+        for field, obj in self._records(self._reg("views")):
+            table, _, stage = field.rpartition("|")
             views.append(
                 ViewInfo(
                     table,
@@ -289,12 +291,8 @@ class RedisStore(Store, Registry):
         view = self._view(table, staging_generation)
         keys = np.asarray(keys, dtype=np.int64)
         n = int(keys.shape[0])
-        element = codec.element_type(view.dtype)
-        out = ReadResult(
-            np.zeros(n, bool),
-            np.zeros(n, np.int64),
-            np.zeros((n, codec.encoded_width(view.dtype, view.dim)), element),
-        )
+        out = ReadResult.none_found(view, n)
+        element = out.embedding.dtype
         skip = 9 if view.staging_generation else 8
         with _ERRORS.map_errors(self.describe()):
             for s in range(0, n, _READ_CHUNK):
@@ -382,8 +380,7 @@ class RedisStore(Store, Registry):
         """See :meth:`Store.merge_staging`: chunked, guarded, idempotent; not one transaction."""
         validate_run(run)
         merged = 0
-        with _ERRORS.map_errors(self.describe()):
-            snapshots = self._client.hgetall(self._reg("snapshots", run))
+        snapshots = self._records(self._reg("snapshots", run))
         for stage in [v for v in self._all_views() if v.staging_generation == generation]:
             live = self._hash(stage.table)
             keys = [stage.name, live, self._reg("tomb", stage.table), self._reg("floors")]
@@ -397,9 +394,8 @@ class RedisStore(Store, Registry):
                 with _ERRORS.map_errors(self.describe()):
                     if not self._client.hlen(stage.name):
                         break
-            for field, raw in snapshots.items():
-                g, _, t = _text(field).split("|", 2)
-                record = json.loads(raw)
+            for field, record in snapshots:
+                g, _, t = field.split("|", 2)
                 if int(g) == generation and t == stage.table and record["swept_at"] is None:
                     self._sweep(stage.table, int(record["version"]))
                     record["swept_at"] = time.time()
@@ -448,12 +444,9 @@ class RedisStore(Store, Registry):
 
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
         """See :meth:`Registry.progress`."""
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hgetall(self._reg("progress", run, generation))
         marks = []
-        for field, value in raw.items():
-            seq, table, rank = _text(field).split("|")
-            r = json.loads(value)
+        for field, r in self._records(self._reg("progress", run, generation)):
+            seq, table, rank = field.split("|")
             marks.append(
                 ProgressMark(
                     run,
@@ -481,13 +474,10 @@ class RedisStore(Store, Registry):
 
     def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
         """See :meth:`Registry.freshness`."""
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hgetall(self._reg("fresh", run))
         out = []
-        for field, value in raw.items():
-            g, s, r = (int(p) for p in _text(field).split("|"))
+        for field, obj in self._records(self._reg("fresh", run)):
+            g, s, r = (int(p) for p in field.split("|"))
             if generation is None or g == generation:
-                obj = json.loads(value)
                 out.append(FreshnessRecord(run, g, s, r, obj["committed_at"], obj["visible_at"]))
         return sorted(out, key=lambda f: (f.generation, f.seq, f.rank))
 
@@ -502,11 +492,6 @@ class RedisStore(Store, Registry):
         with _ERRORS.map_errors(self.describe()):
             self._client.rpush(self._reg("serving", run), json.dumps(record))
         return pointer
-
-    def get_serving(self, run: str) -> ServingPointer | None:
-        """See :meth:`Registry.get_serving`."""
-        history = self.serving_history(run)
-        return history[-1] if history else None
 
     def serving_history(self, run: str) -> list[ServingPointer]:
         """See :meth:`Registry.serving_history`."""

@@ -35,6 +35,7 @@ from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.types import (
     FreshnessRecord,
     ProgressMark,
+    ReadResult,
     RowBatch,
     ServingPointer,
     SnapshotRecord,
@@ -100,9 +101,9 @@ class RelationalStore(Store, Registry):
     def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
         """DDL creating one view (live or staging), idempotent."""
 
-    @abc.abstractmethod
     def _drop_view_sql(self, name: str) -> str:
         """DDL dropping one view."""
+        return f"DROP TABLE IF EXISTS {quote(name)}"
 
     _GREATEST = "MAX"
     """The dialect's two-argument maximum (SQLite's scalar ``MAX``, PostgreSQL's ``GREATEST``)."""
@@ -151,6 +152,39 @@ class RelationalStore(Store, Registry):
         """See :meth:`Store.write`: a :meth:`write_batches` of one batch."""
         batch = RowBatch(keys, embedding, ops, versions)
         return self.write_batches(table, [batch], mark, staging_generation)
+
+    _read_chunk: int
+    """Keys per ``SELECT`` of :meth:`read` (the dialect's limits)."""
+
+    def read(
+        self, table: str, keys: np.ndarray, staging_generation: int | None = None
+    ) -> ReadResult:
+        """See :meth:`Store.read` (one read transaction, a ``SELECT`` per chunk of keys)."""
+        view = self._view(table, staging_generation)
+        keys = np.asarray(keys, dtype=np.int64)
+        n = int(keys.shape[0])
+        out = ReadResult.none_found(view, n)
+        element = out.embedding.dtype
+        position = {int(k): i for i, k in enumerate(keys.tolist())}
+        live = " AND op = 0" if view.staging_generation else ""  # a staged delete: not found
+        with self._tx(write=False) as cur:
+            for start in range(0, n, self._read_chunk):
+                where, params = self._keys_in(keys[start : start + self._read_chunk].tolist())
+                sql = f"SELECT key, embedding, version FROM {quote(view.name)} WHERE {where}"
+                for key, value, version in self._rows(cur, sql + live, params):
+                    i = position[int(key)]
+                    out.found[i] = True
+                    out.versions[i] = version
+                    out.embedding[i] = self._decode(value, view, element)
+        return out
+
+    def _keys_in(self, keys: list[int]) -> tuple[str, Sequence[Any]]:
+        """The ``WHERE`` condition that picks ``keys``, and its parameters."""
+        return f"key IN ({', '.join('?' * len(keys))})", keys
+
+    def _decode(self, value: Any, view: ViewInfo, element: np.dtype) -> np.ndarray:
+        """One stored embedding as an encoded row (the stored bytes, as is)."""
+        return np.frombuffer(value, dtype=element)
 
     @abc.abstractmethod
     def write_batches(
@@ -469,11 +503,6 @@ class RelationalStore(Store, Registry):
             )
         return ServingPointer(run, generation, seq, now, note)
 
-    def get_serving(self, run: str) -> ServingPointer | None:
-        """See :meth:`Registry.get_serving`."""
-        history = self.serving_history(run)
-        return history[-1] if history else None
-
     def serving_history(self, run: str) -> list[ServingPointer]:
         """See :meth:`Registry.serving_history`."""
         with self._tx(write=False) as cur:
@@ -498,27 +527,31 @@ class RelationalStore(Store, Registry):
 
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """See :meth:`Store.scan_keys` (ascending)."""
-        view = self._view(table)
-        for page in self._iter_pages(view.name, batch_rows):
-            yield np.asarray(page, dtype=np.int64)
+        for page in self._pages(self._view(table).name, "key", batch_rows):
+            yield np.fromiter((k for (k,) in page), np.int64, len(page))
 
-    def _iter_pages(self, name: str, batch_rows: int) -> Iterator[list[int]]:
+    def _pages(self, name: str, columns: str, batch_rows: int) -> Iterator[list[tuple[Any, ...]]]:
+        """``columns`` (``key`` first) of every row of view ``name``, ascending by key.
+
+        Keyset-paged: pages of ``batch_rows`` rows, each one ``SELECT`` in a read transaction of
+        its own, from the key after the last page's on.
+        """
         quoted = quote(name)
         last: int | None = None
         while True:
             with self._tx(write=False) as cur:
                 if last is None:
-                    sql = f"SELECT key FROM {quoted} ORDER BY key LIMIT ?"
+                    sql = f"SELECT {columns} FROM {quoted} ORDER BY key LIMIT ?"
                     params: tuple[Any, ...] = (batch_rows,)
                 else:
-                    sql = f"SELECT key FROM {quoted} WHERE key > ? ORDER BY key LIMIT ?"
+                    sql = f"SELECT {columns} FROM {quoted} WHERE key > ? ORDER BY key LIMIT ?"
                     params = (last, batch_rows)
-                keys = [int(k) for (k,) in self._rows(cur, sql, params)]
-            if not keys:
+                page = self._rows(cur, sql, params)
+            if not page:
                 return
-            yield keys
-            last = keys[-1]
-            if len(keys) < batch_rows:
+            yield page
+            last = int(page[-1][0])
+            if len(page) < batch_rows:
                 return
 
     _views_cache: dict[tuple[str, int], ViewInfo]

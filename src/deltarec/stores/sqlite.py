@@ -44,7 +44,6 @@ def _transient(e: BaseException) -> bool:
 _ERRORS = DriverErrors(sqlite3.Error, _transient)
 """SQLite's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
 
-_READ_CHUNK = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
 PAGE_SIZE = 16384
 """Page size of a new store file. A batch in random key order rewrites every page it touches
 into the WAL; 16 KB pages hold ~56 rows of dim 64 float32 and make bulk upserts ~1.5-2x faster
@@ -174,6 +173,7 @@ class SqliteStore(RelationalStore):
     """
 
     kind = "sqlite"
+    _read_chunk = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
     capabilities = Capabilities(
         deletes=True,
         atomic_marks=True,
@@ -254,9 +254,6 @@ class SqliteStore(RelationalStore):
             f"CREATE TABLE IF NOT EXISTS {quote(name)} (key INTEGER PRIMARY KEY, "
             f"embedding BLOB NOT NULL, version INTEGER NOT NULL, updated_at REAL NOT NULL{op})"
         ]
-
-    def _drop_view_sql(self, name: str) -> str:
-        return f"DROP TABLE IF EXISTS {quote(name)}"
 
     # ---- rows ----------------------------------------------------------------------------
     def write_batches(
@@ -394,34 +391,6 @@ class SqliteStore(RelationalStore):
             "WHERE excluded.version > deltarec_tombstones.version",
             [(name, k, v) for k, v in pairs],
         )
-
-    def read(
-        self, table: str, keys: np.ndarray, staging_generation: int | None = None
-    ) -> ReadResult:
-        """See :meth:`Store.read`."""
-        view = self._view(table, staging_generation)
-        keys = np.asarray(keys, dtype=np.int64)
-        n = int(keys.shape[0])
-        width = codec.encoded_width(view.dtype, view.dim)
-        element = codec.element_type(view.dtype)
-        out = ReadResult(np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, width), element))
-        extra = " AND op = 0" if view.staging_generation else ""
-        position = {int(k): i for i, k in enumerate(keys.tolist())}
-        with self._tx(write=False) as cur:
-            for start in range(0, n, _READ_CHUNK):
-                chunk = keys[start : start + _READ_CHUNK].tolist()
-                marks = ", ".join("?" * len(chunk))
-                cur.execute(
-                    f"SELECT key, embedding, version FROM {quote(view.name)} "
-                    f"WHERE key IN ({marks}){extra}",
-                    chunk,
-                )
-                for key, blob, version in cur.fetchall():
-                    i = position[int(key)]
-                    out.found[i] = True
-                    out.versions[i] = version
-                    out.embedding[i] = np.frombuffer(blob, dtype=element)
-        return out
 
     def scan_rows(
         self, table: str, batch_rows: int = 65536

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType
 from deltarec.ids import make_version
 
@@ -79,6 +80,17 @@ class ReadResult:
     found: np.ndarray
     versions: np.ndarray
     embedding: np.ndarray
+
+    @classmethod
+    def none_found(cls, view: ViewInfo, n: int) -> ReadResult:
+        """``n`` rows of ``view``, none found yet (what a backend's ``read`` fills in)."""
+        return cls(
+            np.zeros(n, bool),
+            np.zeros(n, np.int64),
+            np.zeros(
+                (n, codec.encoded_width(view.dtype, view.dim)), codec.element_type(view.dtype)
+            ),
+        )
 
     def __len__(self) -> int:
         return int(self.found.shape[0])
