@@ -1,9 +1,10 @@
-"""Write small generations directly with the artifacts API (no torch)."""
+"""Write small generations directly with the artifacts API (no torch): one table, one rank."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from deltarec import artifacts
 from deltarec.artifacts import (
     ArtifactRoot,
     DType,
@@ -12,7 +13,6 @@ from deltarec.artifacts import (
     Manifest,
     Parent,
     ShardRows,
-    ShardWriter,
     TableSpec,
     codec,
 )
@@ -46,20 +46,8 @@ def write_dump(
     k = np.asarray(keys, dtype=np.int64)
     values = np.stack([row_for(int(x), step) for x in k]) if len(k) else np.zeros((0, DIM))
     ops = np.asarray([1 if int(x) in evicted else 0 for x in k], dtype=np.int8)
-    with ShardWriter(root, run, generation, seq, TABLE, 0, DType.FLOAT32, DIM) as w:
-        w.write(ShardRows(k, codec.encode(values, DType.FLOAT32), ops, np.full(len(k), step)))
-        shard = w.close()
-    m = Manifest(
-        run=run,
-        generation=generation,
-        seq=seq,
-        kind=kind,
-        first_step=step,
-        last_step=step,
-        world_size=1,
-        shards=(shard,),
-        tables={TABLE: len(k)},
+    rows = ShardRows(k, codec.encode(values, DType.FLOAT32), ops, np.full(len(k), step))
+    info = root.read_generation(run, generation)
+    return artifacts.write_dump(
+        root, info, seq, kind, {TABLE: {0: rows}}, step, step, commit=commit
     )
-    if commit:
-        root.commit_manifest(m)
-    return m

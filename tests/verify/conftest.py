@@ -1,8 +1,9 @@
-"""Fixtures for verify/promote/rollback tests: generations built with ShardWriter directly.
+"""Fixtures for verify/promote/rollback tests: generations written with the artifacts API.
 
-``Lineage`` writes generations and dumps the way the dumper does (shards, then the manifest
-last) and publishes them into a store the way the publisher does (versioned writes, a progress
-mark per batch, snapshot replacement), so these tests need neither torch nor a training run.
+``Lineage`` writes generations and dumps with :func:`deltarec.artifacts.write_dump` (shards,
+then the manifest last, as the dumper commits) and publishes them with
+:class:`~deltarec.publish.DumpPublisher` itself, so these tests need neither torch nor a
+training run, and what they verify is what the publisher writes.
 """
 
 from __future__ import annotations
@@ -24,16 +25,15 @@ from deltarec.artifacts import (
     Manifest,
     Parent,
     ShardRows,
-    ShardWriter,
     TableKind,
     TableSpec,
     codec,
-    read_shard,
+    write_dump,
 )
-from deltarec.publish.snapshot import finish_snapshot
+from deltarec.publish import DumpPublisher
+from deltarec.publish.types import PublishMode
 from deltarec.stores import open_store
 from deltarec.stores.base import Store
-from deltarec.stores.types import ProgressMark
 
 RUN = "ctr"
 T_EMB = "sparse.ebc.user_id"
@@ -89,57 +89,23 @@ class Lineage:
         """Write one dump: per table (keys, salt[, ops]); values from ``values``."""
         first = self.step + 1
         self.step += steps
-        shards = []
-        counts = {}
+        shards = {}
         for table, spec_rows in sorted(rows.items()):
             keys = np.asarray(spec_rows[0], np.int64)
-            salt = spec_rows[1]
-            ops = (
-                np.asarray(spec_rows[2], np.int8)
-                if len(spec_rows) == 3
-                else np.zeros(len(keys), np.int8)
-            )
-            spec = self.specs[table]
-            enc = codec.encode(values(keys, salt, spec.dim), spec.dtype)
-            with ShardWriter(self.root, self.run, gen, seq, table, 0, spec.dtype, spec.dim) as w:
-                w.write(ShardRows(keys, enc, ops, np.full(len(keys), self.step, np.int64)))
-                shards.append(w.close())
-            counts[table] = len(keys)
-        m = Manifest(self.run, gen, seq, kind, first, self.step, 1, tuple(shards), counts)
-        self.root.commit_manifest(m)
-        return m
+            ops = np.asarray(spec_rows[2] if len(spec_rows) == 3 else np.zeros(len(keys)), np.int8)
+            enc = self.expected_row(table, keys, spec_rows[1])
+            shards[table] = {0: ShardRows(keys, enc, ops, np.full(len(keys), self.step, np.int64))}
+        info = self.root.read_generation(self.run, gen)
+        return write_dump(self.root, info, seq, kind, shards, first, self.step)
 
     def publish(
         self, store: Store, gen: int, seqs: list[int] | None = None, staged: bool = False
     ) -> None:
-        """Publish committed dumps of ``gen`` like the publisher (direct or staged mode)."""
-        info = self.root.read_generation(self.run, gen)
-        stage = gen if staged else None
-        store.provision(info.tables)
-        if staged:
-            store.provision(info.tables, staging_generation=gen)
-        store.register_generation(self.run, gen)
+        """Publish committed dumps of ``gen`` with the publisher (direct or staged mode)."""
+        mode = PublishMode.STAGED if staged else PublishMode.DIRECT
+        publisher = DumpPublisher(store, self.root, self.run, mode=mode)
         for seq in seqs if seqs is not None else self.root.list_dumps(self.run, gen):
-            m = self.root.read_manifest(self.run, gen, seq)
-            d = self.root.dump_dir(self.run, gen, seq)
-            for shard in m.shards:
-                r = read_shard(self.root, d, shard, info.tables[shard.table].dtype)
-                mark = ProgressMark(
-                    self.run, gen, seq, shard.table, 0, len(r), True, staging_generation=stage or 0
-                )
-                store.write(
-                    shard.table,
-                    r.keys,
-                    r.embedding,
-                    r.ops,
-                    np.full(len(r), m.version, np.int64),
-                    mark=mark,
-                    staging_generation=stage,
-                )
-                if m.kind is DumpKind.SNAPSHOT:
-                    finish_snapshot(
-                        store, self.run, gen, seq, shard.table, 1, staging_generation=stage
-                    )
+            publisher.publish_dump(self.root.read_manifest(self.run, gen, seq), 0)
 
 
 @pytest.fixture

@@ -5,27 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 
-from deltarec.artifacts import DumpKind, ShardRows, ShardWriter, codec
+from deltarec.artifacts import DumpKind, ShardRows, codec, write_dump
 from deltarec.artifacts.lineage import ExpectedRows, expected_state
 
 
 def _snapshot_in_row_groups(lineage, gen: int, keys: np.ndarray, groups: int) -> None:
     """Dump 0 of ``gen``: a snapshot of T_EMB written in ``groups`` row groups."""
-    from deltarec.artifacts import Manifest
-
     spec = lineage.specs[lineage.T_EMB]
-    root = lineage.root
-    with ShardWriter(root, lineage.run, gen, 0, lineage.T_EMB, 0, spec.dtype, spec.dim) as w:
-        for part in np.array_split(keys, groups):
-            enc = codec.encode(lineage.values(part, 0.5, spec.dim), spec.dtype)
-            w.write(
-                ShardRows(part, enc, np.zeros(len(part), np.int8), np.ones(len(part), np.int64))
-            )
-        shard = w.close()
-    m = Manifest(
-        lineage.run, gen, 0, DumpKind.SNAPSHOT, 1, 1, 1, (shard,), {lineage.T_EMB: len(keys)}
-    )
-    root.commit_manifest(m)
+    parts = [
+        ShardRows(
+            part,
+            codec.encode(lineage.values(part, 0.5, spec.dim), spec.dtype),
+            np.zeros(len(part), np.int8),
+            np.ones(len(part), np.int64),
+        )
+        for part in np.array_split(keys, groups)
+    ]
+    info = lineage.root.read_generation(lineage.run, gen)
+    write_dump(lineage.root, info, 0, DumpKind.SNAPSHOT, {lineage.T_EMB: {0: parts}}, 1, 1)
     lineage.step = 1
 
 

@@ -6,6 +6,7 @@ imports torch: publishers, verifiers and other writers use it without the traini
 Exports:
     ArtifactRoot: paths, atomic writes, generation allocation, listing, manifests.
     ShardWriter, ShardRows, iter_shard, read_shard, check_shard: parquet shards.
+    write_dump: commit a dump written by one process (shards first, manifest last).
     GenerationInfo, Manifest, ShardInfo, TableSpec, Parent: the JSON records.
     DType, TableKind, DumpKind, Op, FALLBACK_KEY: enums and constants.
     codec: row encoding shared by shards and stores.
@@ -28,6 +29,7 @@ from deltarec.artifacts.types import (
     parse_time,
     utc_now,
 )
+from deltarec.artifacts.writer import write_dump
 
 __all__ = [
     "FALLBACK_KEY",
@@ -52,4 +54,5 @@ __all__ = [
     "read_shard",
     "shard_relpath",
     "utc_now",
+    "write_dump",
 ]

@@ -2,8 +2,9 @@
 
 A :class:`ShardWriter` streams row groups into a temporary file while computing its sha256, so
 memory stays bounded by one row group whatever the shard size; ``close()`` makes the file
-durable and renames it into place. :func:`read_shard` and :func:`iter_shard` check sha256 and
-row count against the manifest entry before returning rows.
+durable and renames it into place. :func:`iter_shard` (the one shard reader; in batches, with
+an option for bounded memory) and :func:`read_shard` (a whole shard) check sha256 and size
+against the manifest entry before the first row and the row count after the last one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from deltarec.artifacts.types import DType, ShardInfo
 from deltarec.errors import ArtifactError, ChecksumError
 
 _HASH_CHUNK = 8 << 20
+READ_BUFFER = 1 << 20
+"""Read buffer of :func:`iter_shard` with ``bounded_memory``."""
+READ_ROWS = 8192
+"""Rows per parquet record batch of :func:`iter_shard` with ``bounded_memory``."""
 
 
 @dataclass
@@ -448,10 +453,21 @@ def iter_shard(
     dtype: DType,
     batch_rows: int = 65536,
     verify: bool = True,
+    bounded_memory: bool = False,
 ) -> Iterator[ShardRows]:
-    """Yield a shard's rows in batches of at most ``batch_rows``.
+    """Yield a shard's rows in batches.
 
-    With ``verify`` the file's sha256 is checked first, and the row count at the end.
+    By default pyarrow reads a whole column chunk (a row group) at a time and yields batches
+    of at most ``batch_rows``. With ``bounded_memory`` (the publisher's reader) the file is
+    streamed through a ``READ_BUFFER`` read buffer in record batches of at most ``READ_ROWS``
+    rows (no threads, no pre-buffering), joined into batches of ``batch_rows`` or slightly more
+    (the last may be shorter): memory is about two batches whatever the shard or row-group
+    size.
+
+    Raises:
+        ChecksumError: with ``verify``, the file's sha256 and size (checked before the first
+            row) differ from the manifest's; always, the row count (checked at the end).
+        ArtifactError: the shard is missing or not readable parquet.
     """
     path = posixpath.join(dump_dir, shard.path)
     if verify:
@@ -459,9 +475,12 @@ def iter_shard(
     seen = 0
     try:
         with root.fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
-            for batch in pf.iter_batches(batch_size=batch_rows):
-                rows = ShardRows.from_arrow(batch, dtype)
+            if bounded_memory:
+                pf = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+                batches = pf.iter_batches(batch_size=min(READ_ROWS, batch_rows), use_threads=False)
+            else:
+                batches = pq.ParquetFile(f).iter_batches(batch_size=batch_rows)
+            for rows in _joined(batches, dtype, batch_rows if bounded_memory else 0):
                 seen += len(rows)
                 yield rows
     except FileNotFoundError:
@@ -470,6 +489,24 @@ def iter_shard(
         raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
     if seen != shard.rows:
         raise ChecksumError(root.url(path), f"holds {seen} rows, the manifest says {shard.rows}")
+
+
+def _joined(batches: Iterator[pa.RecordBatch], dtype: DType, join_rows: int) -> Iterator[ShardRows]:
+    """Record batches as rows; with ``join_rows``, joined until at least that many are held."""
+    parts: list[ShardRows] = []
+    held = 0
+    for batch in batches:
+        part = ShardRows.from_arrow(batch, dtype)
+        if not join_rows:
+            yield part
+            continue
+        parts.append(part)
+        held += len(part)
+        if held >= join_rows:
+            yield ShardRows.concat(parts)
+            parts, held = [], 0
+    if parts:
+        yield ShardRows.concat(parts)
 
 
 def read_shard(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,6 +234,55 @@ class Manifest:
     created_at: str = field(default_factory=utc_now)
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_shards(
+        cls,
+        run: str,
+        generation: int,
+        seq: int,
+        kind: DumpKind,
+        first_step: int,
+        last_step: int,
+        world_size: int,
+        shards: Iterable[ShardInfo],
+        tables: Iterable[str] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> Manifest:
+        """The manifest of a dump whose shards are written: the one place a manifest is built.
+
+        Shards are listed by (table, rank); ``tables`` holds the rows of each table summed over
+        its shards, in the order of ``tables`` (listed with 0 rows if no shard has it) and then
+        of any other shard's table.
+
+        Args:
+            run: the run name.
+            generation: the generation number.
+            seq: the dump's sequence number.
+            kind: snapshot, delta or final.
+            first_step: the first training step the dump covers.
+            last_step: the last training step the dump covers.
+            world_size: the generation's number of ranks.
+            shards: every rank's closed (durable, renamed) shards.
+            tables: tables the dump covers, with or without shards.
+            extra: additional top-level fields (``taken_at``, ``rollback``).
+        """
+        ordered = tuple(sorted(shards, key=lambda s: (s.table, s.rank)))
+        rows = dict.fromkeys(tables, 0)
+        for s in ordered:
+            rows[s.table] = rows.get(s.table, 0) + s.rows
+        return cls(
+            run=run,
+            generation=generation,
+            seq=seq,
+            kind=DumpKind(kind),
+            first_step=first_step,
+            last_step=last_step,
+            world_size=world_size,
+            shards=ordered,
+            tables=rows,
+            extra=dict(extra or {}),
+        )
 
     @property
     def version(self) -> int:

@@ -11,8 +11,11 @@ end of the dump the worker closes the shards (durable, renamed) and runs the com
 
 1. every rank's worker sends its shard list - or the error that stopped it - to every other
    rank over the worker's own gloo group (``all_gather``);
-2. if no rank failed, rank 0 writes MANIFEST.json (last, atomically) and broadcasts the
-   outcome; every rank then knows whether dump ``S`` is committed.
+2. if no rank failed, every rank builds the same manifest from all ranks' shards
+   (:meth:`~deltarec.artifacts.types.Manifest.from_shards`, the builder that single-process
+   writers use through :func:`~deltarec.artifacts.writer.write_dump`); rank 0 writes
+   MANIFEST.json (last, atomically) and broadcasts the outcome; every rank then knows
+   whether dump ``S`` is committed.
 
 A failure (in any rank) fails the dump on every rank: the error, naming the dump, the table and
 the rank, is kept and re-raised on the training thread at its next call. After a failure the
@@ -444,25 +447,16 @@ class DumpWorker:
             if payload["error"] is not None:
                 table, problem = payload["error"]
                 raise DumpError(self.run, self.generation, end.seq, table, f"rank {r}: {problem}")
-        shards = tuple(
-            sorted(
-                (ShardInfo(**s) for payload in everyone for s in payload["shards"]),
-                key=lambda s: (s.table, s.rank),
-            )
-        )
-        rows = dict.fromkeys(self.tables, 0)
-        for s in shards:
-            rows[s.table] = rows.get(s.table, 0) + s.rows
-        manifest = Manifest(
-            run=self.run,
-            generation=self.generation,
-            seq=end.seq,
-            kind=end.kind,
-            first_step=end.first_step,
-            last_step=end.last_step,
-            world_size=self.exchange.world_size,
-            shards=shards,
-            tables=rows,
+        manifest = Manifest.from_shards(
+            self.run,
+            self.generation,
+            end.seq,
+            end.kind,
+            end.first_step,
+            end.last_step,
+            self.exchange.world_size,
+            (ShardInfo(**s) for payload in everyone for s in payload["shards"]),
+            tables=self.tables,
             extra=_taken_at(everyone),
         )
         outcome: str | None = None

@@ -16,6 +16,9 @@ publishes that dump like any other and records the rollback in the store's regis
   ..., "keys_removed": ...}``. Verification of G through S compares rows of such a
   generation by value against G's expected state (see :mod:`deltarec.verify`), so verify of
   the target passes afterwards.
+* The dump is committed with :func:`~deltarec.artifacts.writer.write_dump` (its shards
+  first, MANIFEST.json last) before any row is published: as for training dumps, the store
+  never holds a row that no committed dump holds.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedState, ExpectedTable, expected_state
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows, ShardWriter
+from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import (
     FALLBACK_KEY,
     ROLLBACK_FIELD,
@@ -40,6 +43,7 @@ from deltarec.artifacts.types import (
     TableKind,
     TableSpec,
 )
+from deltarec.artifacts.writer import write_dump
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.promote.promote import resolve_seq
@@ -220,25 +224,13 @@ def _write_rollback_generation(
         },
     )
     info = root.allocate_generation(info)
-    shards = []
-    for table, r in sorted(rows.items()):
-        spec = tables[table]
-        with ShardWriter(
-            root, run, info.generation, ROLLBACK_SEQ, table, 0, spec.dtype, spec.dim
-        ) as writer:
-            writer.write(r)
-            shards.append(writer.close())
-    manifest = Manifest(
-        run=run,
-        generation=info.generation,
-        seq=ROLLBACK_SEQ,
-        kind=DumpKind.DELTA,
+    return write_dump(
+        root,
+        info,
+        ROLLBACK_SEQ,
+        DumpKind.DELTA,
+        {t: {0: r} for t, r in sorted(rows.items())},
         first_step=step,
         last_step=step,
-        world_size=1,
-        shards=tuple(shards),
-        tables={t: len(r) for t, r in sorted(rows.items())},
         extra={ROLLBACK_FIELD: info.extra[ROLLBACK_FIELD]},
     )
-    root.commit_manifest(manifest)
-    return manifest

@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deltarec.artifacts import ArtifactRoot, codec
-from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.shards import ShardRows, iter_shard
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec, parse_time
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.ids import validate_run
 from deltarec.publish.metrics import PublishMetrics
-from deltarec.publish.reader import iter_shard_rows
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.types import PublishMode
@@ -289,8 +288,14 @@ class DumpPublisher:
             if shard.rank != rank:
                 continue
             seen = 0
-            for batch in iter_shard_rows(
-                self.root, dump_dir, shard, spec.dtype, batch_rows=size, verify=verify
+            for batch in iter_shard(
+                self.root,
+                dump_dir,
+                shard,
+                spec.dtype,
+                batch_rows=size,
+                verify=verify,
+                bounded_memory=True,
             ):
                 n = len(batch)
                 if seen + n <= skip:

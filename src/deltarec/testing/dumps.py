@@ -1,8 +1,8 @@
 """Write generation artifacts directly (no training) for tests and benchmarks of the readers.
 
-Builds GENERATION.json, parquet shards (with :class:`~deltarec.artifacts.ShardWriter`, in
-bounded row groups) and MANIFEST.json exactly as SPEC §3 describes them, so publishers,
-verifiers and benchmarks can be exercised without torch.
+Builds GENERATION.json, parquet shards (in bounded row groups) and MANIFEST.json exactly as
+SPEC §3 describes them, through :func:`deltarec.artifacts.write_dump` (shards first, the
+manifest last), so publishers, verifiers and benchmarks can be exercised without torch.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from deltarec.artifacts import ArtifactRoot, ShardRows, ShardWriter, codec
+from deltarec import artifacts
+from deltarec.artifacts import ArtifactRoot, ShardRows, codec
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 
 
@@ -57,38 +58,14 @@ def write_dump(
     last_step: int = 1,
     commit: bool = True,
 ) -> Manifest:
-    """Write the shards of one dump and, with ``commit``, its manifest.
+    """Write the shards of one dump and, with ``commit``, its manifest (without fsync).
 
     ``rows[table][rank]`` is a :class:`ShardRows` or an iterable of them (one row group each).
+    Written by :func:`deltarec.artifacts.write_dump`: shards first, the manifest last.
 
     Returns:
         The manifest (committed only if ``commit``).
     """
-    shards = []
-    totals: dict[str, int] = {}
-    for table, by_rank in rows.items():
-        spec = info.tables[table]
-        for rank, parts in sorted(by_rank.items()):
-            writer = ShardWriter(
-                root, info.run, info.generation, seq, table, rank, spec.dtype, spec.dim, fsync=False
-            )
-            with writer:
-                for part in [parts] if isinstance(parts, ShardRows) else parts:
-                    writer.write(part)
-                shard = writer.close()
-            shards.append(shard)
-            totals[table] = totals.get(table, 0) + shard.rows
-    manifest = Manifest(
-        run=info.run,
-        generation=info.generation,
-        seq=seq,
-        kind=kind,
-        first_step=first_step,
-        last_step=last_step,
-        world_size=info.world_size,
-        shards=tuple(shards),
-        tables=totals,
+    return artifacts.write_dump(
+        root, info, seq, kind, rows, first_step, last_step, fsync=False, commit=commit
     )
-    if commit:
-        root.commit_manifest(manifest)
-    return manifest
