@@ -65,6 +65,13 @@ class DumperConfig(BaseModel):
     every quarter of it); a second trainer of the run refuses to start while it is held."""
     time_sync_max_steps: int = Field(default=1000, ge=1)
     """With ``every_minutes``: at most this many steps between two clock agreements."""
+    zch_misses: bool = False
+    """ZCH tables: also dump the raw ids that training looked up but the table did not hold
+    (never admitted, or not admitted yet), each as ``op = 1`` with the fallback row the model
+    answers them with, as TorchEasyRec publishes them. For PAI FeatureStore with
+    ``contract=tzrec``, where serving must find a row for every id the model answers; the
+    training hook turns it on when it publishes to such a store. Off by default: these ids can
+    be many, and a store that deletes keeps a tombstone for each."""
 
     @field_validator("run")
     @classmethod

@@ -41,7 +41,7 @@ from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
 from deltarec.tracking.staging import DeviceBudget, device_staging
-from deltarec.tracking.types import Gathered, TableSource
+from deltarec.tracking.types import Gathered, SourceOptions, TableSource
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,9 @@ class Dumper:
             raise RuntimeError("dumper already started")
         self._train_x = Exchange.create(self.config.commit_timeout_s)
         self._worker_x = Exchange.create(self.config.commit_timeout_s)
+        options = SourceOptions(zch_misses=self.config.zch_misses)
         for s in self.sources:
+            s.configure(options)
             s.bind(self._train_x)
         tables = self._table_specs()
         parent = None

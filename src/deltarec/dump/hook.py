@@ -275,12 +275,19 @@ def make_train_hook(
             path's and, with a store, the background publisher's (as ``deltarec publish
             --metrics-port``).
         **options: further :class:`DumperConfig` fields (``table_dtypes``, ``queue_bytes``...).
+            ``zch_misses`` defaults to on when ``store`` asks for it (PAI FeatureStore with
+            ``contract=tzrec``).
 
     Raises:
         ConfigError: for invalid or unknown options.
     """
     from pydantic import ValidationError
 
+    if store is not None and "zch_misses" not in options:
+        from deltarec.stores.featurestore import wants_zch_misses
+
+        if wants_zch_misses(store):
+            options["zch_misses"] = True
     try:
         config = DumperConfig(
             artifacts=artifacts,

@@ -18,8 +18,10 @@ Writes: ``write_features`` with ``write_mode="MERGE"`` in batches of ``batch_siz
 most the view's ``_batch_size``), ``_max_workers`` batches in flight, then ``write_flush``,
 whose every summary field is checked; after a failed attempt the writer is drained and the
 client rebuilt before the retry. Every batch carries a timestamp that increases strictly
-within the process. FeatureStore cannot delete: an evicted ZCH id (``op = 1``) is written with
-the row passed (its fallback row), as SPEC §5 asks, and it keeps no versions: the version guard
+within the process. FeatureStore cannot delete: an ``op = 1`` row of a ZCH table (an evicted
+id, or with the dumper's ``zch_misses`` an id looked up but never admitted) is written with the
+row passed (its fallback row), as SPEC §5 asks and as TorchEasyRec publishes such ids
+(:func:`wants_zch_misses`), and it keeps no versions: the version guard
 is the publisher's (parts are published in dump order and never again once their progress mark
 is complete), and verify compares rows by value.
 
@@ -321,6 +323,24 @@ class FeatureStoreStore(Store):
             raise sdk_error(errors[0], self._session.where("close"))
 
 
+def wants_zch_misses(url: str) -> bool:
+    """Whether the store at ``url`` needs the ZCH ids the model answers with its fallback row.
+
+    True for a ``featurestore://`` URL with ``contract=tzrec``: TorchEasyRec publishes every
+    ZCH id training looked up, held or not, and its serving finds no row for an id it did not
+    publish; the dumper's ``zch_misses`` setting writes those ids (``op = 1``, fallback row).
+
+    Raises:
+        ConfigError: ``url`` is a ``featurestore://`` URL that does not parse.
+    """
+    from deltarec.stores.config import parse_store_url
+
+    if not url.lower().startswith("featurestore:"):
+        return False
+    config = parse_store_url(url)
+    return isinstance(config, FeatureStoreConfig) and config.contract == "tzrec"
+
+
 def default_registry(config: FeatureStoreConfig, artifacts: str | None) -> str:
     """The default registry URL: a SQLite file under a local artifact root.
 
@@ -346,4 +366,4 @@ def default_registry(config: FeatureStoreConfig, artifacts: str | None) -> str:
     return f"sqlite:///{os.path.join(directory, name)}?prefix=fsview_"
 
 
-__all__ = ["REGISTRY_DIR", "FeatureStoreStore", "default_registry"]
+__all__ = ["REGISTRY_DIR", "FeatureStoreStore", "default_registry", "wants_zch_misses"]

@@ -5,7 +5,8 @@ each source for the rows touched since the previous dump; the source answers wit
 (global row for plain tables, raw feature id or ``-1`` for ZCH tables), the rows' current
 values read on the table's device, and an op per row. Sources never write artifacts.
 
-The dumper calls one typed protocol on every source (:class:`TableSource`): ``bind`` once,
+The dumper calls one typed protocol on every source (:class:`TableSource`): ``configure`` and
+``bind`` once,
 ``dump_collect`` / ``dump_snapshot`` / ``dump_read_keys`` at each dump (each answers a
 :data:`Gathered`: host chunks this rank writes, or this rank's :class:`LocalParts` of a table
 one writer rank assembles), ``before_eval`` / ``after_eval`` / ``discard`` / ``close`` at their
@@ -52,6 +53,19 @@ class TouchedRows:
             rows=torch.empty(0, dim, dtype=dtype, device=device),
             ops=torch.empty(0, dtype=torch.int8, device=device),
         )
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Dumper settings that sources act on (handed to every source once, at start).
+
+    Attributes:
+        zch_misses: ZCH sources also dump the raw ids that training looked up but the table
+            did not hold, each with ``op = 1`` and the fallback row the model answers them
+            with (``DumperConfig.zch_misses``).
+    """
+
+    zch_misses: bool = False
 
 
 class RankGroup(Protocol):
@@ -115,6 +129,9 @@ class TableSource(abc.ABC):
     def dump_read_keys(self, keys: torch.Tensor, chunk_rows: int) -> Gathered:
         """The current rows of the given serving keys this rank writes (restore republish)."""
         return _split(self.read_keys(keys), chunk_rows)
+
+    def configure(self, options: SourceOptions) -> None:  # noqa: B027 - optional hook
+        """Take the dumper's settings for sources (every rank, at start, before ``bind``)."""
 
     def bind(self, group: RankGroup) -> None:  # noqa: B027 - optional hook
         """Learn this process's rank in the dumper's group (every rank binds, at start)."""

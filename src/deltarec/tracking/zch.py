@@ -11,6 +11,10 @@ Serving looks rows up by raw id, so these sources speak raw ids (SPEC §3, §4):
   admission; an id evicted and re-admitted is dumped with its new row);
 * key = a raw id evicted since the previous collect and not held now: ``op = 1`` with the
   fallback row read at collect time;
+* with ``SourceOptions.zch_misses`` (``DumperConfig.zch_misses``): key = a raw id looked up in
+  training since the previous collect that is not held now and was neither admitted nor
+  evicted since (never admitted, or not yet): ``op = 1`` with the fallback row read at collect
+  time, the row the model answers it with (TorchEasyRec publishes these ids so);
 * key = ``-1``: the fallback row, at the first collect and whenever a lookup in training went
   to it since (rank 0 only when sharded: one row per key per dump across ranks). Empty slots
   are never dumped.
@@ -43,7 +47,7 @@ import torch.distributed as dist
 
 from deltarec.artifacts.types import FALLBACK_KEY, DType, TableKind, TableSpec
 from deltarec.ids import table_id
-from deltarec.tracking.types import TableSource, TouchedRows
+from deltarec.tracking.types import SourceOptions, TableSource, TouchedRows
 from deltarec.tracking.zch_errors import (
     ZchError,
     ZchKeyCollisionError,
@@ -135,6 +139,9 @@ class ZchTableSource(TableSource):
     def collect(self) -> TouchedRows:
         """Rows of the raw ids touched, admitted or evicted since the previous collect, read now.
 
+        Ids looked up only as misses are included (``op = 1``, fallback row) once
+        :meth:`configure` turned ``zch_misses`` on.
+
         Raises:
             ZchRowRangeError: if the mapping holds a row outside this rank's shard.
             ZchKeyCollisionError: if raw id ``-1`` is held.
@@ -179,6 +186,10 @@ class ZchTableSource(TableSource):
         self._recorder.close()
 
     # ---- optional hooks the dumper calls ------------------------------------------------
+
+    def configure(self, options: SourceOptions) -> None:
+        """``options.zch_misses``: from now on also dump ids looked up as misses (op 1)."""
+        self._recorder.keep_misses = bool(options.zch_misses)
 
     def before_eval(self) -> None:
         """Lookups from now on are evaluation: not recorded (mapping changes still are)."""

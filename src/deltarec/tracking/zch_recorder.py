@@ -5,7 +5,9 @@ them back in :meth:`MchRecorder.close`:
 
 * ``remap``: every lookup. The remapped rows are validated against the local shard's row
   range (before the embedding lookup reads them); in training mode the raw ids looked up are
-  recorded, and whether any of them went to the shared miss (fallback) slot.
+  recorded, and whether any of them went to the shared miss (fallback) slot. Ids that went to
+  the miss slot are kept only with :attr:`MchRecorder.keep_misses` (they are the ids the model
+  answers with the fallback row); otherwise they are dropped at the next compaction.
 * ``_update_and_evict``: the only place where the raw id → slot mapping changes. While it
   runs, the module's eviction policy object gets an instance-level wrapper of
   ``update_metadata_and_generate_eviction_scores`` (removed again before the call returns),
@@ -13,7 +15,9 @@ them back in :meth:`MchRecorder.close`:
   that enter (admitted), with the slot each one enters, are recorded from those positions, so
   nothing scans the mapping.
 
-Work per step is O(batch); work per eviction is O(ids in the eviction history). At collect
+Work per step is O(batch); work per eviction is O(ids in the eviction history). Memory is
+bounded by the distinct ids recorded since the previous ``take``: lookups are compacted to one
+entry per id (its last) whenever they grow past twice the last compacted size. At collect
 time the recorded events alone say which ids are held and where (a held id keeps its slot
 until it is evicted), so the mapping buffers are not read at all.
 """
@@ -27,6 +31,7 @@ from typing import Any
 
 import torch
 
+from deltarec.artifacts.types import FALLBACK_KEY
 from deltarec.tracking.zch_errors import ZchRowRangeError, ZchTrackingError
 
 EMPTY_ID = torch.iinfo(torch.int64).max
@@ -44,10 +49,11 @@ class Recorded:
     Attributes:
         ids: raw ids looked up in training (and held then), admitted or evicted; sorted,
             unique.
-        rows: per id, the global row it holds now, or ``-1`` if its last change was an
-            eviction. An id's admissions and evictions decide its row; an id that was only
-            looked up keeps the row it was remapped to (a held id keeps its slot until it is
-            evicted).
+        rows: per id, the global row it holds now, or ``-1`` if it holds none: its last change
+            was an eviction, or (with ``keep_misses``) it was only looked up, and only as a
+            miss. An id's admissions and evictions decide its row; an id that was only looked
+            up keeps the row it was remapped to (a held id keeps its slot until it is evicted,
+            an id not held maps to the miss slot until it is admitted).
         miss: whether a training lookup went to the miss (fallback) slot.
     """
 
@@ -57,14 +63,18 @@ class Recorded:
 
 
 def _last_of_each(
-    ids: torch.Tensor, rows: torch.Tensor, drop_row: int
+    ids: torch.Tensor, rows: torch.Tensor, drop_row: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique ids (sorted) with the row of their last occurrence, leaving out ``drop_row``."""
+    """Unique ids (sorted) with the row of their last occurrence, leaving out ``drop_row``.
+
+    ``drop_row`` None keeps every id.
+    """
     ids, order = torch.sort(ids, stable=True)
     rows = rows[order]
     keep = torch.ones_like(ids, dtype=torch.bool)
     torch.ne(ids[1:], ids[:-1], out=keep[:-1])
-    keep &= rows != drop_row
+    if drop_row is not None:
+        keep &= rows != drop_row
     return ids[keep], rows[keep]
 
 
@@ -100,6 +110,7 @@ class MchRecorder:
         self._compact_at = _COMPACT_MIN
         self._miss = torch.zeros((), dtype=torch.bool, device=device)
         self.paused = False
+        self.keep_misses = False
         self._orig_remap: Callable[..., Any] = mch.remap
         self._orig_update: Callable[..., Any] = mch._update_and_evict
         mch.__dict__[_MARK] = self
@@ -116,15 +127,25 @@ class MchRecorder:
     def take(self) -> Recorded:
         """Return and reset what was recorded since the previous ``take``.
 
-        Ids that were only looked up, and only as misses (never held), are left out.
+        Ids that were only looked up, and only as misses (never held), come back with row
+        ``-1`` when :attr:`keep_misses` is set (raw id ``-1``, the fallback key, excepted) and
+        are left out otherwise.
         """
         empty = torch.empty(0, dtype=torch.int64, device=self._miss.device)
+        miss = self.miss_slot
         # Events after lookups: an id's last admission/eviction outranks any lookup of it.
+        # Without an event since the previous take an id's lookups all agree (held at one
+        # slot, or missed), so its last lookup says where it is now.
         ids, rows = _last_of_each(
             torch.cat([empty, *self._lookups, *self._event_ids]),
             torch.cat([empty, *self._lookup_rows, *self._event_rows]),
-            drop_row=self.miss_slot,
+            drop_row=None if self.keep_misses else miss,
         )
+        if self.keep_misses:
+            missed = rows == miss
+            rows = rows.masked_fill(missed, -1)
+            keep = ~(missed & (ids == FALLBACK_KEY))
+            ids, rows = ids[keep], rows[keep]
         recorded = Recorded(ids, rows, bool(self._miss.item()))
         self._lookups, self._lookup_rows, self._event_ids, self._event_rows = [], [], [], []
         self._pending = 0
@@ -173,7 +194,9 @@ class MchRecorder:
         self._pending += int(raw.numel())
         if self._pending >= self._compact_at:
             ids, at = _last_of_each(
-                torch.cat(self._lookups), torch.cat(self._lookup_rows), drop_row=miss
+                torch.cat(self._lookups),
+                torch.cat(self._lookup_rows),
+                drop_row=None if self.keep_misses else miss,
             )
             self._lookups, self._lookup_rows = [ids], [at]
             self._pending = int(ids.numel())

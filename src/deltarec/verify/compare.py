@@ -34,8 +34,9 @@ class Holds:
             only: MATCH within the dtype's tolerance, else DIFFERENT (a row of a newer dump
             cannot be told from a wrong row).
         deletes: an evicted key is removed. Without, an evicted key (``op = 1``) must hold the
-            row its record carries (the fallback row of an evicted ZCH id, as TorchEasyRec
-            writes it) and is compared by value like a present key.
+            row its record carries (the fallback row of a ZCH id the model holds no row for,
+            evicted or looked up but never admitted, as TorchEasyRec writes it) and is compared
+            by value like a present key.
     """
 
     versions: bool = True
@@ -173,7 +174,7 @@ def classify(
     mark(absent & by_rollback, RowClass.UNEXPECTED, "a rollback should have removed it")
     # Expected present (or holding its fallback row).
     mark(present & ~found, RowClass.MISSING, "absent from the store")
-    mark(fallback & ~found, RowClass.MISSING, "the evicted id's fallback row is absent")
+    mark(fallback & ~found, RowClass.MISSING, "the fallback row of an op 1 (evicted) key is absent")
     mark(must & newer, RowClass.SUPERSEDED, "a newer version is in the store")
     if holds.versions:
         stale = must & found & ~newer & ~by_rollback & (sv < ev)
@@ -200,7 +201,10 @@ def classify(
             if by_rollback[j]:
                 reasons[j] = "rollback row differs from the expected values"
             elif fallback[j]:
-                reasons[j] = "an evicted id must hold its fallback row; values differ"
+                reasons[j] = (
+                    "an op 1 key (evicted, or never admitted) must hold its fallback row; "
+                    "values differ"
+                )
             else:
                 reasons[j] = "values differ"
     return BatchOutcome(classes, reasons, diffs, tol)

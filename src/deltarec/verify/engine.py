@@ -148,7 +148,9 @@ def _store_notes(store: Store, opts: VerifyOptions) -> list[str]:
         )
     if not caps.deletes:
         notes.append(
-            f"the {kind} store cannot delete: an evicted id is expected to hold its fallback row"
+            f"the {kind} store cannot delete: a key the model holds no row for (op 1: an "
+            "evicted ZCH id, or one looked up but never admitted) is expected to hold its "
+            "fallback row"
         )
     return notes
 
