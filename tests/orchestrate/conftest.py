@@ -107,3 +107,21 @@ def train_in_process(lossy_team, monkeypatch, params, *argv):
     assert lossy_team.main() == 0
     (gen,) = set(root.list_generations(params.run_name)) - before
     return steps.generation_record(root, params.run_name, gen)
+
+
+def run_pipeline_locally(tmp_path, capsys, *params, expect=0):
+    """``deltarec pipeline run --local`` with ``params`` (kfp.local, its outputs under
+    ``tmp_path/kfp``): ``(the run's result JSON, what it printed)``. Asserts the exit code,
+    showing the end of the output when it differs."""
+    import json
+
+    from deltarec.cli import main
+
+    out = tmp_path / "result.json"
+    code = main([
+        "pipeline", "run", "--local", *params,
+        "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
+    ])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == expect, printed[-3000:]
+    return json.loads(out.read_text()), printed

@@ -5,15 +5,15 @@ The step subprocesses get fast fakes of the typed train, verify and promote func
 test_local_run.py and test_verify_failure.py.
 """
 
-import json
 import os
 import pathlib
 
 import pytest
 
-from deltarec.cli import main
 from deltarec.orchestrate.local import run_local
 from deltarec.orchestrate.params import parse_params
+
+from .conftest import run_pipeline_locally
 
 FAKES = pathlib.Path(__file__).parent / "fake_steps"
 
@@ -39,19 +39,16 @@ def test_failed_verify_skips_promote_runs_the_fail_branch_and_exits_1(
     tmp_path, fake_steps, monkeypatch, capsys
 ):
     monkeypatch.setenv("FAKE_VERDICT", "FAIL")
-    out = tmp_path / "result.json"
-    code = main([
-        "pipeline", "run", "--local", "--run", "gate", "--artifacts", str(tmp_path / "art"),
-        "--store", f"sqlite:///{tmp_path / 'store.db'}", "--steps", "20",
-        "--pipeline-root", str(tmp_path / "k"), "--json", str(out),
-    ])  # fmt: skip
-    result = json.loads(out.read_text())
-    assert code == 1 and result["verdict"] == "FAIL" and result["promoted"] is None
+    result, printed = run_pipeline_locally(
+        tmp_path, capsys, "--run", "gate", "--artifacts", str(tmp_path / "art"),
+        "--store", f"sqlite:///{tmp_path / 'store.db'}", "--steps", "20", expect=1,
+    )  # fmt: skip
+    assert result["verdict"] == "FAIL" and result["promoted"] is None
     assert result["metrics"]["passed"] == 0.0
     assert "verify-failed" in result["failure"]
     assert pathlib.Path(result["report"]).read_text() == "<html>fake verify</html>"
     assert not fake_steps.exists()  # promote never ran
-    assert "nothing-to-undo" in capsys.readouterr().out  # the FAIL branch's own log line
+    assert "nothing-to-undo" in printed  # the FAIL branch's own log line
 
 
 def test_passed_verify_promotes_the_generation_train_produced(tmp_path, fake_steps, monkeypatch):

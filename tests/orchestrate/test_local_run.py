@@ -1,7 +1,6 @@
 """End to end on this machine: ``deltarec pipeline run --local`` trains the example model on two
 CPU ranks, publishes to SQLite, verifies every key and promotes; and ``deltarec demo``."""
 
-import json
 import pathlib
 
 import pytest
@@ -10,20 +9,17 @@ from deltarec.cli import main
 from deltarec.demo import MARKER, prepare_workdir, summary_table
 from deltarec.errors import BadInputError
 
+from .conftest import run_pipeline_locally
+
 pytestmark = pytest.mark.multiprocess
 
 
 def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, capsys):
     store = f"sqlite:///{tmp_path / 'store.db'}"
-    out = tmp_path / "result.json"
-    code = main([
-        "pipeline", "run", "--local", "--run", "e2e", "--artifacts", str(tmp_path / "art"),
+    result, _ = run_pipeline_locally(
+        tmp_path, capsys, "--run", "e2e", "--artifacts", str(tmp_path / "art"),
         "--store", store, "--steps", "30", "--dump-every-steps", "10", "--sample", "0",
-        "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
-    ])  # fmt: skip
-    printed = capsys.readouterr().out
-    assert code == 0, printed[-3000:]
-    result = json.loads(out.read_text())
+    )  # fmt: skip
     gen = result["generation"]
     assert result["verdict"] == "PASS" and result["promoted"] == gen["generation"] == 1
     assert gen["run"] == "e2e" and gen["last_step"] == 30 and gen["dumps"] >= 4

@@ -4,7 +4,6 @@ data and loop, deltarec's public API only) trained through
 ``deltarec pipeline run --local``: replaying its artifacts gives its final tables, and verify
 passes."""
 
-import json
 import os
 import pathlib
 import sys
@@ -15,7 +14,8 @@ import pytest
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.lineage import expected_state
 from deltarec.artifacts.types import Op
-from deltarec.cli import main
+
+from .conftest import run_pipeline_locally
 
 pytestmark = pytest.mark.multiprocess
 
@@ -63,17 +63,13 @@ def test_outside_dlrm_trains_through_the_pipeline_and_its_artifacts_replay_to_it
     from dlrm_team.tables import table_ids, tables_parameter
 
     art, store = tmp_path / "art", f"sqlite:///{tmp_path / 'store.db'}"
-    out, export = tmp_path / "result.json", tmp_path / "final"
-    code = main([
-        "pipeline", "run", "--local", "--run", "dlrm", "--artifacts", str(art), "--store", store,
+    export = tmp_path / "final"
+    result, _ = run_pipeline_locally(
+        tmp_path, capsys, "--run", "dlrm", "--artifacts", str(art), "--store", store,
         "--entry-point", "dlrm_team.train:main", "--tables", tables_parameter(),
         "--train-args", f"--export {export} --batch-size 32", "--steps", "24",
-        "--dump-every-steps", "8", "--sample", "0", "--pipeline-root", str(tmp_path / "kfp"),
-        "--json", str(out),
-    ])  # fmt: skip
-    printed = capsys.readouterr().out
-    assert code == 0, printed[-3000:]
-    result = json.loads(out.read_text())
+        "--dump-every-steps", "8", "--sample", "0",
+    )  # fmt: skip
     gen = result["generation"]
     assert result["verdict"] == "PASS" and result["promoted"] == gen["generation"] == 1
     assert gen["last_step"] == 24 and gen["dumps"] >= 4

@@ -118,38 +118,13 @@ def test_verify_outcome_round_trips_through_the_report_artifact(tmp_path):
         steps.read_outcome(FakeArtifact(tmp_path / "other"))
 
 
-def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wrote(
-    tmp_path, monkeypatch
-):
-    created = []
+@pytest.fixture
+def created_jobs(tmp_path, monkeypatch):
+    """A strict stand-in for the Training Operator's Kubernetes API, in namespace ``ml``.
 
-    class Api:
-        def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-            created.append(body)
-            return body
-
-        def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-            write_generation(tmp_path, "ctr", [(100, {"t": 9})])  # what the job's ranks wrote
-            return {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
-
-    monkeypatch.setattr(pytorchjob, "kubernetes_api", lambda: Api())
-    monkeypatch.setattr(pytorchjob, "current_namespace", lambda default="default": "ml")
-    p = params(tmp_path, run_name="ctr", store_url="postgresql://u@db:5432/x", steps=100,
-               ranks_per_node=4, nodes=2, gpus_per_node=4)  # fmt: skip
-    record = steps.train(p, job_id="kfp-run-1", secrets=["deltarec-credentials", "cloud", ""])
-    (job,) = created
-    assert job["metadata"]["namespace"] == "ml"
-    assert job["metadata"]["name"] == pytorchjob.job_name("ctr", "kfp-run-1")
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert pod["args"][:2] == ["--device", "cuda"] and "postgresql://u@db:5432/x" in pod["args"]
-    assert pod["command"][-2:] == ["deltarec", "train"] and "env" not in pod
-    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert [e["secretRef"]["name"] for e in worker["envFrom"]] == ["deltarec-credentials", "cloud"]
-    assert (record.generation, record.rows, record.last_step) == (1, 9, 100)
-
-
-def test_multi_node_entry_point_pods_run_it_with_the_settings_as_environment(tmp_path, monkeypatch):
+    Records each PyTorchJob created; reading the job back writes a generation of run ``ctr``
+    under ``tmp_path`` (what the job's ranks wrote) and reports the job Succeeded.
+    """
     created = []
 
     class Api:
@@ -163,10 +138,36 @@ def test_multi_node_entry_point_pods_run_it_with_the_settings_as_environment(tmp
 
     monkeypatch.setattr(pytorchjob, "kubernetes_api", lambda: Api())
     monkeypatch.setattr(pytorchjob, "current_namespace", lambda default="default": "ml")
+    return created
+
+
+def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wrote(
+    tmp_path, created_jobs
+):
+    p = params(tmp_path, run_name="ctr", store_url="postgresql://u@db:5432/x", steps=100,
+               ranks_per_node=4, nodes=2, gpus_per_node=4)  # fmt: skip
+    record = steps.train(p, job_id="kfp-run-1", secrets=["deltarec-credentials", "cloud", ""])
+    (job,) = created_jobs
+    assert job["metadata"]["namespace"] == "ml"
+    assert job["metadata"]["name"] == pytorchjob.job_name("ctr", "kfp-run-1")
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert pod["args"][:2] == ["--device", "cuda"] and "postgresql://u@db:5432/x" in pod["args"]
+    assert pod["command"][-2:] == ["deltarec", "train"] and "env" not in pod
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert [e["secretRef"]["name"] for e in worker["envFrom"]] == ["deltarec-credentials", "cloud"]
+    assert (record.generation, record.rows, record.last_step) == (1, 9, 100)
+
+
+def test_multi_node_entry_point_pods_run_it_with_the_settings_as_environment(
+    tmp_path, created_jobs
+):
     p = params(tmp_path, run_name="ctr", nodes=3, entry_point="team.train:main",
                train_extra_args="--lr 0.1")  # fmt: skip
     steps.train(p, job_id="j")
-    pod = created[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    pod = created_jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"
+    ][0]
     assert pod["command"][-5:] == ["--", "python", "-m", "deltarec.orchestrate.entry",
                                    "team.train:main"]  # fmt: skip
     assert pod["args"] == ["--lr", "0.1"]

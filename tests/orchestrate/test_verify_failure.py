@@ -3,19 +3,17 @@ generation, a staged one loses only its staging views; the webhook gets the summ
 run ends failed. The failure is a lost write, injected by the training program
 (tests/orchestrate/lossy_team)."""
 
-import json
 import pathlib
 
 import numpy as np
 import pytest
 
 from deltarec.artifacts import codec
-from deltarec.cli import main
 from deltarec.orchestrate import steps
 from deltarec.orchestrate.params import parse_params
 from deltarec.stores import open_store
 
-from .conftest import train_in_process
+from .conftest import run_pipeline_locally, train_in_process
 
 TABLES = '{"m.t": {"dim": 4}}'
 
@@ -54,16 +52,12 @@ def test_kfp_run_with_a_lost_write_rolls_back_calls_the_webhook_and_fails(
     tmp_path, lossy_team, monkeypatch, webhook, capsys
 ):
     promoted_generation_one(tmp_path, lossy_team, monkeypatch)
-    out = tmp_path / "result.json"
-    code = main([
-        "pipeline", "run", "--local", "--run", "lt", "--artifacts", str(tmp_path / "art"),
+    result, _ = run_pipeline_locally(
+        tmp_path, capsys, "--run", "lt", "--artifacts", str(tmp_path / "art"),
         "--store", f"sqlite:///{tmp_path / 'store.db'}", "--steps", "10", "--sample", "0",
         "--ranks-per-node", "1", "--entry-point", "lossy_team:main", "--tables", TABLES,
-        "--train-args", "--lose-key 3", "--webhook-url", webhook.url,
-        "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
-    ])  # fmt: skip
-    assert code == 1, capsys.readouterr().out[-3000:]
-    result = json.loads(out.read_text())
+        "--train-args", "--lose-key 3", "--webhook-url", webhook.url, expect=1,
+    )  # fmt: skip
     assert result["verdict"] == "FAIL" and result["promoted"] is None
     assert result["generation"]["generation"] == 2 and "verify-failed" in result["failure"]
     assert "<html" in pathlib.Path(result["report"]).read_text(encoding="utf-8").lower()

@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any, Literal, get_args, get_origin
 
 from deltarec.errors import BadInputError, CheckFailedError
-from deltarec.publish.types import PublishMode
 
 ENGINES = ("kfp", "airflow")
 
@@ -88,73 +88,76 @@ def _secret_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-secrets", action="store_true", help="mount no Secret")
 
 
-def _param_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("pipeline parameters")
-    g.add_argument("--run", dest="run_name", required=True, metavar="NAME", help="run name")
-    g.add_argument(
-        "--artifacts", dest="artifact_root", required=True, metavar="ROOT", help="artifact root"
-    )
-    g.add_argument(
-        "--store", dest="store_url", required=True, metavar="URL", help="store URL, no password"
-    )
-    g.add_argument(
-        "--steps", type=int, default=1000, metavar="N", help="training steps (default: 1000)"
-    )
-    g.add_argument(
-        "--dump-every-steps", type=int, default=100, metavar="N", help="0: off (default: 100)"
-    )
-    g.add_argument(
-        "--dump-every-minutes", type=float, default=0.0, metavar="M", help="0: off (default)"
-    )
-    g.add_argument("--publish-mode", choices=PublishMode.names(), default="direct")
-    g.add_argument(
+_PARAM_FLAGS: dict[str, tuple[str, str | None, str | None]] = {
+    "run_name": ("--run", "NAME", "run name"),
+    "artifact_root": ("--artifacts", "ROOT", "artifact root"),
+    "store_url": ("--store", "URL", "store URL, no password"),
+    "steps": ("--steps", "N", "training steps (default: %(default)s)"),
+    "dump_every_steps": ("--dump-every-steps", "N", "0: off (default: %(default)s)"),
+    "dump_every_minutes": ("--dump-every-minutes", "M", "0: off (default)"),
+    "publish_mode": ("--publish-mode", None, None),
+    "sample_size": (
         "--sample",
-        dest="sample_size",
-        type=int,
-        default=10000,
-        metavar="N",
-        help="keys per table verify reads back; 0: every key (default: 10000)",
-    )
-    g.add_argument(
-        "--ranks-per-node", type=int, default=2, metavar="R", help="ranks per node (default: 2)"
-    )
-    g.add_argument(
-        "--nodes", type=int, default=1, metavar="N", help="above 1: a PyTorchJob (default: 1)"
-    )
-    g.add_argument(
-        "--gpus-per-node", type=int, default=0, metavar="G", help="0: CPU, gloo (default: 0)"
-    )
-    g.add_argument("--checkpoint-dir", default="", metavar="DIR", help="the trainer's --workdir")
-    g.add_argument(
+        "N",
+        "keys per table verify reads back; 0: every key (default: %(default)s)",
+    ),
+    "ranks_per_node": ("--ranks-per-node", "R", "ranks per node (default: %(default)s)"),
+    "nodes": ("--nodes", "N", "above 1: a PyTorchJob (default: %(default)s)"),
+    "gpus_per_node": ("--gpus-per-node", "G", "0: CPU, gloo (default: %(default)s)"),
+    "checkpoint_dir": ("--checkpoint-dir", "DIR", "the trainer's --workdir"),
+    "row_encodings": (
         "--row-encodings",
-        default="",
-        metavar="SPEC",
-        help="dumped row encodings: a default and/or TABLE=ENCODING entries (deltarec train "
+        "SPEC",
+        "dumped row encodings: a default and/or TABLE=ENCODING entries (deltarec train "
         "--row-encodings; default: float32)",
-    )
-    g.add_argument(
+    ),
+    "train_extra_args": (
         "--train-args",
-        dest="train_extra_args",
-        default="",
-        metavar="ARGS",
-        help="more arguments of the training program, one shell-quoted string",
-    )
-    g.add_argument(
+        "ARGS",
+        "more arguments of the training program, one shell-quoted string",
+    ),
+    "entry_point": (
         "--entry-point",
-        default="",
-        metavar="MODULE:FUNCTION|COMMAND",
-        help="the training program (default: deltarec's example model); it reads the "
+        "MODULE:FUNCTION|COMMAND",
+        "the training program (default: deltarec's example model); it reads the "
         "DELTAREC_* environment (docs/api.md)",
-    )
-    g.add_argument(
+    ),
+    "tables": (
         "--tables",
-        default="",
-        metavar="JSON",
-        help='tables provision creates on a fresh run: {"table id": {"dim": D, ...}}',
-    )
-    g.add_argument(
-        "--webhook-url", default="", metavar="URL", help="POSTed verify's summary on FAIL"
-    )
+        "JSON",
+        'tables provision creates on a fresh run: {"table id": {"dim": D, ...}}',
+    ),
+    "webhook_url": ("--webhook-url", "URL", "POSTed verify's summary on FAIL"),
+}
+"""``PipelineParams`` field -> (flag, metavar, help), in ``--help`` order. The flag's type,
+default, choices and whether it is required come from the field."""
+
+
+def _param_arguments(p: argparse.ArgumentParser) -> None:
+    """Add one flag per :class:`~deltarec.orchestrate.params.PipelineParams` field.
+
+    The flag's ``dest`` is the field's name. A field without an entry in ``_PARAM_FLAGS``
+    (or an entry without a field) is a programming error, raised when the parser is built.
+    """
+    from deltarec.orchestrate.params import PipelineParams
+
+    fields = PipelineParams.model_fields
+    unflagged = sorted(set(fields) ^ set(_PARAM_FLAGS))
+    if unflagged:
+        raise RuntimeError(f"_PARAM_FLAGS and PipelineParams differ in {unflagged}")
+    g = p.add_argument_group("pipeline parameters")
+    for name, (flag, metavar, help_text) in _PARAM_FLAGS.items():
+        info = fields[name]
+        kwargs: dict[str, Any] = {"dest": name, "metavar": metavar, "help": help_text}
+        if info.annotation in (int, float):
+            kwargs["type"] = info.annotation
+        if get_origin(info.annotation) is Literal:
+            kwargs["choices"] = list(get_args(info.annotation))
+        if info.is_required():
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = info.default
+        g.add_argument(flag, **kwargs)
 
 
 def _param_names() -> tuple[str, ...]:
