@@ -12,10 +12,11 @@ import json
 import sys
 from typing import Any
 
-from deltarec.cli.common import add_location_arguments
-
-NAME = "provision"
-HELP = "create the store views for the tables of a generation"
+from deltarec.cli.common import (
+    add_json_result_argument,
+    add_location_arguments,
+    write_output,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,14 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also create the generation's staging views (publish mode 'staged')",
     )
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="PATH",
-        help="write the result as JSON to PATH (or stdout without PATH)",
-    )
+    add_json_result_argument(parser)
 
 
 def provision(
@@ -70,12 +64,7 @@ def run(args: argparse.Namespace) -> int:
     """Provision and report."""
     result = provision(args.artifacts, args.run, args.store, args.generation, args.staged)
     if args.json is not None:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        write_output(args.json, json.dumps(result, indent=2) + "\n")
     if args.json != "-":
         for table, v in result["views"].items():
             print(f"{table} -> {v['view']} (dim={v['dim']} dtype={v['dtype']})", file=sys.stderr)

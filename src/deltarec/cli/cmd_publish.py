@@ -14,7 +14,11 @@ import sys
 import time
 from typing import Any
 
-from deltarec.cli.common import add_location_arguments
+from deltarec.cli.common import (
+    add_json_result_argument,
+    add_location_arguments,
+    write_output,
+)
 from deltarec.publish.types import PublishMode
 
 
@@ -64,14 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="serve Prometheus metrics on this port while publishing",
     )
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="PATH",
-        help="write the result as JSON to PATH (or stdout without PATH)",
-    )
+    add_json_result_argument(parser)
 
 
 def _ranks(text: str | None) -> list[int] | None:
@@ -133,12 +130,7 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.monotonic() - start, 3),
     }
     if args.json is not None:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        write_output(args.json, json.dumps(result, indent=2) + "\n")
     if not quiet:
         what = f"{len(parts)} dump parts" if parts else "nothing pending"
         print(

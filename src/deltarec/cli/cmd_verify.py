@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-import fsspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from deltarec.cli.common import add_location_arguments
+from deltarec.cli.common import add_location_arguments, write_output
 from deltarec.errors import BadInputError, CheckFailedError
 
 
@@ -83,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
         )
     print_summary(result, console)
     if args.json:
-        _write_text(args.json, dumps_json(result) + "\n")
+        write_output(args.json, dumps_json(result) + "\n")
     if args.metrics:
-        _write_text(args.metrics, json.dumps(kfp_metrics(result), indent=2) + "\n")
+        write_output(args.metrics, json.dumps(kfp_metrics(result), indent=2) + "\n")
     if args.report:
-        _write_text(args.report, render_html(result))
+        write_output(args.report, render_html(result))
         console.print(f"report: {args.report}")
     if not result.passed:
         raise CheckFailedError(result.failure_summary())
@@ -103,15 +101,3 @@ def _progress(console: Console) -> Progress:
         transient=True,
         disable=not console.is_terminal,
     )
-
-
-def _write_text(path: str, text: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    try:
-        with fsspec.open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except (OSError, ValueError) as e:
-        raise BadInputError(f"cannot write {path}: {e}") from e

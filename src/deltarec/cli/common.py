@@ -1,8 +1,11 @@
-"""Flags shared by the commands that read artifacts (and a store)."""
+"""Flags and outputs shared by the commands."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from deltarec.errors import BadInputError
 
 
 def add_location_arguments(parser: argparse.ArgumentParser, *, store: bool = True) -> None:
@@ -11,3 +14,34 @@ def add_location_arguments(parser: argparse.ArgumentParser, *, store: bool = Tru
     parser.add_argument("--run", required=True, metavar="RUN", help="run name")
     if store:
         parser.add_argument("--store", required=True, metavar="URL", help="store URL")
+
+
+def add_json_result_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--json [PATH]``: the command's result as JSON to PATH, or to stdout when bare."""
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the result as JSON to PATH (or stdout without PATH)",
+    )
+
+
+def write_output(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` (a local path or fsspec URI), or to stdout for ``-``.
+
+    Raises:
+        BadInputError: ``path`` cannot be written (names it and why).
+    """
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    import fsspec
+
+    try:
+        with fsspec.open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except (OSError, ValueError) as e:
+        raise BadInputError(f"cannot write {path}: {e}") from e
