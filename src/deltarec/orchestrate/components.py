@@ -38,10 +38,7 @@ def params_component() -> Any:
     them, so a new field needs no edit here); its output is the struct every other component
     takes. Invalid parameters fail this step, before anything is provisioned.
     """
-    inputs = []
-    for name, info in PipelineParams.model_fields.items():
-        kind = info.annotation.__name__ if info.annotation in (int, float) else "str"
-        inputs.append(f"{name}: {kind}")
+    inputs = [f"{name}: {kind.__name__}" for name, kind in PipelineParams.parameter_types().items()]
     source = (
         f"def params({', '.join(inputs)}) -> dict:\n"
         '    """The pipeline\'s parameters, validated, as one struct."""\n'

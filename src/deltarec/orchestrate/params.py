@@ -108,6 +108,16 @@ class PipelineParams(BaseModel):
         return tuple(cls.model_fields)
 
     @classmethod
+    def parameter_types(cls) -> dict[str, type]:
+        """Every parameter's type as an engine declares it: ``int``, ``float``, else ``str``.
+
+        The KFP pipeline's signature and the ``params`` component's inputs use it (a
+        ``Literal`` of strings is a ``str`` parameter).
+        """
+        numbers: dict[Any, type] = {int: int, float: float}
+        return {name: numbers.get(info.annotation, str) for name, info in cls.model_fields.items()}
+
+    @classmethod
     def from_arguments(cls, values: dict[str, Any]) -> PipelineParams:
         """The parameters of a JSON object as an engine hands it on.
 

@@ -26,8 +26,9 @@ DEFAULT_OUTPUT = "deltarec-pipeline.yaml"
 def pipeline_signature(return_annotation: Any) -> inspect.Signature:
     """The pipeline function's signature: one parameter per ``PipelineParams`` field."""
     params = []
+    types = PipelineParams.parameter_types()
     for name, info in PipelineParams.model_fields.items():
-        annotation = info.annotation if info.annotation in (int, float) else str
+        annotation = types[name]
         default = inspect.Parameter.empty if info.is_required() else info.default
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         params.append(inspect.Parameter(name, kind, annotation=annotation, default=default))
