@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from tests._helpers import featurestore as fs_state
+from tests._helpers.dump import read_dump
 
-from deltarec.artifacts import ArtifactRoot
-from deltarec.artifacts.types import DType
+from deltarec.artifacts import ArtifactRoot, codec
+from deltarec.artifacts.lineage import expected_state
+from deltarec.artifacts.types import DType, TableKind
 from deltarec.cli import main
+from deltarec.stores.featurestore_sdk import tzrec_embedding_name
 
 pytestmark = pytest.mark.multiprocess
 
@@ -52,3 +56,51 @@ def test_pipeline_with_quantized_rows_on_featurestore_passes_and_a_tampered_row_
     checked = json.loads(doc.read_text())
     assert not checked["passed"] and checked["totals"]["DIFFERENT"] == 1
     assert any("cannot list its keys" in n for n in checked["notes"])
+
+
+def test_pipeline_on_a_tzrec_view_publishes_ids_never_admitted_with_the_fallback_row(
+    tmp_path, monkeypatch, capsys
+):
+    state = str(tmp_path / "featurestore.db")
+    fs_state.use_test_sdk(monkeypatch, state)
+    store = f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou&contract=tzrec"
+    art = str(tmp_path / "art")
+    out = tmp_path / "result.json"
+    code = main([
+        "pipeline", "run", "--local", "--run", "fs", "--artifacts", art, "--store", store,
+        "--steps", "20", "--dump-every-steps", "10", "--sample", "0",
+        "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().out[-3000:]
+    assert json.loads(out.read_text())["verdict"] == "PASS"
+    root = ArtifactRoot(art)
+    (gen,) = root.list_generations("fs")
+    expected = expected_state(root, "fs", gen)
+    stored = fs_state.stored_rows(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION)
+    never_admitted: list[tuple[str, int]] = []
+    for table, exp in expected.tables.items():
+        name = tzrec_embedding_name(table)
+        rows = {key: value for (pk, key), value in stored.items() if pk == name}
+        kind = root.read_generation("fs", gen).tables[table].kind
+        # FeatureStore cannot delete: every key with a record has a row, key -1 excepted
+        want_keys = exp.keys[exp.keys != -1] if kind is TableKind.ZCH else exp.present_keys()
+        assert sorted(rows) == want_keys.tolist(), table
+        want = codec.decode(exp.load(want_keys), exp.spec.dtype, exp.spec.dim)
+        got = np.array([rows[k] for k in want_keys.tolist()], np.float32)
+        np.testing.assert_array_equal(got, want, err_msg=table)  # key by key, exactly
+        if kind is TableKind.ZCH:
+            held = set()
+            for seq in root.list_dumps("fs", gen):
+                keys, _, ops, _ = read_dump(root, "fs", gen, seq)[table]
+                held.update(keys[ops == 0].tolist())
+            never_admitted += [(name, k) for k in exp.keys[exp.ops == 1].tolist() if k not in held]
+    assert never_admitted, "no ZCH id was looked up without ever being admitted"
+    name, key = never_admitted[0]
+    fs_state.set_row(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION, name, key,
+                     [v + 1.0 for v in stored[(name, key)]])  # fmt: skip
+    capsys.readouterr()
+    doc = tmp_path / "verify.json"
+    verify = ["pipeline", "verify-serving", "--artifacts", art, "--run", "fs", "--store", store]
+    assert main([*verify, "--sample", "0", "--json", str(doc)]) == 1
+    checked = json.loads(doc.read_text())
+    assert not checked["passed"] and checked["totals"]["DIFFERENT"] == 1
