@@ -363,11 +363,12 @@ class ShardWriter:
         self._closed = False
 
     def write(self, rows: ShardRows) -> None:
-        """Append encoded rows (one row group per call)."""
+        """Append encoded rows (row groups of ``codec.row_group_rows`` rows, from each call)."""
         if len(rows) == 0:
             return
         self._writer.write_table(
-            codec.to_arrow(rows.keys, rows.embedding, rows.ops, rows.steps, self.dtype)
+            codec.to_arrow(rows.keys, rows.embedding, rows.ops, rows.steps, self.dtype),
+            row_group_size=codec.row_group_rows(self.dtype, self.dim),
         )
         self._file.written()
         self.rows += len(rows)

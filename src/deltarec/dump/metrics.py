@@ -84,7 +84,7 @@ class DumpCollector(Collector):
         yield gauge(
             "deltarec_dump_host_budget_bytes",
             "The configured host staging budget",
-            queue.capacity,
+            d.host_budget,
         )
         yield gauge(
             "deltarec_dump_host_held_bytes",
