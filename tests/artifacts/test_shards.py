@@ -58,7 +58,11 @@ def test_a_shard_of_many_blocks_has_the_sha256_and_size_of_its_bytes_and_reads_b
     assert np.array_equal(back.keys, np.concatenate([p.keys for p in parts]))
     assert np.array_equal(back.embedding, np.concatenate([p.embedding for p in parts]))
     assert pq.ParquetFile(w.final).schema_arrow == codec.shard_schema(DType.FLOAT32, 64)
-    assert pq.ParquetFile(w.final).metadata.num_row_groups == 8
+    meta = pq.ParquetFile(w.final).metadata  # each write in groups of <= 2M values
+    per_write = -(-40_000 // codec.row_group_rows(DType.FLOAT32, 64))
+    assert codec.row_group_rows(DType.FLOAT32, 64) == 32_768 and per_write == 2
+    assert meta.num_row_groups == 8 * per_write
+    assert max(meta.row_group(i).num_rows for i in range(meta.num_row_groups)) == 32_768
 
 
 def test_a_small_shard_is_hashed_inline_without_a_helper_thread(tmp_path):

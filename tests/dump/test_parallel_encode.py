@@ -189,3 +189,39 @@ def test_a_shard_that_cannot_be_opened_fails_the_dump_and_gives_its_bytes_back(
         d.wait_idle(timeout=30)
     assert d.queue.outstanding_bytes == 0
     d.close()
+
+
+@pytest.mark.parametrize("dtype", list(DType))
+@pytest.mark.parametrize(("rows", "dim"), [(65536, 128), (65536, 16), (4096, 1024), (100, 32)])
+def test_a_chunks_encoding_allocates_no_more_than_its_budget_bytes_and_its_scratch(
+    dtype, rows, dim
+):
+    """What the host budget charges a chunk (rows + piece) plus the encoding's scratch bounds
+    what encoding it allocates: numpy (traced) and pyarrow's pool, at their peaks."""
+    import tracemalloc
+
+    import torch
+
+    from deltarec.dump.encode import PieceArena, encode_scratch_bytes
+    from deltarec.tracking.gather import HostRows
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((rows, dim), dtype=np.float32)
+    keys = np.arange(rows, dtype=np.int64)
+    host = HostRows(
+        torch.from_numpy(keys), torch.from_numpy(values), torch.zeros(rows, dtype=torch.int8)
+    )
+    charged = host.nbytes - values.nbytes - keys.nbytes  # beyond the rows already in memory
+    pool = pa.proxy_memory_pool(pa.system_memory_pool())
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    tracemalloc.start()
+    try:
+        piece, _ = encode_rows(keys, values, None, 1, dtype, dim, PieceArena(0))
+        numpy_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        pa.set_memory_pool(previous)
+    used = numpy_peak + pool.max_memory()
+    assert piece.rows == rows and pool.max_memory() > 0
+    assert used <= charged + encode_scratch_bytes(dtype, dim, rows), (used, charged)

@@ -26,7 +26,7 @@ ROW_GROUP_VALUES = 1 << 21
 
 While pyarrow writes a row group it holds the repetition and definition levels of every
 embedding value of the group in its own memory pool: 4 bytes per value, about 6.4 with its
-page buffers (measured with pyarrow 23: a 65536 x 128 fp32 chunk written as one row group
+page buffers (measured with pyarrow 26: a 65536 x 128 fp32 chunk written as one row group
 took 51 MiB of pool memory, as 4 groups of 16384 rows 15 MiB, and was written 2.4x faster).
 Groups of 2M values bound that scratch to about 13 MiB per writer, whatever the chunk size."""
 MIN_ROW_GROUP_ROWS = 1024

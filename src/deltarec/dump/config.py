@@ -37,11 +37,14 @@ class DumperConfig(BaseModel):
     table_dtypes: dict[str, DType] = Field(default_factory=dict)
     """Per-table encoding (``float32`` | ``float16`` | ``int8_rowwise``), by table id."""
     chunk_rows: int = Field(default=65536, ge=1)
-    """Rows per gathered chunk (one parquet row group)."""
+    """Rows per gathered chunk (written as row groups of at most 2M values,
+    :func:`~deltarec.artifacts.codec.row_group_rows`)."""
     queue_bytes: int | None = Field(default=None, ge=1 << 16)
-    """Host staging budget: bytes of gathered rows and their encoded copies that the dump path
-    may hold in host memory (queued, copied from a device staging buffer, being encoded or
-    written). None: sized from the available memory
+    """Host staging budget: bytes of host memory the dump path may hold: gathered rows and
+    their encoded copies (queued, copied from a device staging buffer, being encoded or
+    written), the scratch memory of the encodings running
+    (:func:`~deltarec.dump.encode.encode_scratch_bytes`) and, out of 1/8 of it (128 MiB at
+    most), the encoders' reusable piece buffers. None: sized from the available memory
     (:func:`~deltarec.dump.staging.default_host_budget`). When it is full the training thread
     waits (rows gathered into host memory) or the worker does (rows staged on the device):
     nothing is dropped."""

@@ -122,25 +122,31 @@ def _write_piece(sink: Any, rows: ShardRows, dtype: DType, dim: int) -> None:
 ARENA_BYTES = 128 << 20
 """Piece buffers an :class:`EncodePool` keeps for reuse, at most (less under a small budget)."""
 
-_SCRATCH_PER_VALUE = {DType.FLOAT32: 0, DType.FLOAT16: 2, DType.INT8_ROWWISE: 9}
-"""Bytes per value of a chunk that encoding holds besides its piece, by stored dtype.
-
-Measured with pyarrow 23 / numpy 2 on chunks of 65536 x 16..128 and 4096 x 2048 rows:
-float16 rows pass through a half-float copy in pyarrow's pool (2 bytes per value); int8_rowwise
-rows through the quantizer's float temporaries and pyarrow's uint8 -> int32 cast (8 to 9).
-The encoded rows themselves (a float16 or int8 array) are within the chunk's budget bytes."""
+_SCRATCH_PER_VALUE = {DType.FLOAT32: 0, DType.FLOAT16: 4, DType.INT8_ROWWISE: 10}
+"""Bytes per value of a chunk that encoding holds besides its piece, by stored dtype: float16
+rows pass through half-float copies, int8_rowwise rows through the quantizer's float
+temporaries and pyarrow's uint8 -> int32 cast."""
+_SCRATCH_PER_ROW = 128
+"""Bytes per row: the key, op and step columns' arrow arrays, levels and statistics."""
 
 
 def encode_scratch_bytes(dtype: DType, dim: int, rows: int) -> int:
-    """Memory one chunk's encoding holds outside its budget bytes, while it runs (a bound).
+    """Memory one chunk's encoding holds besides its budget bytes, while it runs (a bound).
 
-    Per value of the chunk's row groups (:data:`~deltarec.artifacts.codec.ROW_GROUP_VALUES`
-    at most), pyarrow holds 8 bytes of levels and page buffers (6.4 measured); per value of the
-    chunk, the dtype's own temporaries (:data:`_SCRATCH_PER_VALUE`); plus 4 KiB.
+    Per value of the chunk's largest row group (:data:`~deltarec.artifacts.codec.
+    ROW_GROUP_VALUES` at most), pyarrow holds 8 bytes of levels and page buffers; per value of
+    the chunk, the dtype's temporaries (:data:`_SCRATCH_PER_VALUE`); per row
+    :data:`_SCRATCH_PER_ROW`; plus 320 KiB (the piece buffer's 256 KiB of room for parquet's
+    metadata, and the writer's own buffers). Fitted with a margin to numpy's (traced) and
+    pyarrow's peak allocations, measured with pyarrow 26 / numpy 2 on chunks of 65536 x 16,
+    65536 x 128, 4096 x 1024 and 100 x 32 rows of each dtype (``tests/dump/test_parallel_encode.py``
+    checks the bound): for 65536 x 128 float32 rows 14.6 MB were used and 16.8 MB are
+    budgeted; one row group of the whole chunk would have used 51 MB.
     """
-    values = rows * dim
-    group = min(values, codec.row_group_rows(dtype, dim) * codec.encoded_width(dtype, dim))
-    return 8 * group + _SCRATCH_PER_VALUE[DType(dtype)] * values + (4 << 10)
+    width = codec.encoded_width(dtype, dim)
+    group = min(rows, codec.row_group_rows(dtype, dim)) * width
+    per_value = _SCRATCH_PER_VALUE[DType(dtype)]
+    return 8 * group + per_value * rows * dim + _SCRATCH_PER_ROW * rows + (320 << 10)
 
 
 def encode_rows(
