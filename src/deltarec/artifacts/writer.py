@@ -25,7 +25,8 @@ from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, ShardIn
 from deltarec.errors import BadInputError
 
 RankRows = ShardRows | Iterable[ShardRows]
-"""One rank's rows of a table: one :class:`ShardRows`, or several (each written as row groups of ``codec.row_group_rows`` rows at most)."""
+"""One rank's rows of a table: one :class:`ShardRows`, or several (each written as row groups
+of ``codec.row_group_rows`` rows at most)."""
 
 
 def write_dump(

@@ -60,7 +60,8 @@ def write_dump(
 ) -> Manifest:
     """Write the shards of one dump and, with ``commit``, its manifest (without fsync).
 
-    ``rows[table][rank]`` is a :class:`ShardRows` or an iterable of them (each written as row groups of at most ``codec.row_group_rows`` rows).
+    ``rows[table][rank]`` is a :class:`ShardRows` or an iterable of them (each written as row
+    groups of at most ``codec.row_group_rows`` rows).
     Written by :func:`deltarec.artifacts.write_dump`: shards first, the manifest last.
 
     Returns:
