@@ -153,6 +153,16 @@ class RelationalStore(Store, Registry):
         batch = RowBatch(keys, embedding, ops, versions)
         return self.write_batches(table, [batch], mark, staging_generation)
 
+    @abc.abstractmethod
+    def write_batches(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write_batches`: one transaction (subclass)."""
+
     _read_chunk: int
     """Keys per ``SELECT`` of :meth:`read` (the dialect's limits)."""
 
@@ -185,16 +195,6 @@ class RelationalStore(Store, Registry):
     def _decode(self, value: Any, view: ViewInfo, element: np.dtype) -> np.ndarray:
         """One stored embedding as an encoded row (the stored bytes, as is)."""
         return np.frombuffer(value, dtype=element)
-
-    @abc.abstractmethod
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write_batches`: one transaction (subclass)."""
 
     def _create_registry(self) -> None:
         with self._tx() as cur:
