@@ -10,7 +10,7 @@ from deltarec.errors import CheckFailedError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's flags."""
-    from deltarec.demo import DEFAULT_STEPS, DEFAULT_WORKDIR
+    from deltarec.demo import DEFAULT_STEPS, DEFAULT_WORKDIR, ENGINES
 
     parser.add_argument(
         "--workdir",
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        choices=["kfp", "airflow"],
+        choices=ENGINES,
         default="kfp",
         help="kfp.local (default) or Airflow's dag.test() (needs deltarec[airflow])",
     )
