@@ -12,11 +12,7 @@ import json
 import sys
 from typing import Any
 
-from deltarec.cli.common import (
-    add_json_result_argument,
-    add_location_arguments,
-    write_output,
-)
+from deltarec.cli.common import add_json_result_argument, add_location_arguments, write_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,11 +14,7 @@ import sys
 import time
 from typing import Any
 
-from deltarec.cli.common import (
-    add_json_result_argument,
-    add_location_arguments,
-    write_output,
-)
+from deltarec.cli.common import add_json_result_argument, add_location_arguments, write_output
 from deltarec.publish.types import PublishMode
 
 
