@@ -12,7 +12,7 @@ from tests._helpers.dump import HandTables, assert_rows, read_dump
 from deltarec.artifacts import ArtifactRoot, DType, Parent, check_shard
 from deltarec.artifacts.lineage import expected_state, keys_published_after
 from deltarec.dump import Dumper, DumperConfig
-from deltarec.dump.encode import ParallelShardWriter
+from deltarec.dump.encode import ParallelShardWriter, encode_scratch_bytes
 from deltarec.errors import ConfigError, DumpError
 
 
@@ -112,7 +112,7 @@ def test_the_byte_bounded_queue_makes_training_wait_instead_of_growing(tmp_path,
 
     monkeypatch.setattr(ParallelShardWriter, "_append", write)
     tables = HandTables(seed=3, rows=4000, dim=32)
-    cap = 2 << 20  # a chunk of sparse.a: 31 kB of rows and piece, 366 kB of encoding scratch
+    cap = 1 << 20  # a chunk of sparse.a: 31 kB of rows and piece, 366 kB of encoding scratch
     cfg = _config(tmp_path, queue_bytes=cap, chunk_rows=100, encode_workers=2)
     d = Dumper(cfg, tables.sources())
     t0 = time.perf_counter()
@@ -121,7 +121,9 @@ def test_the_byte_bounded_queue_makes_training_wait_instead_of_growing(tmp_path,
     d.final_dump(0)
     d.close()
     assert d.queue.blocked_puts > 0
-    assert 0 < d.queue.peak_bytes <= d.queue.capacity == cap - cap // 8  # 1/8: piece arena
+    assert d.encode_threads == 1  # 1/4 of the budget affords less than one scratch: 1 runs
+    assert d.queue.capacity == cap - d.arena_bytes - encode_scratch_bytes(DType.FLOAT32, 32, 100)
+    assert 0 < d.queue.peak_bytes <= d.queue.capacity
     snap = read_dump(ArtifactRoot(str(tmp_path)), "r", 1, 0)
     assert len(snap["sparse.a"][0]) == 4000 and len(snap["sparse.b"][0]) == 2000
 

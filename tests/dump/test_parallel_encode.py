@@ -225,3 +225,16 @@ def test_a_chunks_encoding_allocates_no_more_than_its_budget_bytes_and_its_scrat
     used = numpy_peak + pool.max_memory()
     assert piece.rows == rows and pool.max_memory() > 0
     assert used <= charged + encode_scratch_bytes(dtype, dim, rows), (used, charged)
+
+
+def test_the_host_budget_is_shared_out_between_queue_scratch_and_arena():
+    from deltarec.dump.staging import ARENA_MAX, plan_host_budget
+
+    big = plan_host_budget(2 << 30, 15, 25 << 20)
+    assert (big.encode_threads, big.arena_bytes, big.scratch_bytes) == (15, ARENA_MAX, 375 << 20)
+    assert big.queue_bytes + big.scratch_bytes + big.arena_bytes == 2 << 30
+    small = plan_host_budget(64 << 20, 15, 5 << 20)  # 1/4 of 64 MiB affords 3 encodings
+    assert (small.encode_threads, small.arena_bytes, small.scratch_bytes) == (3, 8 << 20, 15 << 20)
+    assert small.queue_bytes == (64 - 8 - 15) << 20
+    tiny = plan_host_budget(1 << 20, 4, 5 << 20)  # one thread always runs
+    assert tiny.encode_threads == 1 and tiny.queue_bytes >= 1

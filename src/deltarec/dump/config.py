@@ -40,11 +40,13 @@ class DumperConfig(BaseModel):
     """Rows per gathered chunk (written as row groups of at most 2M values,
     :func:`~deltarec.artifacts.codec.row_group_rows`)."""
     queue_bytes: int | None = Field(default=None, ge=1 << 16)
-    """Host staging budget: bytes of host memory the dump path may hold: gathered rows and
+    """Host staging budget: bytes of host memory the dump path may hold. It is shared out
+    (:func:`~deltarec.dump.staging.plan_host_budget`) between the encoders' reusable piece
+    buffers (1/8, at most 128 MiB), the scratch of the encodings running at once (at most
+    1/4: fewer encoding threads run if it affords fewer,
+    :func:`~deltarec.dump.encode.encode_scratch_bytes`) and the rest, for gathered rows and
     their encoded copies (queued, copied from a device staging buffer, being encoded or
-    written), the scratch memory of the encodings running
-    (:func:`~deltarec.dump.encode.encode_scratch_bytes`) and, out of 1/8 of it (128 MiB at
-    most), the encoders' reusable piece buffers. None: sized from the available memory
+    written). None: sized from the available memory
     (:func:`~deltarec.dump.staging.default_host_budget`). When it is full the training thread
     waits (rows gathered into host memory) or the worker does (rows staged on the device):
     nothing is dropped."""

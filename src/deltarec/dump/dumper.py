@@ -35,13 +35,13 @@ from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig, check_row_encoding
-from deltarec.dump.encode import ARENA_BYTES, encode_scratch_bytes
+from deltarec.dump.encode import encode_scratch_bytes
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue
+from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
-from deltarec.tracking.gather import DeviceRows
 from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource
 
@@ -77,7 +77,6 @@ class Dumper:
         self.config = config
         self.on_generation = on_generation
         self.sources = list(sources)
-        self._dims = {s.table_id: s.spec.dim for s in self.sources}
         ids = [s.table_id for s in self.sources]
         if len(set(ids)) != len(ids):
             dup = sorted({t for t in ids if ids.count(t) > 1})
@@ -87,11 +86,19 @@ class Dumper:
         self.keep_rows_bytes = keep_rows_bytes
         self.generation: GenerationInfo | None = None
         self.host_budget = config.host_budget_bytes()
-        # the encoders' reusable piece buffers come out of the host budget too
-        self.arena_bytes = min(ARENA_BYTES, self.host_budget // 8)
-        self.queue = ByteBoundedQueue(
-            self.host_budget - self.arena_bytes, abort_check=self._check_worker
+        plan = plan_host_budget(
+            self.host_budget,
+            config.encode_threads(),
+            max(
+                (
+                    encode_scratch_bytes(config.dtype_of(s.table_id), s.spec.dim, config.chunk_rows)
+                    for s in self.sources
+                ),
+                default=0,
+            ),
         )
+        self.encode_threads, self.arena_bytes = plan.encode_threads, plan.arena_bytes
+        self.queue = ByteBoundedQueue(plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
         self._worker: DumpWorker | None = None
         self.lease: RunLease | None = None
@@ -164,7 +171,7 @@ class Dumper:
             on_commit=self.on_commit,
             keep_rows_bytes=self.keep_rows_bytes,
             fence=self._fence if self.lease is not None else None,
-            encode_workers=self.config.encode_threads(),
+            encode_workers=self.encode_threads,
             chunk_rows=self.config.chunk_rows,
             arena_bytes=self.arena_bytes,
         )
@@ -465,15 +472,7 @@ class Dumper:
             for host in gathered:
                 if len(host) == 0:
                     continue
-                # a host chunk's budget covers its encoding's scratch too (a device staging
-                # buffer takes no host bytes: the worker budgets each chunk it copies out)
-                scratch = 0 if isinstance(host, DeviceRows) else self._scratch(table, len(host))
-                self.queue.put(Chunk(seq, table, step, host, scratch), host.nbytes + scratch)
-
-    def _scratch(self, table: str, rows: int) -> int:
-        """Bytes the encoding of ``rows`` rows of ``table`` holds besides its piece."""
-        dim = self._dims[table]
-        return encode_scratch_bytes(self.config.dtype_of(table), dim, rows)
+                self.queue.put(Chunk(seq, table, step, host), host.nbytes)
 
     def _enqueue_parts(self, seq: int, table: str, step: int, parts: LocalParts) -> None:
         """Queue this rank's part of an assembled table: always at least one item."""

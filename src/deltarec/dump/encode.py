@@ -37,6 +37,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot, shard_relpath
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DType, ShardInfo
+from deltarec.dump.staging import ARENA_MAX
 from deltarec.dump.stitch import MAGIC, Piece, PieceMeta, footer_tail, stitched_footer
 from deltarec.testing.faults import failpoint
 
@@ -119,9 +120,6 @@ def _write_piece(sink: Any, rows: ShardRows, dtype: DType, dim: int) -> None:
         writer.close()
 
 
-ARENA_BYTES = 128 << 20
-"""Piece buffers an :class:`EncodePool` keeps for reuse, at most (less under a small budget)."""
-
 _SCRATCH_PER_VALUE = {DType.FLOAT32: 0, DType.FLOAT16: 4, DType.INT8_ROWWISE: 10}
 """Bytes per value of a chunk that encoding holds besides its piece, by stored dtype: float16
 rows pass through half-float copies, int8_rowwise rows through the quantizer's float
@@ -174,10 +172,11 @@ class EncodePool:
 
     Args:
         workers: number of threads (>= 1).
-        arena_bytes: piece buffers kept for reuse, at most.
+        arena_bytes: piece buffers kept for reuse, at most (the dumper's share of its host
+            budget: :func:`~deltarec.dump.staging.plan_host_budget`).
     """
 
-    def __init__(self, workers: int, arena_bytes: int = ARENA_BYTES) -> None:
+    def __init__(self, workers: int, arena_bytes: int = ARENA_MAX) -> None:
         if workers < 1:
             raise ValueError(f"encode workers must be >= 1, got {workers}")
         self.workers = workers

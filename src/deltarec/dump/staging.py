@@ -1,4 +1,4 @@
-"""Budgets of the dump path: host staging memory and encoding threads (defaults).
+"""Budgets of the dump path: host staging memory and encoding threads (defaults, sharing).
 
 The device staging budget lives with the gather, in :mod:`deltarec.tracking.staging`. The
 standard library only, so the configuration imports these defaults cheaply.
@@ -7,6 +7,7 @@ standard library only, so the configuration imports these defaults cheaply.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 MIN_HOST_BUDGET = 64 << 20
 """The host budget never defaults below this (the budget before it was sized from memory)."""
@@ -64,3 +65,51 @@ def default_encode_workers() -> int:
     """
     ranks = local_world_size()
     return max(1, (usable_cores() - ranks) // ranks)
+
+
+ARENA_SHARE = 8
+"""The encoders' reusable piece buffers take at most 1/8 of the host budget ..."""
+ARENA_MAX = 128 << 20
+"""... and at most 128 MiB."""
+SCRATCH_SHARE = 4
+"""The encodings running at once take at most 1/4 of the host budget as scratch; a budget too
+small for one scratch per encoding thread runs fewer threads (one at least)."""
+
+
+@dataclass(frozen=True)
+class HostBudgetPlan:
+    """How a rank's host budget is shared out (see :func:`plan_host_budget`).
+
+    Attributes:
+        queue_bytes: for rows gathered or copied from the device and their encoded pieces,
+            until written and hashed (the byte-bounded queue's capacity).
+        encode_threads: encoding threads.
+        scratch_bytes: the scratch of ``encode_threads`` encodings running at once.
+        arena_bytes: the encoders' reusable piece buffers, at most.
+    """
+
+    queue_bytes: int
+    encode_threads: int
+    scratch_bytes: int
+    arena_bytes: int
+
+
+def plan_host_budget(budget: int, encode_threads: int, scratch_per_encoding: int) -> HostBudgetPlan:
+    """Share a host budget between the queue, the encoders' scratch and the piece arena.
+
+    Every byte the dump path holds in host memory comes out of ``budget``: rows and their
+    pieces through the queue, at most ``encode_threads`` encodings of ``scratch_per_encoding``
+    bytes each (:func:`~deltarec.dump.encode.encode_scratch_bytes` of the widest table's
+    chunk), and the piece arena. Threads are cut to what 1/4 of the budget affords.
+    """
+    arena = min(ARENA_MAX, budget // ARENA_SHARE)
+    threads = max(1, encode_threads)
+    if scratch_per_encoding > 0:
+        threads = max(1, min(threads, budget // SCRATCH_SHARE // scratch_per_encoding))
+    scratch = threads * max(0, scratch_per_encoding)
+    return HostBudgetPlan(
+        queue_bytes=max(1, budget - arena - scratch),
+        encode_threads=threads,
+        scratch_bytes=scratch,
+        arena_bytes=arena,
+    )

@@ -38,15 +38,14 @@ from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
 from deltarec.dump.encode import (
-    ARENA_BYTES,
     Encoded,
     EncodePool,
     ParallelShardWriter,
     encode_rows,
-    encode_scratch_bytes,
 )
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
+from deltarec.dump.staging import ARENA_MAX
 from deltarec.errors import DumpError
 from deltarec.testing.faults import failpoint
 from deltarec.tracking.assemble import Assembly, Part
@@ -63,8 +62,6 @@ class Chunk:
     table: str
     step: int
     rows: HostRows  # a DeviceRows: a table's device staging buffer
-    scratch: int = 0
-    """Of the item's budget bytes, those of its encoding's scratch (given back once encoded)."""
 
 
 @dataclass
@@ -151,7 +148,7 @@ class DumpWorker:
         fence: Callable[[], None] | None = None,
         encode_workers: int = 1,
         chunk_rows: int = 65536,
-        arena_bytes: int = ARENA_BYTES,
+        arena_bytes: int = ARENA_MAX,
     ) -> None:
         self.root = root
         self.fence = fence
@@ -266,9 +263,7 @@ class DumpWorker:
                 return
             # the writer releases the chunk's bytes (they cover its encoded copy too) once
             # written; if the hand-off fails, the loop releases them (releasing is idempotent)
-            release.nbytes -= chunk.scratch  # the rest: until written and hashed
-            scratch_back = _Release(self.queue, chunk.scratch)
-            self._submit(state, chunk.table, chunk.step, chunk.rows, release, scratch_back)
+            self._submit(state, chunk.table, chunk.step, chunk.rows, release)
             release.taken = True
         except Exception as e:
             state.error = (chunk.table, f"{type(e).__name__}: {e}")
@@ -276,58 +271,33 @@ class DumpWorker:
 
     def _write_staged(self, state: _DumpState, chunk: Chunk, staged: DeviceRows) -> None:
         """Copy a device staging buffer to host chunk by chunk, each within the host budget."""
-        spec = self.tables[chunk.table]
         last: HostRows | None = None
         for start in range(0, len(staged), self.chunk_rows):
             stop = min(start + self.chunk_rows, len(staged))
             nbytes = staged.host_bytes(start, stop)
-            scratch = encode_scratch_bytes(spec.dtype, spec.dim, stop - start)
-            self.queue.reserve(nbytes + scratch)
+            self.queue.reserve(nbytes)
             release = _Release(self.queue, nbytes)
-            scratch_back = _Release(self.queue, scratch)
             try:
                 last = staged.to_host(start, stop)
-                self._submit(state, chunk.table, chunk.step, last, release, scratch_back)
+                self._submit(state, chunk.table, chunk.step, last, release)
             except BaseException:
                 release()
-                scratch_back()
                 raise
         if last is not None and last.event is not None:
             last.event.synchronize()  # every copy out of the buffer is done (one copy stream)
         staged.release()
 
     def _submit(
-        self,
-        state: _DumpState,
-        table: str,
-        step: int,
-        host: HostRows,
-        release: _Release,
-        scratch_back: _Release | None = None,
+        self, state: _DumpState, table: str, step: int, host: HostRows, release: _Release
     ) -> None:
-        """Hand a host chunk to its table's shard writer.
-
-        ``release`` gives back the chunk's rows and piece bytes once written and hashed;
-        ``scratch_back`` the bytes budgeted for its encoding's scratch (:func:`~deltarec.dump.
-        encode.encode_scratch_bytes`), as soon as the encoding ends.
-        """
         spec = self.tables[table]
 
         def job() -> Encoded:
-            try:
-                host.wait()
-                keys, values, ops = host.numpy()
-                return encode_rows(keys, values, ops, step, spec.dtype, spec.dim, self.pool.arena)
-            finally:
-                if scratch_back is not None:
-                    scratch_back()
+            host.wait()
+            keys, values, ops = host.numpy()
+            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim, self.pool.arena)
 
-        try:
-            self._writer(state, table).write(job, release, self._keeper(state, table))
-        except BaseException:
-            if scratch_back is not None:
-                scratch_back()
-            raise
+        self._writer(state, table).write(job, release, self._keeper(state, table))
 
     def _writer(self, state: _DumpState, table: str) -> ParallelShardWriter:
         writer = state.writers.get(table)
