@@ -206,6 +206,20 @@ def build_sharded(world_size: int) -> tuple[Any, torch.optim.Optimizer]:
     return dmp, dmp.fused_optimizer
 
 
+def model_parts(model: ZchModel) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
+    """Per table of an unsharded :class:`ZchModel`: its MCH module and its weight."""
+    return {
+        "mc_ebc.bag": (
+            model.mc_ebc._managed_collision_collection._managed_collision_modules["bag"],
+            model.mc_ebc._embedding_module.embedding_bags["bag"].weight,
+        ),
+        "mc_ec.seq": (
+            model.mc_ec._managed_collision_collection._managed_collision_modules["seq"],
+            model.mc_ec._embedding_module.embeddings["seq"].weight,
+        ),
+    }
+
+
 def sharded_parts(dmp: Any) -> dict[str, tuple[Any, torch.Tensor, int]]:
     out = {}
     for table, owner, group in (

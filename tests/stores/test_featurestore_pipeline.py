@@ -22,22 +22,45 @@ from deltarec.stores.featurestore_sdk import tzrec_embedding_name
 pytestmark = pytest.mark.multiprocess
 
 
-def test_pipeline_with_quantized_rows_on_featurestore_passes_and_a_tampered_row_fails(
-    tmp_path, monkeypatch, capsys
-):
+def _run_pipeline(
+    tmp_path, monkeypatch, capsys, url_options: str, *flags: str
+) -> tuple[str, str, str, dict]:
+    """``pipeline run --local`` (20 steps, a dump every 10) on a view of the test SDK.
+
+    Returns the SDK's state file, the store URL, the artifact root and the result document.
+    """
     state = str(tmp_path / "featurestore.db")
     fs_state.use_test_sdk(monkeypatch, state)
-    store = f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou"
+    store = f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou{url_options}"
     art = str(tmp_path / "art")
     out = tmp_path / "result.json"
     code = main([
         "pipeline", "run", "--local", "--run", "fs", "--artifacts", art, "--store", store,
-        "--steps", "20", "--dump-every-steps", "10", "--sample", "0",
-        "--row-encodings", "int8_rowwise,sparse.ebc.geo=float16",
+        "--steps", "20", "--dump-every-steps", "10", "--sample", "0", *flags,
         "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
     ])  # fmt: skip
     assert code == 0, capsys.readouterr().out[-3000:]
-    result = json.loads(out.read_text())
+    return state, store, art, json.loads(out.read_text())
+
+
+def _verify_serving_fails(tmp_path, capsys, art: str, store: str) -> dict:
+    """``pipeline verify-serving --sample 0`` exits 1 on exactly one DIFFERENT row, cleanly."""
+    capsys.readouterr()
+    verify = ["pipeline", "verify-serving", "--artifacts", art, "--run", "fs", "--store", store]
+    doc = tmp_path / "verify.json"
+    assert main([*verify, "--sample", "0", "--json", str(doc)]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    checked = json.loads(doc.read_text())
+    assert not checked["passed"] and checked["totals"]["DIFFERENT"] == 1
+    return checked
+
+
+def test_pipeline_with_quantized_rows_on_featurestore_passes_and_a_tampered_row_fails(
+    tmp_path, monkeypatch, capsys
+):
+    state, store, art, result = _run_pipeline(
+        tmp_path, monkeypatch, capsys, "", "--row-encodings", "int8_rowwise,sparse.ebc.geo=float16"
+    )
     assert result["verdict"] == "PASS" and result["promoted"] == 1
     assert result["metrics"]["keys_checked"] > 0
     assert (tmp_path / "art" / "_registry" / "featurestore-proj-emb.db").exists()
@@ -48,31 +71,15 @@ def test_pipeline_with_quantized_rows_on_featurestore_passes_and_a_tampered_row_
     (table, key), value = next(iter(sorted(stored.items())))
     fs_state.set_row(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION, table, key,
                      [v + 1.0 for v in value])  # fmt: skip
-    capsys.readouterr()
-    verify = ["pipeline", "verify-serving", "--artifacts", art, "--run", "fs", "--store", store]
-    doc = tmp_path / "verify.json"
-    assert main([*verify, "--sample", "0", "--json", str(doc)]) == 1
-    assert "Traceback" not in capsys.readouterr().err
-    checked = json.loads(doc.read_text())
-    assert not checked["passed"] and checked["totals"]["DIFFERENT"] == 1
+    checked = _verify_serving_fails(tmp_path, capsys, art, store)
     assert any("cannot list its keys" in n for n in checked["notes"])
 
 
 def test_pipeline_on_a_tzrec_view_publishes_ids_never_admitted_with_the_fallback_row(
     tmp_path, monkeypatch, capsys
 ):
-    state = str(tmp_path / "featurestore.db")
-    fs_state.use_test_sdk(monkeypatch, state)
-    store = f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou&contract=tzrec"
-    art = str(tmp_path / "art")
-    out = tmp_path / "result.json"
-    code = main([
-        "pipeline", "run", "--local", "--run", "fs", "--artifacts", art, "--store", store,
-        "--steps", "20", "--dump-every-steps", "10", "--sample", "0",
-        "--pipeline-root", str(tmp_path / "kfp"), "--json", str(out),
-    ])  # fmt: skip
-    assert code == 0, capsys.readouterr().out[-3000:]
-    assert json.loads(out.read_text())["verdict"] == "PASS"
+    state, store, art, result = _run_pipeline(tmp_path, monkeypatch, capsys, "&contract=tzrec")
+    assert result["verdict"] == "PASS"
     root = ArtifactRoot(art)
     (gen,) = root.list_generations("fs")
     expected = expected_state(root, "fs", gen)
@@ -98,9 +105,4 @@ def test_pipeline_on_a_tzrec_view_publishes_ids_never_admitted_with_the_fallback
     name, key = never_admitted[0]
     fs_state.set_row(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION, name, key,
                      [v + 1.0 for v in stored[(name, key)]])  # fmt: skip
-    capsys.readouterr()
-    doc = tmp_path / "verify.json"
-    verify = ["pipeline", "verify-serving", "--artifacts", art, "--run", "fs", "--store", store]
-    assert main([*verify, "--sample", "0", "--json", str(doc)]) == 1
-    checked = json.loads(doc.read_text())
-    assert not checked["passed"] and checked["totals"]["DIFFERENT"] == 1
+    _verify_serving_fails(tmp_path, capsys, art, store)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from tests._helpers import featurestore as fs_state
-from tests._helpers.zch import ZchModel, kjts, model_state
+from tests._helpers.zch import ZchModel, kjts, model_parts, model_state
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.dump import make_train_hook
@@ -40,19 +40,6 @@ def state(tmp_path, monkeypatch) -> str:
     return path
 
 
-def _parts(model: ZchModel) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
-    return {
-        "mc_ebc.bag": (
-            model.mc_ebc._managed_collision_collection._managed_collision_modules["bag"],
-            model.mc_ebc._embedding_module.embedding_bags["bag"].weight,
-        ),
-        "mc_ec.seq": (
-            model.mc_ec._managed_collision_collection._managed_collision_modules["seq"],
-            model.mc_ec._embedding_module.embeddings["seq"].weight,
-        ),
-    }
-
-
 def _train_publishing_to(store: str, art: str) -> dict[str, dict[int, np.ndarray]]:
     """Train the ZCH model with the hook publishing to ``store``; the model's final state."""
     torch.manual_seed(0)
@@ -74,7 +61,7 @@ def _train_publishing_to(store: str, art: str) -> dict[str, dict[int, np.ndarray
         hook.on_end(len(STEPS))
     finally:
         hook.close()
-    return {t: model_state(m, w, 0, with_fallback=True) for t, (m, w) in _parts(model).items()}
+    return {t: model_state(m, w, 0, with_fallback=True) for t, (m, w) in model_parts(model).items()}
 
 
 def test_ids_never_admitted_hold_the_fallback_row_on_featurestore_and_verify_passes(

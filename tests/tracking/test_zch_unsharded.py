@@ -10,6 +10,7 @@ from tests._helpers.zch import (
     apply,
     assert_same_state,
     kjts,
+    model_parts,
     model_state,
     stream,
 )
@@ -23,19 +24,6 @@ from deltarec.tracking.zch import (
     zch_embedding_fqns,
 )
 from deltarec.tracking.zch_cpu import presize_zch_history
-
-
-def _parts(model: ZchModel) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
-    return {
-        "mc_ebc.bag": (
-            model.mc_ebc._managed_collision_collection._managed_collision_modules["bag"],
-            model.mc_ebc._embedding_module.embedding_bags["bag"].weight,
-        ),
-        "mc_ec.seq": (
-            model.mc_ec._managed_collision_collection._managed_collision_modules["seq"],
-            model.mc_ec._embedding_module.embeddings["seq"].weight,
-        ),
-    }
 
 
 def _train(model: ZchModel, opt: torch.optim.Optimizer, ids: list[int]) -> None:
@@ -66,7 +54,7 @@ def test_replayed_collects_equal_the_model_state_after_every_interval(policy: st
             step += 1
         for table, source in sources.items():
             counts = apply(replay[table], source.collect())
-            mch, weight = _parts(model)[table]
+            mch, weight = model_parts(model)[table]
             assert_same_state(replay[table], model_state(mch, weight, 0, with_fallback=True))
             assert counts["evicted"] > 0, f"{table}: no eviction in this interval"
     for source in sources.values():
@@ -94,7 +82,7 @@ def test_id_admitted_after_the_last_collect_is_dumped_without_a_new_lookup() -> 
     presize_zch_history(model, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     source = _sources(model)["mc_ebc.bag"]
-    mch, weight = _parts(model)["mc_ebc.bag"]
+    mch, weight = model_parts(model)["mc_ebc.bag"]
     _train(model, opt, [7])  # a miss: 7 waits in the eviction history
     first = source.collect()
     assert first.keys.tolist() == [-1]  # the fallback row (first collect), no id yet
@@ -112,7 +100,7 @@ def test_evicted_id_gets_op_1_with_the_fallback_row_and_readmitted_id_its_new_ro
     model = ZchModel(zch_size=4, policy="lru")  # 3 usable slots
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     source = _sources(model)["mc_ebc.bag"]
-    mch, weight = _parts(model)["mc_ebc.bag"]
+    mch, weight = model_parts(model)["mc_ebc.bag"]
     _train(model, opt, [1, 2, 3])
     source.collect()
     _train(model, opt, [4, 2, 3])  # evicts 1 (least recently used)
@@ -134,7 +122,7 @@ def test_read_keys_gives_rows_of_held_ids_and_fallback_for_others() -> None:
     model = ZchModel(zch_size=4, policy="lru")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     source = _sources(model)["mc_ec.seq"]
-    mch, weight = _parts(model)["mc_ec.seq"]
+    mch, weight = model_parts(model)["mc_ec.seq"]
     _train(model, opt, [10, 20, 30, 40])  # 40 misses: 3 usable slots
     got = source.read_keys(torch.tensor([40, 10, -1, 20, 10]))
     state = model_state(mch, weight, 0, with_fallback=True)
@@ -156,7 +144,7 @@ def test_out_of_range_remapped_row_raises_naming_table_and_rows() -> None:
     model = ZchModel(zch_size=8, policy="lru")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     source = _sources(model)["mc_ebc.bag"]
-    mch, _ = _parts(model)["mc_ebc.bag"]
+    mch, _ = model_parts(model)["mc_ebc.bag"]
     _train(model, opt, [5, 6])
     pos = int(torch.searchsorted(mch._mch_sorted_raw_ids, torch.tensor(6)))
     mch._mch_remapped_ids_mapping[pos] = 1234  # as if a mismatched checkpoint was loaded
@@ -175,7 +163,7 @@ def test_close_restores_the_module_methods_and_a_second_source_may_then_track() 
 
     class_remap = MCHManagedCollisionModule.remap
     model = ZchModel(zch_size=8, policy="lru")
-    mch, _ = _parts(model)["mc_ebc.bag"]
+    mch, _ = model_parts(model)["mc_ebc.bag"]
     sources = _sources(model)
     assert "remap" in mch.__dict__ and MCHManagedCollisionModule.remap is class_remap
     with pytest.raises(ZchTrackingError, match="already tracked"):
@@ -217,7 +205,7 @@ def test_collect_reads_no_mapping_buffer_so_its_cost_does_not_grow_with_zch_size
     model = ZchModel(zch_size=4, policy="lru")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     source = _sources(model)["mc_ec.seq"]
-    mch, weight = _parts(model)["mc_ec.seq"]
+    mch, weight = model_parts(model)["mc_ec.seq"]
     _train(model, opt, [1, 2, 3])
     _train(model, opt, [4, 5, 1])  # evicts two ids, admits 4 and 5
     want = model_state(mch, weight, 0, with_fallback=True)
