@@ -1,0 +1,78 @@
+"""The packages form layers: every import, at module level or inside a function, goes down."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import deltarec
+
+LAYERS = [
+    {"__init__", "errors", "ids", "_lazy"},
+    {"artifacts"},
+    {"stores", "tracking"},
+    {"testing", "verify", "model"},
+    {"publish"},
+    {"dump", "promote"},
+    {"train", "api"},
+    {"orchestrate"},
+    {"demo"},
+    {"cli"},
+]
+"""Lowest first. A package may import its own layer's packages below it in this list only."""
+
+ENTRY_SCRIPTS = {"train/__main__.py"}
+"""``python -m`` entry points: they hand over to the CLI, the top layer."""
+
+SRC = Path(deltarec.__file__).parent
+
+
+def _rank(package: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if package in layer:
+            return i
+    raise AssertionError(f"package deltarec.{package} is in no layer of tests/test_layers.py")
+
+
+def _imports(path: Path) -> set[str]:
+    """The deltarec packages a module imports (``deltarec.X...`` -> ``X``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "deltarec":
+                out.add(parts[1] if len(parts) > 1 else "__init__")
+    return out
+
+
+def _edges() -> list[tuple[str, str, str]]:
+    """``(module path, its package, a package it imports)`` for every module but the entry
+    scripts."""
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        package = rel.split("/")[0].removesuffix(".py")
+        if rel not in ENTRY_SCRIPTS:
+            out += [(rel, package, t) for t in sorted(_imports(path) - {package})]
+    return out
+
+
+def test_every_import_goes_to_the_same_or_a_lower_layer():
+    upward = [f"{rel} imports deltarec.{t}" for rel, p, t in _edges() if _rank(t) > _rank(p)]
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_within_a_layer_no_two_packages_import_each_other():
+    edges = {(p, t) for _, p, t in _edges()}
+    assert not [(a, b) for a, b in edges if (b, a) in edges and a < b]
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from deltarec.cli import main\n    return main\n")
+    assert "cli" in _imports(module) and _rank("cli") > _rank("stores")
