@@ -85,6 +85,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--store": F("str"),
         "--lease-ttl": F("float"),
         "--row-encodings": F("str"),
+        "--zch-misses": F("switch", False),
         "--publish-mode": F("str", "direct", ("direct", "staged")),
     },
     "provision": {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deltarec.cli import build_parser, main
-from deltarec.cli.cmd_train import forwarded_argv
+from deltarec.cli.cmd_train import _hooks, forwarded_argv
 
 
 def _train_parser():
@@ -102,6 +102,7 @@ def test_forwarded_argv_round_trips_a_realistic_command_line():
         (["--steps", "-1"], "steps"),
         (["--model-config", "/nonexistent/m.json"], "--model-config"),
         (["--row-encodings", "int8"], "--row-encodings need(s) --artifacts"),
+        (["--zch-misses"], "--zch-misses need(s) --artifacts"),
         (["--artifacts", "/tmp/a", "--run", "r", "--row-encodings", "int9"], "unknown encoding"),
         (
             ["--artifacts", "/tmp/a", "--run", "r", "--row-encodings", "no.such=float16"],
@@ -112,6 +113,22 @@ def test_forwarded_argv_round_trips_a_realistic_command_line():
 def test_bad_train_flags_exit_2_naming_the_problem(argv, message, capsys):
     assert main(["train", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "store", "want"),
+    [
+        ([], None, False),
+        (["--zch-misses"], None, True),
+        ([], "featurestore://p/v?region=cn-hangzhou&contract=tzrec", True),
+        ([], "sqlite:///x.db", False),
+    ],
+)
+def test_zch_misses_reach_the_dumper_from_the_flag_or_a_tzrec_store(tmp_path, flags, store, want):
+    argv = ["train", "--artifacts", str(tmp_path), "--run", "r", *flags]
+    args = build_parser("train").parse_args(argv + (["--store", store] if store else []))
+    (hook,) = _hooks(args)
+    assert hook.config.zch_misses is want
 
 
 def test_int8_rows_of_an_odd_dim_are_refused_naming_the_table(tmp_path, capsys):

@@ -174,6 +174,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "sparse.ebc.geo=float16'; default: float32)",
     )
     d.add_argument(
+        "--zch-misses",
+        action="store_true",
+        help="also dump ZCH ids looked up but never admitted (op 1, the fallback row), as "
+        "TorchEasyRec publishes them; on by itself with a featurestore://...?contract=tzrec "
+        "--store",
+    )
+    d.add_argument(
         "--publish-mode",
         choices=PublishMode.names(),
         default="direct",
@@ -256,6 +263,7 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         "--no-snapshot": args.no_snapshot or None,
         "--lease-ttl": args.lease_ttl,
         "--row-encodings": args.row_encodings,
+        "--zch-misses": args.zch_misses or None,
     }
     if args.artifacts is None:
         given = [flag for flag, value in dump_flags.items() if value is not None]
@@ -296,6 +304,8 @@ def _hooks(args: argparse.Namespace) -> list[Any]:
     options: dict[str, Any] = {}
     if args.lease_ttl is not None:
         options["lease_ttl_s"] = args.lease_ttl
+    if args.zch_misses:
+        options["zch_misses"] = True
     if args.row_encodings:
         default, tables = parse_row_encodings(args.row_encodings)
         options["table_dtypes"] = tables
