@@ -1,9 +1,9 @@
 """Peak memory of ``deltarec publish`` on a large generation (default 10M rows).
 
-Writes a generation with :class:`~deltarec.artifacts.ShardWriter` (2 ranks, one table, row
-groups of 64k rows, one delta dump), then runs ``deltarec publish`` into a fresh SQLite store
-(or, with ``--store postgres``, a PostgreSQL server this script starts) as a child process and
-reads its peak RSS (``VmHWM``, which the child reports).
+Writes a generation with :func:`~deltarec.artifacts.write_dump` (2 ranks, one table, chunks of
+64k rows in row groups of ``codec.row_group_rows``, one delta dump), then runs ``deltarec
+publish`` into a fresh SQLite store (or, with ``--store postgres``, a PostgreSQL server this
+script starts) as a child process and reads its peak RSS (``VmHWM``, which the child reports).
 Baseline, in the same run: the peak RSS of a child that only imports what ``deltarec
 publish`` imports (interpreter + numpy + pyarrow + deltarec), so the difference is what
 publishing the rows costs.
@@ -22,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
 # the same server settings as the write benchmark (bench/ is on the path of a bench script)
 from bench_stores import PG_SETTINGS
-from deltarec.artifacts import ArtifactRoot, ShardRows, ShardWriter
+from deltarec.artifacts import ArtifactRoot, ShardRows, write_dump
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec
 from deltarec.testing.servers import PostgresServer
 
@@ -41,36 +42,15 @@ def write_generation(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
     )
     rng = np.random.default_rng(0)
     keys = rng.permutation(rows).astype(np.int64)
-    shards = []
-    for rank in range(2):
-        mine = keys[rank::2]
-        w = ShardWriter(
-            root, "big", info.generation, 1, TABLE, rank, info.tables[TABLE].dtype, dim, fsync=False
-        )
+
+    def chunks(mine: np.ndarray) -> Iterator[ShardRows]:  # one at a time: bounded memory
         for s in range(0, len(mine), GROUP):
             k = mine[s : s + GROUP]
-            w.write(
-                ShardRows(
-                    k,
-                    rng.standard_normal((len(k), dim), dtype=np.float32),
-                    np.zeros(len(k), np.int8),
-                    np.ones(len(k), np.int64),
-                )
-            )
-        shards.append(w.close())
-    manifest = Manifest(
-        run="big",
-        generation=info.generation,
-        seq=1,
-        kind=DumpKind.DELTA,
-        first_step=1,
-        last_step=1,
-        world_size=2,
-        shards=tuple(shards),
-        tables={TABLE: rows},
-    )
-    root.commit_manifest(manifest)
-    return manifest
+            values = rng.standard_normal((len(k), dim), dtype=np.float32)
+            yield ShardRows(k, values, np.zeros(len(k), np.int8), np.ones(len(k), np.int64))
+
+    ranks = {rank: chunks(keys[rank::2]) for rank in range(2)}
+    return write_dump(root, info, 1, DumpKind.DELTA, {TABLE: ranks}, 1, 1, fsync=False)
 
 
 _PEAK = "deltarec-bench-peak-rss-kb"

@@ -23,6 +23,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -33,9 +34,8 @@ from deltarec.artifacts import (
     GenerationInfo,
     Manifest,
     ShardRows,
-    ShardWriter,
     TableSpec,
-    codec,
+    write_dump,
 )
 from deltarec.publish import DumpPublisher
 from deltarec.stores import open_store
@@ -46,49 +46,39 @@ RUN = "bench"
 TARGET = 500_000
 
 
-def build(root: ArtifactRoot, rows: int, dim: int) -> Manifest:
+def _rows(lo: int, hi: int, dim: int, rng: np.random.Generator) -> Iterator[ShardRows]:
+    """Keys ``lo:hi`` with random float32 rows at step 0, in chunks of 65536 (generated lazily,
+    so the writer holds one chunk at a time)."""
+    for start in range(lo, hi, 65536):
+        keys = np.arange(start, min(start + 65536, hi), dtype=np.int64)
+        values = rng.standard_normal((len(keys), dim), dtype=np.float32)
+        n = len(keys)
+        yield ShardRows(keys, values, np.zeros(n, np.int8), np.zeros(n, np.int64))
+
+
+def build(root: ArtifactRoot, rows: int, dim: int) -> tuple[GenerationInfo, Manifest]:
     spec = TableSpec(dim=dim, dtype=DType.FLOAT32, num_embeddings=rows, sharding="row_wise")
     info = root.allocate_generation(GenerationInfo(RUN, 1, 2, {TABLE: spec}))
     rng = np.random.default_rng(0)
-    shards = []
     half = rows // 2
-    for rank, (lo, hi) in enumerate([(0, half), (half, rows)]):
-        with ShardWriter(root, RUN, info.generation, 0, TABLE, rank, spec.dtype, dim) as w:
-            for start in range(lo, hi, 65536):
-                keys = np.arange(start, min(start + 65536, hi), dtype=np.int64)
-                values = rng.standard_normal((len(keys), dim), dtype=np.float32)
-                w.write(
-                    ShardRows(
-                        keys,
-                        codec.encode(values, spec.dtype),
-                        np.zeros(len(keys), np.int8),
-                        np.zeros(len(keys), np.int64),
-                    )
-                )
-            shards.append(w.close())
-    m = Manifest(RUN, info.generation, 0, DumpKind.SNAPSHOT, 0, 0, 2, tuple(shards), {TABLE: rows})
-    root.commit_manifest(m)
-    return m
+    ranks = {0: _rows(0, half, dim, rng), 1: _rows(half, rows, dim, rng)}
+    return info, write_dump(root, info, 0, DumpKind.SNAPSHOT, {TABLE: ranks}, 0, 0)
 
 
-def add_deltas(root: ArtifactRoot, gen: int, rows: int, dim: int, count: int) -> list[Manifest]:
+def add_deltas(root: ArtifactRoot, info: GenerationInfo, rows: int, count: int) -> list[Manifest]:
     """``count`` delta dumps after the snapshot, each rewriting ~5% of each rank's keys."""
     rng = np.random.default_rng(1)
     half = rows // 2
+    dim = info.tables[TABLE].dim
     out = []
     for seq in range(1, count + 1):
-        shards = []
+        ranks = {}
         for rank, (lo, hi) in enumerate([(0, half), (half, rows)]):
             keys = np.unique(rng.integers(lo, hi, max(1, (hi - lo) // 20)))
             values = rng.standard_normal((len(keys), dim), dtype=np.float32)
-            with ShardWriter(root, RUN, gen, seq, TABLE, rank, DType.FLOAT32, dim) as w:
-                n = len(keys)
-                w.write(ShardRows(keys, values, np.zeros(n, np.int8), np.full(n, seq, np.int64)))
-                shards.append(w.close())
-        total = sum(s.rows for s in shards)
-        m = Manifest(RUN, gen, seq, DumpKind.DELTA, seq, seq, 2, tuple(shards), {TABLE: total})
-        root.commit_manifest(m)
-        out.append(m)
+            n = len(keys)
+            ranks[rank] = ShardRows(keys, values, np.zeros(n, np.int8), np.full(n, seq, np.int64))
+        out.append(write_dump(root, info, seq, DumpKind.DELTA, {TABLE: ranks}, seq, seq))
     return out
 
 
@@ -114,8 +104,8 @@ def main() -> None:
         root = ArtifactRoot(os.path.join(tmp, "art"))
         db = os.path.join(tmp, "store.db")
         t = time.perf_counter()
-        snapshot = build(root, rows, dim)
-        manifests = [snapshot, *add_deltas(root, snapshot.generation, rows, dim, deltas)]
+        info, snapshot = build(root, rows, dim)
+        manifests = [snapshot, *add_deltas(root, info, rows, deltas)]
         t_build = time.perf_counter() - t
         with open_store(f"sqlite:///{db}") as store:
             t = time.perf_counter()

@@ -1,6 +1,7 @@
 import pytest
 
-from deltarec.artifacts import ArtifactRoot, DumpKind, GenerationInfo, Manifest, TableSpec
+from deltarec.artifacts import ArtifactRoot, TableSpec
+from deltarec.testing.dumps import new_generation, random_rows, write_dump
 
 
 class FakeArtifact:
@@ -18,26 +19,22 @@ class FakeArtifact:
 
 
 def write_generation(root_uri, run, dumps):
-    """A generation with committed dumps; ``dumps`` = [(last_step, {table: rows})]."""
+    """A generation with committed dumps; ``dumps`` = [(last_step, {table: rows})].
+
+    Each dump holds that many rows of random values per table (rank 0's shard), committed
+    through ``deltarec.testing.dumps.write_dump``: shards first, the manifest last.
+    """
     root = ArtifactRoot(str(root_uri))
-    info = root.allocate_generation(
-        GenerationInfo(run=run, generation=1, world_size=2, tables={"sparse.ebc.t": TableSpec(8)})
-    )
-    first = 1
+    names = sorted({t for _, tables in dumps for t in tables}) or ["sparse.ebc.t"]
+    specs = {t: TableSpec(8) for t in names}
+    info = new_generation(root, run, specs, world_size=2)
+    first, keys = 1, 0
     for seq, (last_step, tables) in enumerate(dumps, start=1):
-        root.commit_manifest(
-            Manifest(
-                run=run,
-                generation=info.generation,
-                seq=seq,
-                kind=DumpKind.DELTA,
-                first_step=first,
-                last_step=last_step,
-                world_size=2,
-                shards=(),
-                tables=tables,
-            )
-        )
+        rows = {}
+        for t, n in tables.items():
+            rows[t] = {0: random_rows(range(keys, keys + n), specs[t], seed=seq, step=last_step)}
+            keys += n
+        write_dump(root, info, seq, rows, first_step=first, last_step=last_step)
         first = last_step + 1
     return info.generation
 

@@ -6,8 +6,9 @@ FAIL branch (``steps.on_verify_failed``) is the real one."""
 
 import os
 
-from deltarec.artifacts import ArtifactRoot, DumpKind, GenerationInfo, Manifest, TableSpec
+from deltarec.artifacts import ArtifactRoot, TableSpec
 from deltarec.orchestrate import steps
+from deltarec.testing.dumps import new_generation, random_rows, write_dump
 
 
 def fake_train(params, *, job_id="", secrets=(), runner=None):
@@ -15,15 +16,11 @@ def fake_train(params, *, job_id="", secrets=(), runner=None):
     assert job_id and list(secrets) == [""], (job_id, secrets)
     root = ArtifactRoot(params.artifact_root)
     run = params.run_name
-    info = root.allocate_generation(
-        GenerationInfo(run=run, generation=1, world_size=2, tables={"sparse.t": TableSpec(4)})
-    )
-    for seq, last_step in enumerate((10, 20), start=1):
-        root.commit_manifest(
-            Manifest(run=run, generation=info.generation, seq=seq, kind=DumpKind.DELTA,
-                     first_step=last_step - 9, last_step=last_step, world_size=2, shards=(),
-                     tables={"sparse.t": 3})
-        )  # fmt: skip
+    spec = TableSpec(4)
+    info = new_generation(root, run, {"sparse.t": spec}, world_size=2)
+    for seq, last_step in enumerate((10, 20), start=1):  # 3 rows of rank 0 per dump
+        rows = {"sparse.t": {0: random_rows(range(3), spec, seed=seq, step=last_step)}}
+        write_dump(root, info, seq, rows, first_step=last_step - 9, last_step=last_step)
     return steps.generation_record(root, run, info.generation)
 
 
