@@ -3,14 +3,14 @@
 The command line (command names, every flag) is frozen in tests/cli/test_cli_surface.py."""
 
 import pyarrow as pa
-from tests._helpers.artifacts import TABLE, new_generation, write_dump
+from tests._helpers.artifacts import TABLE, new_keyed_generation, write_keyed_dump
 
 from deltarec.artifacts import ArtifactRoot, DType, codec
 
 
 def test_generation_json_fields_are_frozen(tmp_path):
     root = ArtifactRoot(str(tmp_path))
-    g = new_generation(root, "run")
+    g = new_keyed_generation(root, "run")
     obj = root.read_json(root.generation_file("run", g))
     assert set(obj) == {
         "schema_version",
@@ -33,8 +33,8 @@ def test_generation_json_fields_are_frozen(tmp_path):
 
 def test_manifest_json_fields_are_frozen(tmp_path):
     root = ArtifactRoot(str(tmp_path))
-    g = new_generation(root, "run")
-    write_dump(root, "run", g, 3, [1, 2], step=9)
+    g = new_keyed_generation(root, "run")
+    write_keyed_dump(root, "run", g, 3, [1, 2], step=9)
     obj = root.read_json(root.manifest_file("run", g, 3))
     assert list(obj) == [
         "schema_version",

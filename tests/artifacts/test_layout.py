@@ -3,7 +3,7 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
-from tests._helpers.artifacts import TABLE, new_generation, write_dump
+from tests._helpers.artifacts import TABLE, new_keyed_generation, write_keyed_dump
 
 from deltarec.artifacts import (
     ArtifactRoot,
@@ -56,8 +56,8 @@ def test_codec_round_trips_within_the_dtype_tolerance(dtype):
 
 def test_shard_round_trip_and_tamper_detection(tmp_path):
     root = ArtifactRoot(str(tmp_path))
-    g = new_generation(root, "run")
-    m = write_dump(root, "run", g, 1, [5, 3, 9], step=7)
+    g = new_keyed_generation(root, "run")
+    m = write_keyed_dump(root, "run", g, 1, [5, 3, 9], step=7)
     dump_dir = root.dump_dir("run", g, 1)
     rows = read_shard(root, dump_dir, m.shards[0], DType.FLOAT32)
     assert rows.keys.tolist() == [5, 3, 9]
@@ -73,8 +73,8 @@ def test_shard_round_trip_and_tamper_detection(tmp_path):
 
 def test_unknown_schema_version_is_rejected_with_the_path(tmp_path):
     root = ArtifactRoot(str(tmp_path))
-    g = new_generation(root, "run")
-    write_dump(root, "run", g, 0, [1], step=0)
+    g = new_keyed_generation(root, "run")
+    write_keyed_dump(root, "run", g, 0, [1], step=0)
     mpath = tmp_path / "run" / "gen-000001" / "dump-000000" / "MANIFEST.json"
     obj = json.loads(mpath.read_text())
     obj["schema_version"] = 99
@@ -85,8 +85,8 @@ def test_unknown_schema_version_is_rejected_with_the_path(tmp_path):
 
 def test_manifest_with_a_wrong_version_field_is_rejected(tmp_path):
     root = ArtifactRoot(str(tmp_path))
-    g = new_generation(root, "run")
-    m = write_dump(root, "run", g, 2, [1], step=0)
+    g = new_keyed_generation(root, "run")
+    m = write_keyed_dump(root, "run", g, 2, [1], step=0)
     obj = m.to_json()
     obj["version"] = 5
     with pytest.raises(ArtifactError, match="version 5"):
@@ -95,9 +95,9 @@ def test_manifest_with_a_wrong_version_field_is_rejected(tmp_path):
 
 def test_incomplete_dumps_are_ignored_and_cleaned(tmp_path):
     root = ArtifactRoot(str(tmp_path))
-    g = new_generation(root, "run")
-    write_dump(root, "run", g, 0, [1], step=0)
-    write_dump(root, "run", g, 1, [2], step=5, commit=False)
+    g = new_keyed_generation(root, "run")
+    write_keyed_dump(root, "run", g, 0, [1], step=0)
+    write_keyed_dump(root, "run", g, 1, [2], step=5, commit=False)
     assert root.list_dumps("run", g) == [0]
     assert root.list_incomplete_dumps("run", g) == [1]
     removed = root.clean_incomplete("run")
