@@ -68,3 +68,30 @@ def test_each_backend_says_which_of_its_drivers_errors_a_retry_can_fix(
     mapped = errors.store_error("here", permanent)
     assert type(mapped) is StoreError
     assert str(mapped).startswith(f"here: {type(permanent).__name__}: ")
+
+
+@pytest.mark.parametrize(
+    ("raised", "transient", "advice"),
+    [
+        (RuntimeError("Throttling.User: Request was denied due to user flow control"), True, ""),
+        (RuntimeError("HTTP 503 ServiceUnavailable"), True, ""),
+        (ConnectionResetError("connection reset by peer"), True, ""),
+        (RuntimeError("SecurityTokenExpired: the token has expired"), True, ""),
+        (RuntimeError("HTTP 403 Forbidden: InvalidAccessKeyId"), False, "authentication failed"),
+        (ValueError("field embedding: expected ARRAY<FLOAT>"), False, "does not fit the view"),
+        (RuntimeError("something else"), False, None),
+    ],
+)
+def test_featurestore_sdk_errors_are_retried_or_say_what_to_fix(raised, transient, advice):
+    from deltarec.errors import ViewMismatchError
+    from deltarec.stores.featurestore_sdk import sdk_error
+
+    mapped = sdk_error(raised, "featurestore view p/v table t")
+    assert isinstance(mapped, StoreUnavailableError) is transient
+    assert str(mapped).startswith(f"featurestore view p/v table t: {type(raised).__name__}: ")
+    if advice is None:
+        assert type(mapped) is StoreError and str(mapped).endswith("something else")
+    elif advice:
+        assert type(mapped) is StoreError and advice in str(mapped)
+    own = ViewMismatchError("p/v", "ARRAY<FLOAT>", "ARRAY<UINT8>")
+    assert sdk_error(own, "anywhere") is own  # deltarec's own errors pass unchanged

@@ -11,7 +11,9 @@ driver's exception is the cause. What is transient is the one thing each backend
     with _ERRORS.map_errors(self.describe()):
         conn.execute(...)
 
-Exceptions that are not the driver's (deltarec's own among them) pass through unchanged.
+Exceptions that are not the driver's (deltarec's own among them) pass through unchanged. A
+backend may also say what to fix for a permanent error (``advice``: the FeatureStore SDK's
+authentication and schema errors name the credentials and the view's fields).
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ class DriverErrors:
         driver: the driver's exception class(es); only these are mapped.
         transient: whether an exception of the driver is one a retry can fix (a lost or
             refused connection, a timeout, a lock or serialization conflict).
+        advice: what to fix, for an exception that is not transient ("" when nothing
+            particular; appended to the message).
     """
 
     driver: type[BaseException] | tuple[type[BaseException], ...]
     transient: Callable[[BaseException], bool]
+    advice: Callable[[BaseException], str] | None = None
 
     def store_error(self, where: str, e: BaseException) -> StoreError:
         """The store error for the driver's exception ``e`` raised while doing ``where``.
@@ -44,7 +49,10 @@ class DriverErrors:
             the caller raises it ``from e``.
         """
         text = f"{where}: {type(e).__name__}: {e}".strip()
-        return StoreUnavailableError(text) if self.transient(e) else StoreError(text)
+        if self.transient(e):
+            return StoreUnavailableError(text)
+        hint = self.advice(e) if self.advice is not None else ""
+        return StoreError(f"{text}: {hint}" if hint else text)
 
     @contextmanager
     def map_errors(self, where: str) -> Iterator[None]:

@@ -40,6 +40,7 @@ from deltarec.errors import (
     ViewMismatchError,
 )
 from deltarec.stores.config import FeatureStoreConfig
+from deltarec.stores.errors import DriverErrors
 
 PK_FIELD = "embedding_name"
 SK_FIELD = "key_id"
@@ -65,34 +66,52 @@ _HTTP = re.compile(r"\b([45]\d\d)\b")
 _USER_SUFFIX = "_user"
 
 
-def sdk_error(e: BaseException, where: str) -> DeltarecError:
-    """The deltarec error for an exception the SDK raised while doing ``where``.
-
-    ``where`` names the view and, where there is one, the table.
-    """
-    if isinstance(e, DeltarecError):
-        return e
-    text = f"{type(e).__name__}: {e}"
+def _status(e: BaseException) -> int:
+    """The HTTP status an SDK error names (0: none)."""
     code = _HTTP.search(str(e))
-    status = int(code.group(1)) if code else 0
+    return int(code.group(1)) if code else 0
+
+
+def _transient(e: BaseException) -> bool:
+    """Throttling, 5xx, network errors, an expired STS token: a retry can fix them."""
+    status = _status(e)
     if isinstance(e, (ConnectionError, TimeoutError, OSError)) or status == 429 or status >= 500:
-        return StoreUnavailableError(f"{where}: {text} (transient; retried)")
-    if _RETRY_WORDS.search(str(e)):
-        return StoreUnavailableError(f"{where}: {text} (transient; retried)")
+        return True
+    return bool(_RETRY_WORDS.search(str(e)))
+
+
+def _advice(e: BaseException) -> str:
+    """What to fix for an authentication or schema error."""
+    status = _status(e)
     if status in (401, 403) or _AUTH_WORDS.search(str(e)):
-        return StoreError(
-            f"{where}: {text}: authentication failed; check the Alibaba Cloud credentials "
+        return (
+            "authentication failed; check the Alibaba Cloud credentials "
             "(ALIBABA_CLOUD_ACCESS_KEY_ID/ALIBABA_CLOUD_ACCESS_KEY_SECRET, "
             "ALIBABA_CLOUD_SECURITY_TOKEN, or the role of the credential chain) and "
             "FEATUREDB_USERNAME/FEATUREDB_PASSWORD"
         )
     if status == 400 or isinstance(e, (TypeError, ValueError, KeyError)):
-        return StoreError(
-            f"{where}: {text}: the request does not fit the view's schema or the SDK's "
-            "contract; check that the view was created for these tables (fields "
-            f"{PK_FIELD}/{SK_FIELD}/{VALUE_FIELD}) and the SDK version"
+        return (
+            "the request does not fit the view's schema or the SDK's contract; check that the "
+            f"view was created for these tables (fields {PK_FIELD}/{SK_FIELD}/{VALUE_FIELD}) "
+            "and the SDK version"
         )
-    return StoreError(f"{where}: {text}")
+    return ""
+
+
+_ERRORS = DriverErrors(Exception, _transient, _advice)
+"""The SDK raises plain exceptions (its own, the HTTP client's, the builtins)."""
+
+
+def sdk_error(e: BaseException, where: str) -> DeltarecError:
+    """The deltarec error for an exception the SDK raised while doing ``where``.
+
+    ``where`` names the view and, where there is one, the table. Transient errors become
+    :class:`StoreUnavailableError` (retried); others :class:`StoreError` saying what to fix.
+    """
+    if isinstance(e, DeltarecError):
+        return e
+    return _ERRORS.store_error(where, e)
 
 
 def import_module(name: str, what: str) -> Any:
