@@ -238,3 +238,14 @@ def test_the_host_budget_is_shared_out_between_queue_scratch_and_arena():
     assert small.queue_bytes == (64 - 8 - 15) << 20
     tiny = plan_host_budget(1 << 20, 4, 5 << 20)  # one thread always runs
     assert tiny.encode_threads == 1 and tiny.queue_bytes >= 1
+
+
+def test_a_publishing_trainer_keeps_rows_for_its_publisher_out_of_the_same_budget():
+    from deltarec.dump.staging import plan_host_budget
+
+    alone = plan_host_budget(1 << 30, 4, 10 << 20)
+    publishing = plan_host_budget(1 << 30, 4, 10 << 20, hand_off=True)
+    assert (alone.keep_rows_bytes, alone.publish_queue_bytes) == (0, 0)
+    hand = (1 << 30) // 8  # kept rows (twice while joined) and the publisher's queue
+    assert publishing.keep_rows_bytes == hand // 4 and publishing.publish_queue_bytes == hand // 2
+    assert publishing.queue_bytes == alone.queue_bytes - hand

@@ -42,7 +42,8 @@ class DumperConfig(BaseModel):
     queue_bytes: int | None = Field(default=None, ge=1 << 16)
     """Host staging budget: bytes of host memory the dump path may hold. It is shared out
     (:func:`~deltarec.dump.staging.plan_host_budget`) between the encoders' reusable piece
-    buffers (1/8, at most 128 MiB), the scratch of the encodings running at once (at most
+    buffers (1/8, at most 128 MiB), in a publishing trainer the rows handed to its background
+    publisher from memory (1/8), the scratch of the encodings running at once (at most
     1/4: fewer encoding threads run if it affords fewer,
     :func:`~deltarec.dump.encode.encode_scratch_bytes`) and the rest, for gathered rows and
     their encoded copies (queued, copied from a device staging buffer, being encoded or

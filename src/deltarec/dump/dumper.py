@@ -61,7 +61,9 @@ class Dumper:
         config: where and when to dump.
         sources: this rank's table sources, in the same table order on every rank.
         on_commit: called on the worker thread after each committed dump (publisher hand-off).
-        keep_rows_bytes: rows kept in memory per dump for ``on_commit`` (0: none).
+        keep_rows: keep each dump's rows in memory for ``on_commit`` (the publisher hand-off),
+            within the host budget's share for it (:attr:`plan`); a larger dump is handed
+            over without rows.
         on_generation: called on rank 0 once the lease is held and the generation allocated,
             before anything of it is dumped (the other ranks wait); a failure fails the start.
     """
@@ -71,7 +73,7 @@ class Dumper:
         config: DumperConfig,
         sources: Sequence[TableSource],
         on_commit: OnCommit | None = None,
-        keep_rows_bytes: int = 0,
+        keep_rows: bool = False,
         on_generation: Callable[[GenerationInfo], None] | None = None,
     ) -> None:
         self.config = config
@@ -83,7 +85,6 @@ class Dumper:
             raise ConfigError(f"several table sources claim the same table id(s): {dup}")
         self.root = ArtifactRoot(config.artifacts, config.storage_options)
         self.on_commit = on_commit
-        self.keep_rows_bytes = keep_rows_bytes
         self.generation: GenerationInfo | None = None
         self.host_budget = config.host_budget_bytes()
         plan = plan_host_budget(
@@ -96,8 +97,12 @@ class Dumper:
                 ),
                 default=0,
             ),
+            hand_off=keep_rows,
         )
+        self.plan = plan
+        """How the host budget is shared out (:func:`~deltarec.dump.staging.plan_host_budget`)."""
         self.encode_threads, self.arena_bytes = plan.encode_threads, plan.arena_bytes
+        self.keep_rows_bytes = plan.keep_rows_bytes
         self.queue = ByteBoundedQueue(plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
         self._worker: DumpWorker | None = None

@@ -83,25 +83,20 @@ class DumpHook:
         store refuses older ones.
         """
         sources = self._sources(model)
-        on_commit = None
-        keep = 0
-        on_generation = None
         if self.metrics_port is not None:
             from prometheus_client import CollectorRegistry
 
             self.registry = CollectorRegistry()
-        if self.store is not None:
-            on_generation = self._publish_earlier_generations
-            self.publisher = self._make_publisher()
-            on_commit = self._submit
-            keep = self.config.host_budget_bytes()
+        publishing = self.store is not None
         self.dumper = Dumper(
             self.config,
             sources,
-            on_commit=on_commit,
-            keep_rows_bytes=keep,
-            on_generation=on_generation,
+            on_commit=self._submit if publishing else None,
+            keep_rows=publishing,
+            on_generation=self._publish_earlier_generations if publishing else None,
         )
+        if publishing:  # before start: the first commits hand their rows to it
+            self.publisher = self._make_publisher(self.dumper.plan.publish_queue_bytes)
         if self.registry is not None:
             from prometheus_client import start_http_server
 
@@ -158,7 +153,7 @@ class DumpHook:
         finally:
             store.close()
 
-    def _make_publisher(self) -> Any:
+    def _make_publisher(self, max_queue_bytes: int) -> Any:
         import torch.distributed as dist
 
         from deltarec.publish import BackgroundPublisher, PublishMetrics
@@ -172,6 +167,7 @@ class DumpHook:
             rank=dist.get_rank() if distributed else 0,
             world_size=dist.get_world_size() if distributed else 1,
             mode=self.publish_mode,
+            max_queue_bytes=max(1, max_queue_bytes),
             metrics=None if self.registry is None else PublishMetrics(self.registry),
             metrics_port=None if self.registry is None else self._rank_port(),
         )

@@ -71,6 +71,11 @@ ARENA_SHARE = 8
 """The encoders' reusable piece buffers take at most 1/8 of the host budget ..."""
 ARENA_MAX = 128 << 20
 """... and at most 128 MiB."""
+HAND_OFF_SHARE = 8
+"""A publishing trainer's rows handed to its background publisher from memory take at most
+1/8 of the host budget: a dump's kept rows up to 1/4 of that (twice that while they are
+joined at the commit), the publisher's queue the other half. A larger dump is handed over
+without rows (the publisher reads its shards back)."""
 SCRATCH_SHARE = 4
 """The encodings running at once take at most 1/4 of the host budget as scratch; a budget too
 small for one scratch per encoding thread runs fewer threads (one at least)."""
@@ -86,30 +91,41 @@ class HostBudgetPlan:
         encode_threads: encoding threads.
         scratch_bytes: the scratch of ``encode_threads`` encodings running at once.
         arena_bytes: the encoders' reusable piece buffers, at most.
+        keep_rows_bytes: a dump's rows kept in memory for the publisher, at most (0: none).
+        publish_queue_bytes: kept rows waiting in the background publisher's queue, at most.
     """
 
     queue_bytes: int
     encode_threads: int
     scratch_bytes: int
     arena_bytes: int
+    keep_rows_bytes: int = 0
+    publish_queue_bytes: int = 0
 
 
-def plan_host_budget(budget: int, encode_threads: int, scratch_per_encoding: int) -> HostBudgetPlan:
-    """Share a host budget between the queue, the encoders' scratch and the piece arena.
+def plan_host_budget(
+    budget: int, encode_threads: int, scratch_per_encoding: int, hand_off: bool = False
+) -> HostBudgetPlan:
+    """Share a host budget out: the queue, the scratch, the piece arena, the hand-off.
 
     Every byte the dump path holds in host memory comes out of ``budget``: rows and their
     pieces through the queue, at most ``encode_threads`` encodings of ``scratch_per_encoding``
     bytes each (:func:`~deltarec.dump.encode.encode_scratch_bytes` of the widest table's
-    chunk), and the piece arena. Threads are cut to what 1/4 of the budget affords.
+    chunk), the piece arena, and with ``hand_off`` (a publishing trainer) the rows kept for
+    its background publisher (:data:`HAND_OFF_SHARE`). Threads are cut to what 1/4 of the
+    budget affords.
     """
+    hand = budget // HAND_OFF_SHARE if hand_off else 0
     arena = min(ARENA_MAX, budget // ARENA_SHARE)
     threads = max(1, encode_threads)
     if scratch_per_encoding > 0:
         threads = max(1, min(threads, budget // SCRATCH_SHARE // scratch_per_encoding))
     scratch = threads * max(0, scratch_per_encoding)
     return HostBudgetPlan(
-        queue_bytes=max(1, budget - arena - scratch),
+        queue_bytes=max(1, budget - arena - scratch - hand),
         encode_threads=threads,
         scratch_bytes=scratch,
         arena_bytes=arena,
+        keep_rows_bytes=hand // 4,
+        publish_queue_bytes=hand // 2,
     )
