@@ -59,12 +59,12 @@ def _per_rank(rank: int, world_size: int, steps: int, every: int, batch: int, tm
         hook.close()
     assert hook.dumper is not None
     d = hook.dumper
-    deltas = d.dump_timings[1:-1]  # periodic deltas: not the snapshot, not the final dump
+    deltas = list(d.dump_timings)[1:-1]  # periodic deltas: not the snapshot, not the final dump
     per_table = {t: statistics.fmean(x[t] for x in deltas) for t in deltas[0]} if deltas else {}
     return {
         "times": times,
-        "dump_seconds": d.dump_seconds,
-        "dump_cpu": getattr(d, "dump_cpu_seconds", []),
+        "dump_seconds": list(d.dump_seconds),
+        "dump_cpu": list(getattr(d, "dump_cpu_seconds", [])),
         "per_table": per_table,
     }
 

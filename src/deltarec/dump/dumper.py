@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -46,6 +47,10 @@ from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource
 
 log = logging.getLogger(__name__)
+
+TIMINGS_KEPT = 1000
+"""Dumps whose training-thread timings a :class:`Dumper` keeps (the latest; a job that runs
+for days dumps thousands of times)."""
 
 STATE_VERSION = 1
 
@@ -117,12 +122,15 @@ class Dumper:
         self._last_dump_step = 0
         self._paused = False
         self._closed = False
-        self.dump_seconds: list[float] = []
-        """Training-thread seconds of each dump (gather and enqueue; writing is background)."""
-        self.dump_cpu_seconds: list[float] = []
-        """Training-thread CPU seconds of each dump (``time.thread_time``; load-independent)."""
-        self.dump_timings: list[dict[str, float]] = []
-        """Training-thread seconds per table of each dump."""
+        self.dumps_taken = 0
+        """Dumps taken since :meth:`start` (this process)."""
+        self.dump_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        """Training-thread seconds of the latest dumps (gather and enqueue; writing is
+        background)."""
+        self.dump_cpu_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        """Training-thread CPU seconds of the latest dumps (``time.thread_time``)."""
+        self.dump_timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
+        """Training-thread seconds per table of the latest dumps."""
         self.last_dump_timing: dict[str, float] = {}
         """Training-thread seconds per table of the latest dump."""
 
@@ -454,6 +462,7 @@ class Dumper:
             self._enqueue_gathered(seq, source.table_id, step, gathered)
             timing[source.table_id] = time.perf_counter() - t0
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
+        self.dumps_taken += 1
         self.dump_seconds.append(time.perf_counter() - started)
         self.dump_cpu_seconds.append(time.thread_time() - cpu)
         self.dump_timings.append(timing)

@@ -107,10 +107,10 @@ class DumpCollector(Collector):
             "Seconds the training thread waited for host budget",
             queue.blocked_seconds,
         )
-        held = list(d.dump_seconds)
+        held = d.dump_seconds
         yield gauge(
             "deltarec_dump_last_hold_seconds",
             "Seconds the training thread spent in the last dump",
             held[-1] if held else 0.0,
         )
-        yield counter("deltarec_dumps", "Dumps taken by this rank", len(held))
+        yield counter("deltarec_dumps", "Dumps taken by this rank", d.dumps_taken)
