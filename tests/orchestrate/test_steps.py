@@ -228,3 +228,10 @@ def test_entry_point_loader_names_what_is_missing():
         assert sys.argv == ["os", "x"]
     finally:
         sys.argv = argv
+
+
+def test_every_pipeline_parameter_has_a_one_line_summary_for_the_engines_help():
+    summaries = {name: PipelineParams.summary(name) for name in PipelineParams.names()}
+    assert all(s.endswith(".") and "\n" not in s for s in summaries.values()), summaries
+    assert summaries["run_name"] == "The run (lineage) name, ``[A-Za-z0-9_.-]``."
+    assert summaries["store_url"].startswith("The online store, e.g. ``sqlite:///")

@@ -64,7 +64,7 @@ def dag_params() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, info in PipelineParams.model_fields.items():
         kind = types.get(info.annotation, "string")  # type: ignore[arg-type]
-        doc = (info.description or "").split(".")[0]
+        doc = PipelineParams.summary(name)
         if info.is_required():
             out[name] = Param(type=kind, description=doc)
         else:

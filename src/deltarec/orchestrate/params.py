@@ -25,7 +25,7 @@ _SECRET_WORDS = ("password", "passwd", "secret", "token", "access_key", "accessk
 class PipelineParams(BaseModel):
     """Arguments of one pipeline run (the pipeline's parameters, by the same names)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     run_name: str
     """The run (lineage) name, ``[A-Za-z0-9_.-]``."""
@@ -116,6 +116,12 @@ class PipelineParams(BaseModel):
         """
         numbers: dict[Any, type] = {int: int, float: float}
         return {name: numbers.get(info.annotation, str) for name, info in cls.model_fields.items()}
+
+    @classmethod
+    def summary(cls, name: str) -> str:
+        """The first sentence of parameter ``name``'s doc, on one line (engines' help texts)."""
+        doc = " ".join((cls.model_fields[name].description or "").split())
+        return re.split(r"(?<=\.)(?<!e\.g\.)\s", doc, maxsplit=1)[0]
 
     @classmethod
     def from_arguments(cls, values: dict[str, Any]) -> PipelineParams:
