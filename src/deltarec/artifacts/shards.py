@@ -313,12 +313,11 @@ class _StreamShardFile:
             self.sink.finish()
 
 
-class ShardWriter:
-    """Stream one table's rows of one rank into ``<dump>/<table>/rank-<R>.parquet``.
+class ShardTarget:
+    """Where one table's shard of one rank and dump is written: its paths and its encoding.
 
-    On a local root pyarrow writes the temporary file natively and the sha256 is computed by
-    reading the file back (page-cache hot) on a helper thread, which also starts the disk
-    write-back early; on other filesystems the bytes stream through a hashing wrapper.
+    The set-up every shard writer shares: the shard's relative path in the manifest, its
+    final path, the temporary path it is written under, and the dump folder (created).
 
     Args:
         root: the artifact root.
@@ -344,12 +343,41 @@ class ShardWriter:
         self.rank = rank
         self.dtype = DType(dtype)
         self.dim = dim
+        self.fsync = fsync
         self.relpath = shard_relpath(table, rank)
         self.final = root.shard_path(run, generation, seq, table, rank)
         self.tmp = root.tmp_path(self.final)
-        self.fsync = fsync
         self.rows = 0
         root.makedirs(posixpath.dirname(self.final))
+
+
+class ShardWriter(ShardTarget):
+    """Stream one table's rows of one rank into ``<dump>/<table>/rank-<R>.parquet``.
+
+    On a local root pyarrow writes the temporary file natively and the sha256 is computed by
+    reading the file back (page-cache hot) on a helper thread, which also starts the disk
+    write-back early; on other filesystems the bytes stream through a hashing wrapper.
+
+    Args:
+        root: the artifact root.
+        run, generation, seq, table, rank: where the shard goes.
+        dtype, dim: the table's encoding.
+        fsync: make the file durable before the rename (local disks).
+    """
+
+    def __init__(
+        self,
+        root: ArtifactRoot,
+        run: str,
+        generation: int,
+        seq: int,
+        table: str,
+        rank: int,
+        dtype: DType,
+        dim: int,
+        fsync: bool = True,
+    ) -> None:
+        super().__init__(root, run, generation, seq, table, rank, dtype, dim, fsync)
         self._file: _LocalShardFile | _StreamShardFile = (
             _LocalShardFile(self.tmp, fsync) if root.is_local else _StreamShardFile(root, self.tmp)
         )

@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import posixpath
 import queue
 import threading
 from collections.abc import Callable
@@ -34,8 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
-from deltarec.artifacts.root import ArtifactRoot, shard_relpath
-from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.root import ArtifactRoot
+from deltarec.artifacts.shards import ShardRows, ShardTarget
 from deltarec.artifacts.types import DType, ShardInfo
 from deltarec.dump.staging import ARENA_MAX
 from deltarec.dump.stitch import MAGIC, Piece, PieceMeta, footer_tail, stitched_footer
@@ -206,7 +205,7 @@ class _Stop:
 _STOP = _Stop()
 
 
-class ParallelShardWriter:
+class ParallelShardWriter(ShardTarget):
     """One table's shard of one rank and dump, its chunks encoded on an :class:`EncodePool`.
 
     Args:
@@ -235,23 +234,13 @@ class ParallelShardWriter:
         fsync: bool = True,
         max_pending: int | None = None,
     ) -> None:
-        self.root = root
-        self.table = table
-        self.rank = rank
-        self.dtype = DType(dtype)
-        self.dim = dim
+        super().__init__(root, run, generation, seq, table, rank, dtype, dim, fsync)
         self.pool = pool
-        self.fsync = fsync
-        self.relpath = shard_relpath(table, rank)
-        self.final = root.shard_path(run, generation, seq, table, rank)
-        self.tmp = root.tmp_path(self.final)
-        self.rows = 0
         self.size = 0
         self._metas: list[PieceMeta] = []
         self._sha = hashlib.sha256()
         self._error: BaseException | None = None
         self._closed = False
-        root.makedirs(posixpath.dirname(self.final))
         self._fd = -1
         self._stream: Any = None
         if root.is_local:
