@@ -137,6 +137,23 @@ def test_an_existing_view_of_another_field_type_is_refused_naming_both(tmp_path,
         s.provision(TABLES)
 
 
+def test_an_existing_views_ttl_or_shards_other_than_asked_for_are_refused_naming_both(
+    tmp_path, state
+):
+    with open_store(url(tmp_path, ttl_s=7 * 86400)) as store:  # created with a 7-day TTL
+        store.provision({T: TABLES[T]})
+    for asked, named in [({"ttl_s": 86400 * 15}, r"ttl 604800.*ttl 1296000 \(ttl_s\)"),
+                         ({"shard_count": 10}, r"shard_count 20.*shard_count 10")]:  # fmt: skip
+        with (
+            pytest.raises(ViewMismatchError, match=named),
+            open_store(url(tmp_path, **asked)) as s,
+        ):
+            s.provision({T: TABLES[T]})
+    with open_store(url(tmp_path, shard_count=20)) as s:  # defaults take the view's values
+        s.provision({T: TABLES[T]})
+        assert s.read(T, np.arange(3)).found.sum() == 0
+
+
 def test_writes_follow_the_sdk_batches_window_and_flush_summary(tmp_path, state):
     spec = TableSpec(dim=4)
     rows = random_rows(range(2500), spec, 3)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+import logging
 import os
 import re
 import time
@@ -41,6 +43,8 @@ from deltarec.errors import (
 )
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.errors import DriverErrors
+
+log = logging.getLogger(__name__)
 
 PK_FIELD = "embedding_name"
 SK_FIELD = "key_id"
@@ -64,6 +68,12 @@ _AUTH_WORDS = re.compile(
 )
 _HTTP = re.compile(r"\b([45]\d\d)\b")
 _USER_SUFFIX = "_user"
+_PROVISIONING = {
+    "ttl_s": "ttl",
+    "shard_count": "shard_count",
+    "replication_count": "replication_count",
+}
+"""A view's provisioning settings: the config's option -> the key of the view's ``Config``."""
 
 
 def _status(e: BaseException) -> int:
@@ -367,6 +377,32 @@ class Session:
             raise ViewMismatchError(
                 c.view, f"field types {got}", f"field types {wanted} (what deltarec writes)"
             )
+        self._check_provisioning(meta)
+
+    def _check_provisioning(self, meta: Any) -> None:
+        """An existing view's TTL, shard and replica counts against the configured ones.
+
+        A setting given explicitly (in the store URL) that the view does not have is refused
+        with both named: a view that drops rows after 7 days where 15 were asked for would
+        lose rows silently. A setting left at its default takes the view's own value (logged).
+        """
+        c = self.config
+        summary = getattr(meta, "summary", None)
+        raw = summary.get("Config") if isinstance(summary, dict) else None
+        try:
+            have = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+        except (TypeError, ValueError):
+            have = {}
+        if not have:
+            log.info("%s: the view reports no provisioning settings to check", self.describe)
+            return
+        for option, key in _PROVISIONING.items():
+            want, got = getattr(c, option), have.get(key)
+            if got is None or int(got) == int(want):
+                continue
+            if option in c.model_fields_set:
+                raise ViewMismatchError(c.view, f"{key} {got}", f"{key} {want} ({option})")
+            log.info("%s: the view has %s %s (the default is %s)", self.describe, key, got, want)
 
     def field_type(self) -> str:
         """The embedding field type of the open view."""
