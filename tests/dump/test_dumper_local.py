@@ -121,8 +121,9 @@ def test_the_byte_bounded_queue_makes_training_wait_instead_of_growing(tmp_path,
     d.final_dump(0)
     d.close()
     assert d.queue.blocked_puts > 0
-    assert d.encode_threads == 1  # 1/4 of the budget affords less than one scratch: 1 runs
-    assert d.queue.capacity == cap - d.arena_bytes - encode_scratch_bytes(DType.FLOAT32, 32, 100)
+    assert d.plan.encode_threads == 1  # 1/4 of the budget affords less than one scratch: 1 runs
+    scratch = encode_scratch_bytes(DType.FLOAT32, 32, 100)
+    assert d.queue.capacity == cap - d.plan.arena_bytes - scratch
     assert 0 < d.queue.peak_bytes <= d.queue.capacity
     snap = read_dump(ArtifactRoot(str(tmp_path)), "r", 1, 0)
     assert len(snap["sparse.a"][0]) == 4000 and len(snap["sparse.b"][0]) == 2000

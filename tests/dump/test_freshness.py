@@ -100,10 +100,10 @@ def test_the_trainers_metrics_endpoint_serves_the_dump_paths_counters(tmp_path, 
         hook.on_start(torch.nn.Linear(1, 1), 0, None)
         assert hook.dumper is not None
         if with_store:  # rows handed to the publisher come out of the same host budget
-            assert hook.dumper.keep_rows_bytes == (1 << 20) // 32
+            assert hook.dumper.plan.keep_rows_bytes == (1 << 20) // 32
             assert hook.publisher.max_queue_bytes == (1 << 20) // 16
         else:
-            assert hook.dumper.keep_rows_bytes == 0 and hook.publisher is None
+            assert hook.dumper.plan.keep_rows_bytes == 0 and hook.publisher is None
         budget = hook.dumper.device_budget = DeviceBudget(0.0, capacity_bytes=100)
         assert budget.try_take(torch.device("cpu"), 60, "sparse.a")
         assert not budget.try_take(torch.device("cpu"), 60, "sparse.b")  # the buffer is full

@@ -349,6 +349,10 @@ class ShardTarget:
         self.tmp = root.tmp_path(self.final)
         self.rows = 0
         root.makedirs(posixpath.dirname(self.final))
+        self._open()
+
+    def _open(self) -> None:
+        """Open the temporary file (a writer's own; called last by ``__init__``)."""
 
 
 class ShardWriter(ShardTarget):
@@ -365,25 +369,15 @@ class ShardWriter(ShardTarget):
         fsync: make the file durable before the rename (local disks).
     """
 
-    def __init__(
-        self,
-        root: ArtifactRoot,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        rank: int,
-        dtype: DType,
-        dim: int,
-        fsync: bool = True,
-    ) -> None:
-        super().__init__(root, run, generation, seq, table, rank, dtype, dim, fsync)
+    def _open(self) -> None:
         self._file: _LocalShardFile | _StreamShardFile = (
-            _LocalShardFile(self.tmp, fsync) if root.is_local else _StreamShardFile(root, self.tmp)
+            _LocalShardFile(self.tmp, self.fsync)
+            if self.root.is_local
+            else _StreamShardFile(self.root, self.tmp)
         )
         self._writer = pq.ParquetWriter(
             self._file.sink,
-            codec.shard_schema(self.dtype, dim),
+            codec.shard_schema(self.dtype, self.dim),
             compression="none",
             use_dictionary=False,
             write_statistics=[codec.KEY, codec.STEP],

@@ -92,23 +92,18 @@ class Dumper:
         self.on_commit = on_commit
         self.generation: GenerationInfo | None = None
         self.host_budget = config.host_budget_bytes()
-        plan = plan_host_budget(
-            self.host_budget,
-            config.encode_threads(),
-            max(
-                (
-                    encode_scratch_bytes(config.dtype_of(s.table_id), s.spec.dim, config.chunk_rows)
-                    for s in self.sources
-                ),
-                default=0,
+        widest = max(  # the most scratch one chunk's encoding takes, over the tables
+            (
+                encode_scratch_bytes(config.dtype_of(s.table_id), s.spec.dim, config.chunk_rows)
+                for s in self.sources
             ),
-            hand_off=keep_rows,
+            default=0,
         )
-        self.plan = plan
+        self.plan = plan_host_budget(
+            self.host_budget, config.encode_threads(), widest, hand_off=keep_rows
+        )
         """How the host budget is shared out (:func:`~deltarec.dump.staging.plan_host_budget`)."""
-        self.encode_threads, self.arena_bytes = plan.encode_threads, plan.arena_bytes
-        self.keep_rows_bytes = plan.keep_rows_bytes
-        self.queue = ByteBoundedQueue(plan.queue_bytes, abort_check=self._check_worker)
+        self.queue = ByteBoundedQueue(self.plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
         self._worker: DumpWorker | None = None
         self.lease: RunLease | None = None
@@ -182,11 +177,11 @@ class Dumper:
             self._worker_x,
             fsync=self.config.fsync,
             on_commit=self.on_commit,
-            keep_rows_bytes=self.keep_rows_bytes,
+            keep_rows_bytes=self.plan.keep_rows_bytes,
             fence=self._fence if self.lease is not None else None,
-            encode_workers=self.encode_threads,
+            encode_workers=self.plan.encode_threads,
             chunk_rows=self.config.chunk_rows,
-            arena_bytes=self.arena_bytes,
+            arena_bytes=self.plan.arena_bytes,
         )
         self._cadence = Cadence(
             self.config.every_steps,

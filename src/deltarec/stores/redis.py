@@ -290,12 +290,10 @@ class RedisStore(Store, Registry):
         """See :meth:`Store.read`."""
         view = self._view(table, staging_generation)
         keys = np.asarray(keys, dtype=np.int64)
-        n = int(keys.shape[0])
-        out = ReadResult.none_found(view, n)
-        element = out.embedding.dtype
-        skip = 9 if view.staging_generation else 8
+        out = ReadResult.none_found(view, len(keys))
+        skip = 9 if view.staging_generation else 8  # a staged row carries its op byte
         with _ERRORS.map_errors(self.describe()):
-            for s in range(0, n, _READ_CHUNK):
+            for s in range(0, len(keys), _READ_CHUNK):
                 fields = [str(k) for k in keys[s : s + _READ_CHUNK].tolist()]
                 for i, value in enumerate(self._client.hmget(view.name, fields), start=s):
                     if value is None or (skip == 9 and value[8:9] == b"1"):
@@ -303,7 +301,7 @@ class RedisStore(Store, Registry):
                     out.found[i] = True
                     raw = bytes(value)  # type: ignore[arg-type]
                     out.versions[i] = struct.unpack_from("<q", raw)[0]
-                    out.embedding[i] = np.frombuffer(raw, dtype=element, offset=skip)
+                    out.embedding[i] = np.frombuffer(raw, dtype=out.embedding.dtype, offset=skip)
         return out
 
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:

@@ -172,20 +172,18 @@ class RelationalStore(Store, Registry):
         """See :meth:`Store.read` (one read transaction, a ``SELECT`` per chunk of keys)."""
         view = self._view(table, staging_generation)
         keys = np.asarray(keys, dtype=np.int64)
-        n = int(keys.shape[0])
-        out = ReadResult.none_found(view, n)
-        element = out.embedding.dtype
+        out = ReadResult.none_found(view, len(keys))
         position = {int(k): i for i, k in enumerate(keys.tolist())}
         live = " AND op = 0" if view.staging_generation else ""  # a staged delete: not found
         with self._tx(write=False) as cur:
-            for start in range(0, n, self._read_chunk):
+            for start in range(0, len(keys), self._read_chunk):
                 where, params = self._keys_in(keys[start : start + self._read_chunk].tolist())
                 sql = f"SELECT key, embedding, version FROM {quote(view.name)} WHERE {where}"
                 for key, value, version in self._rows(cur, sql + live, params):
                     i = position[int(key)]
                     out.found[i] = True
                     out.versions[i] = version
-                    out.embedding[i] = self._decode(value, view, element)
+                    out.embedding[i] = self._decode(value, view, out.embedding.dtype)
         return out
 
     def _keys_in(self, keys: list[int]) -> tuple[str, Sequence[Any]]:

@@ -6,11 +6,10 @@ each source for the rows touched since the previous dump; the source answers wit
 values read on the table's device, and an op per row. Sources never write artifacts.
 
 The dumper calls one typed protocol on every source (:class:`TableSource`): ``configure`` and
-``bind`` once,
-``dump_collect`` / ``dump_snapshot`` / ``dump_read_keys`` at each dump (each answers a
-:data:`Gathered`: host chunks this rank writes, or this rank's :class:`LocalParts` of a table
-one writer rank assembles), ``before_eval`` / ``after_eval`` / ``discard`` / ``close`` at their
-moments. Every method has a default, so a source implements only what it does differently.
+``bind`` once, ``dump_collect`` / ``dump_snapshot`` / ``dump_read_keys`` at each dump (each
+answers a :data:`Gathered`: host chunks this rank writes, or this rank's :class:`LocalParts` of
+a table one writer rank assembles), ``before_eval`` / ``after_eval`` / ``discard`` / ``close``
+at their moments. Every method has a default, so a source implements only what it does differently.
 The tracking layer sits below the dumper and imports nothing from it.
 """
 
