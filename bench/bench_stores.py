@@ -69,7 +69,7 @@ def spans(start: int, stop: int, size: int) -> list[tuple[int, int]]:
 def run_store(url: str, keys: np.ndarray, emb: np.ndarray, seq: int, batch_bytes: int) -> float:
     n, dim = emb.shape
     per_row = 4 * dim + 24  # as the publisher sizes them
-    store = open_store(url)
+    store = open_store(url, run="bench")
     store.provision({TABLE: TableSpec(dim=dim)})
     version = make_version(1, seq)
     ops = np.zeros(n, np.int8)

@@ -107,7 +107,7 @@ def main() -> None:
         info, snapshot = build(root, rows, dim)
         manifests = [snapshot, *add_deltas(root, info, rows, deltas)]
         t_build = time.perf_counter() - t
-        with open_store(f"sqlite:///{db}") as store:
+        with open_store(f"sqlite:///{db}", run=RUN) as store:
             t = time.perf_counter()
             publisher = DumpPublisher(store, root, RUN)
             for manifest in manifests:

@@ -50,7 +50,7 @@ def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(tmp_
     keys = np.random.default_rng(0).permutation(50_000)[:1000]
     rows = random_rows(keys, TABLES[T], seed=4)
     manifest = write_dump(root, info, 1, {T: {0: rows}})
-    store = FlakyWrites(open_store(f"sqlite:///{tmp_path}/s.db"), fail_on_call=2, after=3)
+    store = FlakyWrites(open_store(f"sqlite:///{tmp_path}/s.db", run="r"), fail_on_call=2, after=3)
     marks: list[tuple[int, bool]] = []
     pub = DumpPublisher(
         store,  # type: ignore[arg-type]
@@ -77,7 +77,7 @@ def test_rows_in_memory_go_to_the_store_as_views_of_one_transaction_each(tmp_pat
     info = new_generation(root, "r", TABLES, world_size=1)
     rows = random_rows(np.arange(500)[::-1], TABLES[T], seed=2)
     manifest = write_dump(root, info, 1, {T: {0: rows}})
-    store = FlakyWrites(open_store(f"sqlite:///{tmp_path}/s.db"), fail_on_call=0, after=0)
+    store = FlakyWrites(open_store(f"sqlite:///{tmp_path}/s.db", run="r"), fail_on_call=0, after=0)
     DumpPublisher(store, root, "r", batch_bytes=200 * 56).publish_dump(  # type: ignore[arg-type]
         manifest, 0, rows={T: rows}
     )

@@ -42,7 +42,7 @@ class Committed:
         delta = write_dump(root, info, 1, {T: {0: random_rows(range(10), SPEC[T], seed=1)}})
         self.dump2 = write_dump(root, info, 2, {T: {0: random_rows(range(5, 60), SPEC[T], 2)}})
         self.shard = self.art / "ctr" / "gen-000001" / "dump-000002" / T / "rank-00000.parquet"
-        with open_store(self.url) as store:
+        with open_store(self.url, run="ctr") as store:
             publisher = DumpPublisher(store, root, "ctr")
             publisher.publish_dump(snap, 0)
             publisher.publish_dump(delta, 0)
@@ -136,13 +136,13 @@ def test_a_generation_file_of_another_run_is_named_and_nothing_is_published(run,
 
 def test_a_store_view_of_another_dim_is_named_and_nothing_is_written(run, tmp_path, capsys):
     url = f"sqlite:///{tmp_path}/other.db"
-    with open_store(url) as store:
+    with open_store(url, run="ctr") as store:
         store.provision({T: TableSpec(dim=8)})
         store.write(T, np.array([1], np.int64), np.zeros((1, 8), np.float32),
                     np.zeros(1, np.int8), np.array([7], np.int64))  # fmt: skip
     code, text = _cli(["publish", "--artifacts", str(run.art), "--run", "ctr", "--store", url],
                       capsys)  # fmt: skip
-    assert code == 2 and "emb_sparse_ebc_user_id" in text and "dim=8" in text, text
+    assert code == 2 and "emb_ctr__sparse_ebc_user_id" in text and "dim=8" in text, text
     with open_store(url) as store:
         assert store.registry.generations("ctr") == []
         got = store.read(T, np.arange(60, dtype=np.int64))

@@ -41,7 +41,7 @@ def _write(store, keys, value: float, generation: int, seq: int = 1):
 
 @pytest.mark.integration
 def test_a_store_refuses_rows_and_marks_of_a_superseded_generation(store_url):
-    store = open_store(store_url)
+    store = open_store(store_url, run="ctr")
     try:
         store.provision(SPEC)
         reg = store.registry
@@ -73,7 +73,7 @@ def test_the_publisher_refuses_a_superseded_generation_before_writing(store_url,
     late = write_dump(root, old, 1, {T: {0: random_rows(range(10), SPEC[T])}})
     first = write_dump(root, new, 0, {T: {0: random_rows(range(5), SPEC[T], seed=1)}},
                        kind=DumpKind.SNAPSHOT)  # fmt: skip
-    store = open_store(store_url)
+    store = open_store(store_url, run="ctr")
     try:
         publisher = DumpPublisher(store, root, "ctr")
         publisher.publish_dump(first, 0)

@@ -101,7 +101,7 @@ def test_postgres_float4_array_layout_round_trips_and_refuses_int8(
     )
     schema = "arrays_walk" if walk else "arrays"
     url = f"{postgres_server.url}?schema={schema}&layout=float4[]"
-    with open_store(url) as store:
+    with open_store(url, run="r") as store:
         store.provision({"t.f32": TableSpec(dim=3), "t.f16": TableSpec(dim=3, dtype=DType.FLOAT16)})
         for table, dtype in (("t.f32", DType.FLOAT32), ("t.f16", DType.FLOAT16)):
             emb = codec.encode(np.array([[1.5, -2.0, 3.25], [0.0, 1.0, 2.0]], np.float32), dtype)

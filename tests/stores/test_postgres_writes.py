@@ -31,7 +31,7 @@ _SCHEMAS = itertools.count()
 
 @pytest.fixture
 def store(postgres_server):
-    s = open_store(f"{postgres_server.url}?schema=writes{next(_SCHEMAS)}")
+    s = open_store(f"{postgres_server.url}?schema=writes{next(_SCHEMAS)}", run="r")
     s.provision({T: TableSpec(dim=DIM)})
     yield s
     s.close()
@@ -205,7 +205,7 @@ def test_concurrent_insert_of_a_new_key_is_applied_not_lost(
     """
     monkeypatch.setattr(pgstore, "_WALK_MIN_BYTES", 0 if walk else 1 << 60)
     schema = f"concurrent{next(_SCHEMAS)}"
-    store = open_store(f"{postgres_server.url}?schema={schema}")
+    store = open_store(f"{postgres_server.url}?schema={schema}", run="r")
     view = store.provision({T: TableSpec(dim=DIM)})[T]
     keys, emb = rows(range(10), seed=9)
     new = make_version(1, 2)
@@ -239,7 +239,7 @@ def test_two_writers_tombstoning_a_view_first_at_once_retry_as_transient(postgre
     aborts one as a deadlock, which is transient (the publisher retries); the other commits."""
     schema = f"tombstones{next(_SCHEMAS)}"
     url = f"{postgres_server.url}?schema={schema}"
-    stores = [open_store(url), open_store(url)]
+    stores = [open_store(url, run="r"), open_store(url, run="r")]
     stores[0].provision({T: TableSpec(dim=DIM)})
     keys, emb = rows(range(20), seed=10)
     v = make_version(1, 1)

@@ -57,7 +57,7 @@ def test_crash_between_batches_resumes_without_loss_or_duplicates(backend, tmp_p
         if len(written) == 3:
             raise Crash("process died")
 
-    store = open_store(backend.url)
+    store = open_store(backend.url, run="r")
     first = DumpPublisher(store, root, "r", batch_bytes=100 * 64, after_batch=crash_after_three)
     with pytest.raises(Crash):
         first.publish_generation(info.generation)
@@ -65,7 +65,7 @@ def test_crash_between_batches_resumes_without_loss_or_duplicates(backend, tmp_p
     before = sum(written)
     assert 0 < before < 1200
 
-    store = open_store(backend.url)
+    store = open_store(backend.url, run="r")
     resumed: list[int] = []
     second = DumpPublisher(
         store, root, "r", batch_bytes=100 * 64, after_batch=lambda m, n: resumed.append(n)
@@ -91,7 +91,7 @@ def test_store_down_for_seconds_then_back_loses_nothing(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     two_rank_dump(root, info, 1, seed=1)
-    store = open_store(backend.url)
+    store = open_store(backend.url, run="r")
     metrics = PublishMetrics()
     publisher = DumpPublisher(
         store, root, "r", batch_bytes=200 * 64, retry=FAST_RETRY, metrics=metrics
@@ -132,7 +132,7 @@ def test_nan_row_fails_naming_table_dump_key_and_applies_nothing(backend, tmp_pa
     bad = random_rows([5, 6, 7], TABLES[Z], 2)
     bad.embedding[2, 3] = np.float16("nan")
     manifest = write_dump(root, info, 4, {T: {0: good}, Z: {0: bad}})
-    store = open_store(backend.url)
+    store = open_store(backend.url, run="r")
     publisher = DumpPublisher(store, root, "r", batch_bytes=50 * 64)
     with pytest.raises(InvalidRowError) as err:
         publisher.publish_dump(manifest, 0)
@@ -147,7 +147,7 @@ def test_snapshot_publication_replaces_the_table(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     two_rank_dump(root, info, 1, seed=1, n=100)  # keys 0..199
-    store = open_store(backend.url)
+    store = open_store(backend.url, run="r")
     publisher = DumpPublisher(store, root, "r")
     publisher.publish_generation(1)
     info2 = new_generation(root, "r", TABLES, world_size=2)
@@ -166,7 +166,7 @@ def test_staged_generation_is_invisible_until_merged(backend, tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=2)
     _, rows = two_rank_dump(root, info, 1, seed=4, n=50)
-    store = open_store(backend.url)
+    store = open_store(backend.url, run="r")
     DumpPublisher(store, root, "r", mode="staged").publish_generation(1)
     assert not read_all(store, T, rows[T][0].keys).found.any()
     store.merge_staging("r", 1)

@@ -42,7 +42,7 @@ def small_reads(monkeypatch):
 
 
 def open_at(path: Any) -> Any:
-    store = open_store(f"sqlite:///{path}")
+    store = open_store(f"sqlite:///{path}", run="r")
     store.provision({T: TableSpec(dim=DIM)})
     return store
 
@@ -188,10 +188,10 @@ def test_a_store_file_locked_by_another_process_at_open_is_a_transient_error(tmp
     holder.execute("CREATE TABLE t (x)")
     holder.execute("BEGIN EXCLUSIVE")
     with pytest.raises(StoreUnavailableError, match="cannot open"):
-        open_store(f"sqlite:///{path}?timeout_s=0.1")
+        open_store(f"sqlite:///{path}?timeout_s=0.1", run="r")
     holder.execute("ROLLBACK")
     holder.close()
-    store = open_store(f"sqlite:///{path}?timeout_s=0.1")  # the retry, once the lock is gone
+    store = open_store(f"sqlite:///{path}?timeout_s=0.1", run="r")  # the retry, once the lock is gone
     store.close()
     again = sqlite3.connect(path)  # the first opener switched the file to WAL for good
     assert again.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -30,7 +30,7 @@ def write(store, table, keys, emb, version, ops=None, **kw):
 
 @pytest.fixture
 def store(any_backend):
-    s = open_store(any_backend.url)
+    s = open_store(any_backend.url, run="r")
     s.provision(SPEC)
     yield s
     s.close()
@@ -133,7 +133,7 @@ def test_nan_row_is_rejected_and_nothing_of_the_batch_is_written(store):
 
 
 def test_provision_is_idempotent_and_names_both_on_mismatch(store, any_backend):
-    again = open_store(any_backend.url)
+    again = open_store(any_backend.url, run="r")
     try:
         views = again.provision(SPEC)
         assert views[T].dim == 8 and set(again.views()) == {T, Z}
@@ -186,7 +186,7 @@ def test_staging_merges_from_a_store_opened_later(store, any_backend):
     keys, emb = rows(range(3))
     store.provision(SPEC, staging_generation=3)
     write(store, T, keys, emb, make_version(3, 1), staging_generation=3)
-    later = open_store(any_backend.url)
+    later = open_store(any_backend.url, run="r")
     try:
         later.merge_staging("r", 3)
         got = later.read(T, keys)

@@ -131,7 +131,7 @@ def store_url(request, sqlite_url) -> str:
 
 @pytest.fixture
 def store(store_url) -> Iterator[Store]:
-    s = open_store(store_url)
+    s = open_store(store_url, run=RUN)
     try:
         yield s
     finally:
@@ -140,7 +140,7 @@ def store(store_url) -> Iterator[Store]:
 
 @pytest.fixture
 def sqlite_store(sqlite_url) -> Iterator[Store]:
-    s = open_store(sqlite_url)
+    s = open_store(sqlite_url, run=RUN)
     try:
         yield s
     finally:

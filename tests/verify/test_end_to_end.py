@@ -63,7 +63,7 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     assert run_on_ranks(_train, 2, args=(str(tmp_path), store_url, None)) == [STEPS, STEPS]
     assert root.list_generations(RUN) == [1]
 
-    with open_store(store_url) as store:
+    with open_store(store_url, run=RUN) as store:
         first = verify(root, RUN, store, sample=None, store_url=store.describe())
         assert first.passed, first.failure_summary()
         assert first.checked > 500 and first.totals()[RowClass.MATCH] == first.checked
@@ -77,7 +77,7 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     et = state.tables[table]
     key_a, key_b = (int(k) for k in et.present_keys()[[3, 10]])
     version_a = int(et.versions[et.index_of(np.array([key_a]))[0]])
-    with open_store(f"sqlite:///{tmp_path}/tampered.db") as bad:
+    with open_store(f"sqlite:///{tmp_path}/tampered.db", run=RUN) as bad:
         row = et.load(np.array([key_a]))
         row[0, 0] += 0.5
         bad.write(table, np.array([key_a]), row, np.zeros(1, np.int8), [version_a])
@@ -96,7 +96,7 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     flipped = bytearray(original)
     flipped[len(flipped) // 2] ^= 0x01
     shard.write_bytes(bytes(flipped))
-    with open_store(store_url) as store:
+    with open_store(store_url, run=RUN) as store:
         corrupt = verify(root, RUN, store, sample=200)
         assert not corrupt.passed
         (failure,) = corrupt.shard_failures
@@ -110,7 +110,7 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     # Generation 2: restored from the step-6 checkpoint, trained to the end, published.
     assert run_on_ranks(_train, 2, args=(str(tmp_path), store_url, CKPT)) == [STEPS, STEPS]
     assert root.read_generation(RUN, 2).parent.checkpoint_step == CKPT
-    with open_store(store_url) as store:
+    with open_store(store_url, run=RUN) as store:
         second = verify(root, RUN, store, sample=None)
         assert second.generation == 2 and second.passed, second.failure_summary()
         moved_on = verify(root, RUN, store, generation=1, sample=None)

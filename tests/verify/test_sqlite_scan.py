@@ -41,7 +41,7 @@ def test_scan_pairs_every_key_with_its_row_and_version_in_key_order(sqlite_url, 
     # pages of 16 rows: a run, a run at mixed versions, a run again (after a listed page), ...
     versions = np.where((keys >= 118) & (keys < 124) | (keys > 1000), (8 << 32) + keys % 3, 7 << 32)
     order = rng.permutation(len(keys))  # written in random order
-    with open_store(sqlite_url) as store:
+    with open_store(sqlite_url, run="r") as store:
         store.provision({TABLE: TableSpec(dim=6, dtype=dtype)})
         store.write(
             TABLE, keys[order], values[order], np.zeros(len(keys), np.int8), versions[order]
@@ -56,7 +56,7 @@ def test_scan_pairs_every_key_with_its_row_and_version_in_key_order(sqlite_url, 
 
 
 def test_scan_of_an_empty_view_yields_nothing(sqlite_url):
-    with open_store(sqlite_url) as store:
+    with open_store(sqlite_url, run="r") as store:
         store.provision({TABLE: TableSpec(dim=4, dtype=DType.FLOAT32)})
         assert list(store.scan_rows(TABLE, 8)) == []
 
@@ -73,7 +73,7 @@ def test_scan_names_the_view_and_keys_of_blobs_of_the_wrong_length(
 ):
     keys = np.arange(10, dtype=np.int64)
     rows = np.ones((10, 4), np.float32)
-    with open_store(sqlite_url) as store:
+    with open_store(sqlite_url, run="r") as store:
         store.provision({TABLE: TableSpec(dim=4, dtype=DType.FLOAT32)})
         store.write(TABLE, keys, rows, np.zeros(10, np.int8), np.full(10, 5, np.int64))
         view = store.views()[TABLE].name
@@ -84,7 +84,7 @@ def test_scan_names_the_view_and_keys_of_blobs_of_the_wrong_length(
     conn.close()
     match = rf"{view}.*not 16 bytes .* between keys 0 and 9: {message}"
     for batch_rows in (100, 3):  # the page holding key 4 fails, whatever the page size
-        with open_store(sqlite_url) as store, pytest.raises(StoreError, match=view):
+        with open_store(sqlite_url, run="r") as store, pytest.raises(StoreError, match=view):
             list(store.scan_rows(TABLE, batch_rows))
-    with open_store(sqlite_url) as store, pytest.raises(StoreError, match=match):
+    with open_store(sqlite_url, run="r") as store, pytest.raises(StoreError, match=match):
         list(store.scan_rows(TABLE, 100))

@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress(quiet)
     retry = RetryPolicy(deadline_s=args.retry_deadline)
     start = time.monotonic()
-    with retry.call(lambda: open_store(args.store, args.artifacts), "open store") as store:
+    with retry.call(
+        lambda: open_store(args.store, args.artifacts, run=args.run), "open store"
+    ) as store:
         publisher = DumpPublisher(
             store,
             root,

@@ -130,7 +130,7 @@ class DumpHook:
             return
         retry = RetryPolicy()
         store = retry.call(
-            lambda: open_store(self.store, root.uri), f"open the store of run {run!r}"
+            lambda: open_store(self.store, root.uri, run=run), f"open the store of run {run!r}"
         )
         try:
             publisher = DumpPublisher(store, root, run, mode=self.publish_mode, retry=retry)

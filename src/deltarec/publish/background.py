@@ -173,7 +173,7 @@ class BackgroundPublisher:
     def _open(self) -> DumpPublisher:
         if self._store is None:
             self._store = self.retry.call(
-                lambda: open_store(self.store_url, self.root.uri),
+                lambda: open_store(self.store_url, self.root.uri, run=self.run),
                 f"open store for rank {self.rank}",
             )
         return DumpPublisher(

@@ -23,6 +23,12 @@ Contract of every backend:
   written; an unprovisioned table: :class:`~deltarec.errors.BadInputError`; anything else
   that retrying cannot fix: :class:`~deltarec.errors.StoreError`.
 
+* **Rows per run** (docs/runs.md). A store handle belongs to one run (``open_store(url,
+  run=...)``, :attr:`Store.run`): its views are that run's own, so versions, which order one
+  run's lineage only, never compare rows of two runs. Each table's **serving name** reads the
+  rows of the run promoted last (:meth:`Registry.set_serving` moves it); a handle opened without
+  a run reads through the serving names and cannot write.
+
 Stores are used from one thread at a time; backends that may be shared between threads lock.
 """
 
@@ -36,7 +42,7 @@ import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
-from deltarec.errors import StaleGenerationError, UnsupportedError
+from deltarec.errors import BadInputError, StaleGenerationError, UnsupportedError
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,
@@ -56,6 +62,11 @@ class Store(abc.ABC):
     """The registry's short name (``sqlite``, ``postgres``, ``redis``, ``featurestore``)."""
     capabilities: Capabilities
     """What the backend can do (set by each class; an instance may narrow it by its options)."""
+    run: str | None = None
+    """The run whose views this handle reads and writes (set once, by :func:`open_store`).
+
+    None: the handle reads what serving reads (each table's promoted run) and cannot write.
+    """
 
     # ---- views ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -239,6 +250,32 @@ class Store(abc.ABC):
     def _unsupported(self, what: str) -> UnsupportedError:
         return UnsupportedError(f"the {self.kind} store does not support {what}")
 
+    def _writer(self, what: str) -> str:
+        """The handle's run, for an operation that changes rows; raises if it has none."""
+        if self.run is None:
+            raise BadInputError(
+                f"{what} in {self.describe()} needs a run: rows are kept per run, so open the "
+                "store for one (open_store(url, run=...), or --run on the command line)"
+            )
+        return self.run
+
+    def _check_run(self, run: str, what: str) -> None:
+        """``run`` must be the handle's own (an operation on ``run``'s views)."""
+        if self._writer(what) != run:
+            raise BadInputError(
+                f"{what} of run {run!r} through a store handle of run {self.run!r} "
+                f"({self.describe()}): open the store for run {run!r}"
+            )
+
+    def _check_mark(self, mark: ProgressMark | None) -> None:
+        """A progress mark must belong to the handle's run (its rows are that run's)."""
+        run = self._writer("writing rows")
+        if mark is not None and mark.run != run:
+            raise BadInputError(
+                f"a progress mark of run {mark.run!r} was written through a store handle of "
+                f"run {run!r} ({self.describe()}): open the store for run {mark.run!r}"
+            )
+
 
 class Registry(abc.ABC):
     """The control plane of a store.
@@ -297,7 +334,11 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
-        """Point serving at ``generation`` through dump ``seq``; kept in a history."""
+        """Point serving at ``generation`` through dump ``seq`` of ``run``; kept in a history.
+
+        Where the store keeps serving names, the serving name of every table ``run`` has a live
+        view of reads ``run``'s rows from then on, switched in the same transaction.
+        """
 
     def get_serving(self, run: str) -> ServingPointer | None:
         """The current serving pointer of ``run``, or None if never promoted.
@@ -310,6 +351,14 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     def serving_history(self, run: str) -> list[ServingPointer]:
         """Every serving pointer of ``run``, oldest first."""
+
+    def serving_runs(self) -> dict[str, str]:
+        """Table id -> the run whose rows that table's serving name reads.
+
+        A table gets its first run when that run provisions it; :meth:`set_serving` of another
+        run moves it. The default (a registry whose store keeps no serving names) has none.
+        """
+        return {}
 
     @abc.abstractmethod
     def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:

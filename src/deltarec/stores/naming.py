@@ -1,8 +1,10 @@
-"""Physical names of store views (SPEC §5) and safe SQL identifiers.
+"""Physical names of store views (SPEC §5, docs/runs.md) and safe SQL identifiers.
 
-A table id ``sparse.ebc.user_id`` becomes the view ``emb_sparse_ebc_user_id``: the prefix, then
-the id lower-cased with every character outside ``[a-z0-9_]`` replaced by ``_``. Names longer
-than 63 characters (PostgreSQL's limit) are cut and given a short hash of the table id, so two
+A table id ``sparse.ebc.user_id`` has the **serving name** ``emb_sparse_ebc_user_id``: the
+prefix, then the id lower-cased with every character outside ``[a-z0-9_]`` replaced by ``_``.
+Each run keeps its rows in a view of its own, ``emb_<run>__sparse_ebc_user_id`` (the run mapped
+the same way), and the serving name reads the promoted run's view (docs/runs.md). Names longer
+than 63 characters (PostgreSQL's limit) are cut and given a short hash of what they name, so two
 long ids stay distinct. Every identifier that reaches SQL passes :func:`check_identifier`.
 """
 
@@ -13,7 +15,7 @@ import re
 from collections.abc import Iterable
 
 from deltarec.errors import BadInputError, InvalidIdentifierError
-from deltarec.ids import validate_table_id
+from deltarec.ids import validate_run, validate_table_id
 
 MAX_IDENTIFIER = 63
 """PostgreSQL's identifier limit; SQLite has none but uses the same names."""
@@ -57,13 +59,25 @@ def check_kv_prefix(prefix: str) -> str:
 
 
 def view_name(table: str, prefix: str = "emb_") -> str:
-    """The physical view name of ``table`` (SPEC §5), a checked SQL identifier."""
+    """The serving name of ``table`` (SPEC §5), a checked SQL identifier."""
     validate_table_id(table)
-    name = prefix + _UNSAFE.sub("_", table.lower())
+    return _cut(prefix + _UNSAFE.sub("_", table.lower()), table, f"view name of table {table!r}")
+
+
+def run_view_name(run: str, table: str, prefix: str = "emb_") -> str:
+    """The name of run ``run``'s own view of ``table``: ``<prefix><run>__<table>``, checked."""
+    validate_run(run)
+    validate_table_id(table)
+    name = f"{prefix}{_UNSAFE.sub('_', run.lower())}__{_UNSAFE.sub('_', table.lower())}"
+    return _cut(name, f"{run}\0{table}", f"view name of table {table!r} of run {run!r}")
+
+
+def _cut(name: str, named: str, kind: str) -> str:
+    """``name``, cut to 63 characters with a hash of ``named`` where it is longer."""
     if len(name) > MAX_IDENTIFIER:
-        digest = hashlib.sha256(table.encode()).hexdigest()[:_HASH_LEN]
+        digest = hashlib.sha256(named.encode()).hexdigest()[:_HASH_LEN]
         name = f"{name[: MAX_IDENTIFIER - _HASH_LEN - 1]}_{digest}"
-    return check_identifier(name, f"view name of table {table!r}")
+    return check_identifier(name, kind)
 
 
 def staging_prefix(prefix: str, generation: int) -> str:
@@ -71,12 +85,18 @@ def staging_prefix(prefix: str, generation: int) -> str:
     return f"{prefix}stage{int(generation)}_"
 
 
-def view_names(tables: Iterable[str], prefix: str = "emb_") -> dict[str, str]:
-    """Map table ids to view names; two ids mapping to one name is a :class:`BadInputError`."""
+def view_names(
+    tables: Iterable[str], prefix: str = "emb_", run: str | None = None
+) -> dict[str, str]:
+    """Map table ids to view names (serving names, or ``run``'s own views).
+
+    Raises:
+        BadInputError: two ids map to one name.
+    """
     names: dict[str, str] = {}
     owner: dict[str, str] = {}
     for table in tables:
-        name = view_name(table, prefix)
+        name = view_name(table, prefix) if run is None else run_view_name(run, table, prefix)
         if name in owner and owner[name] != table:
             raise BadInputError(
                 f"tables {owner[name]!r} and {table!r} both map to the view name {name!r}; "

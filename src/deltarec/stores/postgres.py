@@ -39,7 +39,7 @@ from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
 from deltarec.stores.pgcopy import decode_float4_array
 from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
-from deltarec.stores.relational import REGISTRY_DDL, RelationalStore
+from deltarec.stores.relational import RelationalStore
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
@@ -165,8 +165,15 @@ class PostgresStore(RelationalStore):
     def _create_registry(self) -> None:
         with self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
-            for ddl in REGISTRY_DDL:
-                cur.execute(ddl)
+            self._create_registry_in(cur)
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %s",
+            (table,),
+        )
+        return {str(c) for (c,) in cur.fetchall()}
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -228,6 +235,7 @@ class PostgresStore(RelationalStore):
         ``ORDER BY`` only where they did not come in key order), so the view's index is walked,
         not probed at random.
         """
+        self._check_mark(mark)
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
         first, it = first_batch(table, batches)

@@ -1,15 +1,22 @@
-"""Redis store: one hash per table, field = key, value = 8-byte version + packed row (SPEC §5).
+"""Redis store: one hash per table and run, field = key, value = 8-byte version + row (SPEC §5).
 
 Layout (``prefix`` defaults to ``emb:``; ``~`` cannot occur in a table id, so registry keys
-never collide with a view):
+never collide with a view). Rows are kept per run (docs/runs.md):
 
-* ``emb:<table id>``: the live view, a hash ``key (decimal) -> version (int64, little-endian)
-  + encoded row``. A reader does ``HGET emb:sparse.ebc.user_id 42`` and skips 8 bytes.
-* ``emb:~tomb:<table id>``: tombstones ``key -> version`` of deleted keys.
-* ``emb:~stage:<G>:<table id>``: generation ``G``'s staging view, values ``version + op byte +
-  row``.
-* ``emb:~floors``, ``emb:~views``, ``emb:~gens:<run>``, ``emb:~progress:<run>:<G>``,
-  ``emb:~snapshots:<run>``, ``emb:~serving:<run>``, ``emb:~fresh:<run>``: the registry.
+* ``emb:<table id>``: the table's **serving name**, the live view of the run that serves it (the
+  first run to provision the table, then the one promoted last), a hash ``key (decimal) ->
+  version (int64, little-endian) + encoded row``. A reader does ``HGET emb:sparse.ebc.user_id
+  42`` and skips 8 bytes.
+* ``emb:~run:<run>:<table id>``: the live view of a run that does not serve the table (parked).
+  Promote renames the serving run's hash here and the promoted run's hash to the serving name,
+  in one script (:data:`~deltarec.stores.redislua.LUA_SWITCH`); every write, merge and read of a
+  run's live view finds it wherever it is inside its own script, so none lands on the wrong run.
+* ``emb:~tomb:<run>:<table id>``: tombstones ``key -> version`` of a run's deleted keys.
+* ``emb:~stage:<run>:<G>:<table id>``: generation ``G``'s staging view, values ``version + op
+  byte + row``.
+* ``emb:~serves`` (table -> run), ``emb:~floors``, ``emb:~views``, ``emb:~gens:<run>``,
+  ``emb:~progress:<run>:<G>``, ``emb:~snapshots:<run>``, ``emb:~serving:<run>``,
+  ``emb:~fresh:<run>``: the registry.
 
 A batch is one ``MULTI``/``EXEC`` pipeline of server-side Lua scripts that apply the version
 guard per row, plus the progress mark, so rows and mark commit together. Snapshot replacement
@@ -43,11 +50,14 @@ from deltarec.ids import make_version, validate_run, validate_table_id
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import RedisConfig, env_password
 from deltarec.stores.errors import DriverErrors
+from deltarec.stores.legacy import migrate_runless
 from deltarec.stores.redislua import (
     LUA_FLOOR,
     LUA_MERGE,
+    LUA_READ,
     LUA_REGISTER,
     LUA_SWEEP,
+    LUA_SWITCH,
     LUA_WRITE,
     pack_version,
 )
@@ -79,6 +89,8 @@ class RedisStore(Store, Registry):
     """
 
     kind = "redis"
+    watch_error = redis_lib.WatchError
+    _layout_problem: str | None = None
     capabilities = Capabilities(
         deletes=True,
         atomic_marks=True,
@@ -106,45 +118,81 @@ class RedisStore(Store, Registry):
         self._sweep_script = self._client.register_script(LUA_SWEEP)
         self._floor_script = self._client.register_script(LUA_FLOOR)
         self._register_script = self._client.register_script(LUA_REGISTER)
+        self._read_script = self._client.register_script(LUA_READ)
+        self._switch_script = self._client.register_script(LUA_SWITCH)
         self._lock = threading.RLock()
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
             self._client.ping()
+            self._layout_problem = migrate_runless(self)
 
     def describe(self) -> str:
         """``redis://host:port/db``."""
         return f"redis://{self.config.host}:{self.config.port}/{self.config.db}"
 
     # ---- key names -----------------------------------------------------------------------
-    def _hash(self, table: str, stage: int = 0) -> str:
+    def _serving(self, table: str) -> str:
         validate_table_id(table)
-        return f"{self.prefix}~stage:{stage}:{table}" if stage else f"{self.prefix}{table}"
+        return f"{self.prefix}{table}"
+
+    def _parked(self, run: str, table: str) -> str:
+        return f"{self.prefix}~run:{run}:{table}"
+
+    def _stage_hash(self, run: str, stage: int, table: str) -> str:
+        return f"{self.prefix}~stage:{run}:{stage}:{table}"
 
     def _reg(self, name: str, *parts: object) -> str:
         return ":".join([f"{self.prefix}~{name}", *(str(p) for p in parts)])
+
+    def _live_keys(self, run: str, table: str) -> list[str]:
+        """The keys a script needs to find ``run``'s live view of ``table`` (see ``where``)."""
+        return [self._reg("serves"), self._serving(table), self._parked(run, table)]
+
+    def _live_name(self, run: str | None, table: str) -> str:
+        """Where the live view of ``run`` (None: what serving reads) is now."""
+        if run is None:
+            return self._serving(table)
+        with _ERRORS.map_errors(self.describe()):
+            serves = self._client.hget(self._reg("serves"), table)
+        return (
+            self._serving(table)
+            if serves is not None and _text(serves) == run
+            else (self._parked(run, table))
+        )
 
     # ---- views ---------------------------------------------------------------------------
     def provision(
         self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
     ) -> dict[str, ViewInfo]:
-        """See :meth:`Store.provision` (records the views; hashes appear on first write)."""
+        """See :meth:`Store.provision` (records the views; hashes appear on first write).
+
+        A table no run serves yet is served by this run from now on (its serving name is this
+        run's live view); a table another run serves keeps serving that run's rows until this
+        run is promoted.
+        """
+        run = self._writer("provisioning views")
+        self._check_layout_problem()
         stage = int(staging_generation or 0)
         out: dict[str, ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
             for table, spec in tables.items():
-                view = ViewInfo(table, self._hash(table, stage), spec.dim, DType(spec.dtype), stage)
-                field = f"{table}|{stage}"
+                validate_table_id(table)
+                name = self._stage_hash(run, stage, table) if stage else self._parked(run, table)
+                view = ViewInfo(table, name, spec.dim, DType(spec.dtype), stage, run=run)
+                field = f"{run}|{table}|{stage}"
                 record = json.dumps({"dim": view.dim, "dtype": view.dtype.value})
                 if not self._client.hsetnx(self._reg("views"), field, record):
                     raw = self._client.hget(self._reg("views"), field)
                     old = json.loads(raw or "{}")
                     existing = ViewInfo(
-                        table, view.name, int(old["dim"]), DType(old["dtype"]), stage
+                        table, view.name, int(old["dim"]), DType(old["dtype"]), stage, run=run
                     )
                     if (existing.dim, existing.dtype) != (view.dim, view.dtype):
                         raise ViewMismatchError(
                             view.name, existing.describe(), f"{view.describe()} (table {table!r})"
                         )
+                if not stage:
+                    self._client.hsetnx(self._reg("serves"), table, run)
                 out[table] = view
         self._views_cache.clear()
         return out
@@ -155,38 +203,69 @@ class RedisStore(Store, Registry):
             raw = self._client.hgetall(key)
         return [(_text(field), json.loads(value)) for field, value in raw.items()]
 
+    def _check_layout_problem(self) -> None:
+        if self._layout_problem:
+            raise BadInputError(self._layout_problem)
+
     def _all_views(self) -> list[ViewInfo]:
+        self._check_layout_problem()
+        serves = self.serving_runs()
         views = []
         for field, obj in self._records(self._reg("views")):
-            table, _, stage = field.rpartition("|")
-            views.append(
-                ViewInfo(
-                    table,
-                    self._hash(table, int(stage)),
-                    int(obj["dim"]),
-                    DType(obj["dtype"]),
-                    int(stage),
-                )
-            )
+            run, table, stage = field.split("|")
+            if int(stage):
+                name = self._stage_hash(run, int(stage), table)
+            elif serves.get(table) == run:
+                name = self._serving(table)
+            else:
+                name = self._parked(run, table)
+            dtype = DType(obj["dtype"])
+            views.append(ViewInfo(table, name, int(obj["dim"]), dtype, int(stage), run=run))
         return views
 
     def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
-        """See :meth:`Store.views`."""
+        """See :meth:`Store.views`: the handle's run's views (without a run: the served ones)."""
         stage = int(staging_generation or 0)
-        return {v.table: v for v in self._all_views() if v.staging_generation == stage}
+        if self.run is None:
+            serves = self.serving_runs()
+            return {
+                v.table: v
+                for v in self._all_views()
+                if v.staging_generation == stage and serves.get(v.table) == v.run
+            }
+        return {
+            v.table: v
+            for v in self._all_views()
+            if v.staging_generation == stage and v.run == self.run
+        }
 
     def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
         key = (table, int(staging_generation or 0))
+        if self.run is None:  # what serving reads: resolved on every call (promote moves it)
+            found = self.views(key[1]).get(table)
+            if found is None:
+                raise BadInputError(
+                    f"no run serves table {table!r} in {self.describe()}; "
+                    "provision it for a run first"
+                )
+            return found
         if key not in self._views_cache:
-            for v in self._all_views():
-                self._views_cache[(v.table, v.staging_generation)] = v
+            self._views_cache.update(
+                {(v.table, v.staging_generation): v for v in self.views(key[1]).values()}
+            )
         try:
             return self._views_cache[key]
         except KeyError:
             raise BadInputError(
-                f"table {table!r} is not provisioned in {self.describe()}; "
+                f"table {table!r} of run {self.run!r} is not provisioned in {self.describe()}; "
                 "run `deltarec provision` first"
             ) from None
+
+    def serving_runs(self) -> dict[str, str]:
+        """See :meth:`Registry.serving_runs`."""
+        with _ERRORS.map_errors(self.describe()):
+            raw = self._client.hgetall(self._reg("serves"))
+        return {_text(t): _text(r) for t, r in raw.items()}
 
     # ---- rows ----------------------------------------------------------------------------
     def write(
@@ -200,6 +279,8 @@ class RedisStore(Store, Registry):
         staging_generation: int | None = None,
     ) -> int:
         """See :meth:`Store.write`: one MULTI/EXEC of version-guarded scripts and the mark."""
+        self._check_mark(mark)
+        run = self._writer("writing rows")
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
         keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
@@ -214,20 +295,28 @@ class RedisStore(Store, Registry):
         stride = 8 + row_width
         op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
         key_text = [str(k) for k in keys.tolist()]
-        live = self._hash(table)
+        script_keys = [
+            view.name if stage else "",
+            self._reg("tomb", run, table),
+            self._reg("floors"),
+            self._parked(run, table),  # the floor's field: the same wherever the view is
+            *self._live_keys(run, table),
+        ]
 
         def queue(pipe: Any) -> None:
             step = self.config.rows_per_script
             for s in range(0, n, step):
                 e = min(n, s + step)
                 self._write_script(
-                    keys=[view.name, self._reg("tomb", table), self._reg("floors"), live],
+                    keys=script_keys,
                     args=[
                         e - s,
                         stride,
                         blob[s * stride : e * stride],
                         op_chars[s:e],
                         "1" if stage else "0",
+                        table,
+                        run,
                         *key_text[s:e],
                     ],
                     client=pipe,
@@ -295,7 +384,7 @@ class RedisStore(Store, Registry):
         with _ERRORS.map_errors(self.describe()):
             for s in range(0, len(keys), _READ_CHUNK):
                 fields = [str(k) for k in keys[s : s + _READ_CHUNK].tolist()]
-                for i, value in enumerate(self._client.hmget(view.name, fields), start=s):
+                for i, value in enumerate(self._hmget(view, fields), start=s):
                     if value is None or (skip == 9 and value[8:9] == b"1"):
                         continue
                     out.found[i] = True
@@ -304,9 +393,21 @@ class RedisStore(Store, Registry):
                     out.embedding[i] = np.frombuffer(raw, dtype=out.embedding.dtype, offset=skip)
         return out
 
+    def _hmget(self, view: ViewInfo, fields: list[str]) -> list[Any]:
+        """``fields`` of ``view``; a run's live view read where it is at that instant."""
+        if view.staging_generation or self.run is None:
+            return list(self._client.hmget(view.name, fields))
+        run = self.run
+        return list(
+            self._read_script(
+                keys=self._live_keys(run, view.table), args=[view.table, run, *fields]
+            )
+        )
+
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """See :meth:`Store.scan_keys` (hash order, not sorted)."""
-        name = self._view(table).name
+        self._view(table)
+        name = self._live_name(self.run, table)
         for fields in self._hscan(name, batch_rows):
             yield np.asarray([int(f) for f in fields], dtype=np.int64)
 
@@ -329,8 +430,9 @@ class RedisStore(Store, Registry):
     # ---- snapshot / staging --------------------------------------------------------------
     def sweep_below(self, table: str, version: int) -> None:
         """See :meth:`Store.sweep_below` (floor first, then a chunked, guarded sweep)."""
+        run = self._writer("removing rows below a snapshot")
         self._view(table)
-        self._sweep(table, int(version))
+        self._sweep(run, table, int(version))
 
     def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
         """See :meth:`Registry.snapshot`."""
@@ -362,30 +464,43 @@ class RedisStore(Store, Registry):
         with _ERRORS.map_errors(self.describe()):
             self._client.hset(self._reg("snapshots", record.run), field, json.dumps(value))
 
-    def _sweep(self, table: str, version: int) -> None:
-        live = self._hash(table)
+    def _sweep(self, run: str, table: str, version: int) -> None:
         packed = pack_version(version)
         with _ERRORS.map_errors(self.describe()):
-            self._floor_script(keys=[self._reg("floors")], args=[live, packed])
-        for name in (live, self._reg("tomb", table)):
+            self._floor_script(keys=[self._reg("floors")], args=[self._parked(run, table), packed])
+        live = ["", *self._live_keys(run, table)]  # found by the script, wherever it is now
+        for name, keys in (
+            (self._live_name(run, table), live),
+            (self._reg("tomb", run, table), []),
+        ):
 
-            def sweep(fields: list[bytes], name: str = name) -> None:
-                self._sweep_script(keys=[name], args=[packed, *fields])
+            def sweep(fields: list[bytes], keys: list[str] = keys or [name]) -> None:
+                self._sweep_script(keys=keys, args=[packed, table, run, *fields])
 
             self._chunked(name, sweep)
 
     def merge_staging(self, run: str, generation: int) -> int:
         """See :meth:`Store.merge_staging`: chunked, guarded, idempotent; not one transaction."""
-        validate_run(run)
+        self._check_run(run, "merging staging views")
         merged = 0
         snapshots = self._records(self._reg("snapshots", run))
-        for stage in [v for v in self._all_views() if v.staging_generation == generation]:
-            live = self._hash(stage.table)
-            keys = [stage.name, live, self._reg("tomb", stage.table), self._reg("floors")]
+        stages = [
+            v for v in self._all_views() if v.staging_generation == generation and v.run == run
+        ]
+        for stage in stages:
+            keys = [
+                stage.name,
+                self._reg("tomb", run, stage.table),
+                self._reg("floors"),
+                self._parked(run, stage.table),
+                *self._live_keys(run, stage.table),
+            ]
 
-            def merge(fields: list[bytes], keys: list[str] = keys) -> None:
+            def merge(
+                fields: list[bytes], keys: list[str] = keys, table: str = stage.table
+            ) -> None:
                 nonlocal merged
-                merged += int(self._merge_script(keys=keys, args=fields))
+                merged += int(self._merge_script(keys=keys, args=[table, run, *fields]))
 
             while True:
                 self._chunked(stage.name, merge)
@@ -395,24 +510,26 @@ class RedisStore(Store, Registry):
             for field, record in snapshots:
                 g, _, t = field.split("|", 2)
                 if int(g) == generation and t == stage.table and record["swept_at"] is None:
-                    self._sweep(stage.table, int(record["version"]))
+                    self._sweep(run, stage.table, int(record["version"]))
                     record["swept_at"] = time.time()
                     with _ERRORS.map_errors(self.describe()):
                         self._client.hset(self._reg("snapshots", run), field, json.dumps(record))
             with _ERRORS.map_errors(self.describe()):
-                self._client.hdel(self._reg("views"), f"{stage.table}|{generation}")
+                self._client.hdel(self._reg("views"), f"{run}|{stage.table}|{generation}")
         self._set_gen_field(run, generation, "merged_at", time.time())
         self._views_cache.clear()
         return merged
 
     def drop_staging(self, run: str, generation: int) -> int:
         """See :meth:`Store.drop_staging`."""
-        validate_run(run)
-        stages = [v for v in self._all_views() if v.staging_generation == generation]
+        self._check_run(run, "dropping staging views")
+        stages = [
+            v for v in self._all_views() if v.staging_generation == generation and v.run == run
+        ]
         for stage in stages:
             with _ERRORS.map_errors(self.describe()):
                 self._client.delete(stage.name)
-                self._client.hdel(self._reg("views"), f"{stage.table}|{generation}")
+                self._client.hdel(self._reg("views"), f"{run}|{stage.table}|{generation}")
         self._views_cache.clear()
         return len(stages)
 
@@ -489,7 +606,34 @@ class RedisStore(Store, Registry):
         record = {"generation": generation, "seq": seq, "promoted_at": now, "note": note}
         with _ERRORS.map_errors(self.describe()):
             self._client.rpush(self._reg("serving", run), json.dumps(record))
+            if not self._layout_problem:
+                for table in sorted(self._run_tables(run)):
+                    self._switch(run, table)
+        self._views_cache.clear()
         return pointer
+
+    def _run_tables(self, run: str) -> set[str]:
+        """The tables ``run`` has a live view of."""
+        fields = (_text(f) for f in self._client.hkeys(self._reg("views")))
+        return {f.split("|")[1] for f in fields if f.startswith(f"{run}|") and f.endswith("|0")}
+
+    def _switch(self, run: str, table: str) -> None:
+        """Make ``table``'s serving name ``run``'s live view (see ``LUA_SWITCH``)."""
+        for _ in range(20):
+            raw = self._client.hget(self._reg("serves"), table)
+            current = _text(raw) if raw is not None else ""
+            parked_current = self._parked(current, table) if current else self._parked(run, table)
+            try:
+                self._switch_script(
+                    keys=[*self._live_keys(run, table), parked_current], args=[table, run, current]
+                )
+                return
+            except redis_lib.ResponseError as e:
+                if "serving moved" not in str(e):
+                    raise StoreError(
+                        f"{self.describe()}: serving {table!r} from run {run!r}: {e}"
+                    ) from e
+        raise StoreError(f"{self.describe()}: serving {table!r} kept moving under promote")
 
     def serving_history(self, run: str) -> list[ServingPointer]:
         """See :meth:`Registry.serving_history`."""

@@ -48,18 +48,30 @@ local function apply(live, tomb, key, vbytes, op, row)
 end
 """
 
+_LUA_WHERE = """
+-- a run's live view is the table's serving name while the run serves it, else its parked name
+local function where(serves, tbl, run, serving, parked)
+  if redis.call('HGET', serves, tbl) == run then return serving end
+  return parked
+end
+"""
+
 LUA_WRITE = (
     _LUA_COMMON
+    + _LUA_WHERE
     + """
--- KEYS: view (live or staging), tombstones, floors, floor field; ARGV: n, stride, blob, ops,
--- staged ('1'/'0'), then n keys. blob holds n records of 8-byte version + row.
-local view, tomb, floors = KEYS[1], KEYS[2], KEYS[3]
+-- KEYS: staging view or '', tombstones, floors, floor field, serves, serving name, parked name;
+-- ARGV: n, stride, blob, ops, staged ('1'/'0'), table, run, then n keys. blob holds n records
+-- of 8-byte version + row. A live write goes to the run's live view wherever it is now.
+local tomb, floors = KEYS[2], KEYS[3]
 local n, stride = tonumber(ARGV[1]), tonumber(ARGV[2])
 local blob, ops, staged = ARGV[3], ARGV[4], ARGV[5] == '1'
+local view = KEYS[1]
+if not staged then view = where(KEYS[5], ARGV[6], ARGV[7], KEYS[6], KEYS[7]) end
 local fh, fl = floor_of(floors, KEYS[4])
 local changed = 0
 for i = 1, n do
-  local key = ARGV[5 + i]
+  local key = ARGV[7 + i]
   local rec = string.sub(blob, (i - 1) * stride + 1, i * stride)
   local vbytes = string.sub(rec, 1, 8)
   local vh, vl = ver(vbytes)
@@ -86,12 +98,15 @@ return changed
 
 LUA_MERGE = (
     _LUA_COMMON
+    + _LUA_WHERE
     + """
--- KEYS: staging view, live view, tombstones, floors; ARGV: fields of the staging view
-local stage, live, tomb, floors = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local fh, fl = floor_of(floors, live)
+-- KEYS: staging view, tombstones, floors, floor field, serves, serving name, parked name;
+-- ARGV: table, run, then fields of the staging view
+local stage, tomb, floors = KEYS[1], KEYS[2], KEYS[3]
+local live = where(KEYS[5], ARGV[1], ARGV[2], KEYS[6], KEYS[7])
+local fh, fl = floor_of(floors, KEYS[4])
 local changed = 0
-for i = 1, #ARGV do
+for i = 3, #ARGV do
   local rec = redis.call('HGET', stage, ARGV[i])
   if rec then
     local vbytes = string.sub(rec, 1, 8)
@@ -109,23 +124,29 @@ return changed
 """Given fields of a staging view into its live view (guarded as a write), each field deleted
 from the staging view once applied, so running it again goes on where it stopped."""
 
-LUA_SWEEP = """
--- KEYS: a hash whose values start with an 8-byte version; ARGV: version, fields
+LUA_SWEEP = (
+    _LUA_WHERE
+    + """
+-- KEYS: a hash whose values start with an 8-byte version (or, with serves, serving name and
+-- parked name given, a run's live view wherever it is now); ARGV: version, table, run, fields
 local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
+local h = KEYS[1]
+if #KEYS > 1 then h = where(KEYS[2], ARGV[2], ARGV[3], KEYS[3], KEYS[4]) end
 local vh, vl = ver(ARGV[1])
 local removed = 0
-for i = 2, #ARGV do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+for i = 4, #ARGV do
+  local cur = redis.call('HGET', h, ARGV[i])
   if cur then
     local ch, cl = ver(string.sub(cur, 1, 8))
     if ch < vh or (ch == vh and cl < vl) then
-      redis.call('HDEL', KEYS[1], ARGV[i])
+      redis.call('HDEL', h, ARGV[i])
       removed = removed + 1
     end
   end
 end
 return removed
 """
+)
 """Delete the given fields of a hash whose version is below ``ARGV[1]`` (rows or tombstones
 below a snapshot's version). Returns how many went."""
 
@@ -160,6 +181,35 @@ return newest
 """
 """Record a generation of a run (the first record is kept) and keep the run's newest-generation
 key at the highest generation seen (the write fence reads it). Returns the newest."""
+
+
+LUA_READ = (
+    _LUA_WHERE
+    + """
+-- KEYS: serves, serving name, parked name; ARGV: table, run, fields
+local h = where(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])
+return redis.call('HMGET', h, unpack(ARGV, 3))
+"""
+)
+"""Fields of a run's live view wherever it is now (a promote may move it between two calls)."""
+
+LUA_SWITCH = """
+-- KEYS: serves, serving name, the new run's parked name, the serving run's parked name;
+-- ARGV: table, new run, the run the caller saw serving ('' for none)
+local cur = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if cur ~= ARGV[3] then return redis.error_reply('deltarec: serving moved; read it again') end
+if cur == ARGV[2] then return 0 end
+if cur == '' and redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.error_reply('deltarec: the serving name holds rows of no known run')
+end
+if cur ~= '' and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('RENAME', KEYS[2], KEYS[4]) end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('RENAME', KEYS[3], KEYS[2])
+else redis.call('DEL', KEYS[2]) end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+"""Make a table's serving name the new run's live view (the run serving it so far is parked),
+atomically: a reader of the serving name sees one run's rows or the other's, never a mix."""
 
 
 def pack_version(version: int) -> bytes:

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from deltarec.errors import ConfigError
+from deltarec.ids import validate_run
 from deltarec.stores.base import Store
 from deltarec.stores.config import parse_config, parse_store_url
 
@@ -40,11 +41,17 @@ def store_class(kind: str) -> type[Store]:
     return cls
 
 
-def open_store(url_or_config: str | dict[str, Any] | Any, artifacts: str | None = None) -> Store:
+def open_store(
+    url_or_config: str | dict[str, Any] | Any,
+    artifacts: str | None = None,
+    run: str | None = None,
+) -> Store:
     """Open a store from its URL (``sqlite:///store.db``), a config mapping or a config model.
 
     ``artifacts`` is the artifact root the store is used with: a PAI FeatureStore store keeps
     its registry under it unless its URL names one (``registry=``); other stores ignore it.
+    ``run`` is the run whose views the handle reads and writes (:attr:`Store.run`); without
+    one the handle reads what serving reads and cannot write (docs/runs.md).
 
     Raises:
         ConfigError: bad URL or config, unknown backend, missing optional dependency.
@@ -56,7 +63,10 @@ def open_store(url_or_config: str | dict[str, Any] | Any, artifacts: str | None 
         config = parse_config(url_or_config)
     else:
         config = url_or_config
+    if run is not None:
+        validate_run(run)
     cls = store_class(config.type)
-    if config.type == "featurestore":
-        return cls(config, artifacts=artifacts)  # type: ignore[call-arg]
-    return cls(config)  # type: ignore[call-arg]
+    kwargs = {"artifacts": artifacts} if config.type == "featurestore" else {}
+    store = cls(config, **kwargs)  # type: ignore[call-arg]
+    store.run = run
+    return store

@@ -2,8 +2,11 @@
 
 Registry tables (plain SQL, so operators can query them; times are unix seconds):
 
-* ``deltarec_views(name, table_id, staging_generation, dim, dtype, layout, floor_version,
-  has_tombstones, created_at)``: every provisioned view; ``staging_generation`` 0 is live.
+* ``deltarec_views(name, run, table_id, staging_generation, dim, dtype, layout, floor_version,
+  has_tombstones, created_at)``: every provisioned view, each one run's own (docs/runs.md);
+  ``staging_generation`` 0 is live.
+* ``deltarec_serving_views(table_id, name, run, switched_at)``: each table's serving name (a
+  SQL view) and the run whose live view it reads.
 * ``deltarec_tombstones(name, key, version)``: deleted keys with the version of the delete.
 * ``deltarec_generations(run, generation, registered_at, merged_at)``.
 * ``deltarec_progress(run, generation, seq, table_id, rank, staging_generation, rows_done,
@@ -28,26 +31,34 @@ from typing import Any
 import numpy as np
 
 from deltarec.artifacts.types import DType, TableSpec
-from deltarec.errors import BadInputError, StaleGenerationError, ViewMismatchError
-from deltarec.ids import make_version, validate_run
-from deltarec.stores.base import Registry, Store
+from deltarec.errors import BadInputError, ViewMismatchError
+from deltarec.stores.base import Store
+from deltarec.stores.legacy import migrate_legacy_views
 from deltarec.stores.naming import quote, staging_prefix, view_names
+from deltarec.stores.sqlregistry import SqlRegistry
 from deltarec.stores.types import (
-    FreshnessRecord,
     ProgressMark,
     ReadResult,
     RowBatch,
-    ServingPointer,
-    SnapshotRecord,
     ViewInfo,
 )
 
+VIEWS_DDL = """CREATE TABLE IF NOT EXISTS deltarec_views (
+        name TEXT PRIMARY KEY, run TEXT NOT NULL, table_id TEXT NOT NULL,
+        staging_generation BIGINT NOT NULL, dim BIGINT NOT NULL, dtype TEXT NOT NULL,
+        layout TEXT NOT NULL, floor_version BIGINT NOT NULL DEFAULT 0,
+        has_tombstones BIGINT NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL,
+        UNIQUE (run, table_id, staging_generation))"""
+"""The views' registry; its ``run`` column is what the per-run layout added (see
+:mod:`deltarec.stores.legacy` for stores written before it)."""
+
+SERVING_VIEWS_DDL = """CREATE TABLE IF NOT EXISTS deltarec_serving_views (
+        table_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, run TEXT NOT NULL,
+        switched_at DOUBLE PRECISION NOT NULL)"""
+
 REGISTRY_DDL = (
-    """CREATE TABLE IF NOT EXISTS deltarec_views (
-        name TEXT PRIMARY KEY, table_id TEXT NOT NULL, staging_generation BIGINT NOT NULL,
-        dim BIGINT NOT NULL, dtype TEXT NOT NULL, layout TEXT NOT NULL,
-        floor_version BIGINT NOT NULL DEFAULT 0, has_tombstones BIGINT NOT NULL DEFAULT 0,
-        created_at DOUBLE PRECISION NOT NULL, UNIQUE (table_id, staging_generation))""",
+    VIEWS_DDL,
+    SERVING_VIEWS_DDL,
     """CREATE TABLE IF NOT EXISTS deltarec_tombstones (
         name TEXT NOT NULL, key BIGINT NOT NULL, version BIGINT NOT NULL,
         PRIMARY KEY (name, key))""",
@@ -74,15 +85,8 @@ REGISTRY_DDL = (
         PRIMARY KEY (run, generation, seq, rank))""",
 )
 
-_MARK_UPSERT = """INSERT INTO deltarec_progress
-    (run, generation, seq, table_id, rank, staging_generation, rows_done, complete, written_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (run, generation, seq, table_id, rank) DO UPDATE SET
-    staging_generation = excluded.staging_generation, rows_done = excluded.rows_done,
-    complete = excluded.complete, written_at = excluded.written_at"""
 
-
-class RelationalStore(Store, Registry):
+class RelationalStore(SqlRegistry, Store):
     """Rows and registry of the SQL backends: provisioning, the registry tables, snapshots.
 
     Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
@@ -91,6 +95,8 @@ class RelationalStore(Store, Registry):
 
     prefix: str
     layout: str = "bytea"
+    _layout_problem: str | None = None
+    """Why this store's (runless, legacy) layout is refused, or None (:mod:`.legacy`)."""
 
     # ---- connection primitives (subclass) ------------------------------------------------
     @abc.abstractmethod
@@ -196,42 +202,61 @@ class RelationalStore(Store, Registry):
 
     def _create_registry(self) -> None:
         with self._tx() as cur:
-            for ddl in REGISTRY_DDL:
-                self._exec(cur, ddl)
+            self._create_registry_in(cur)
+
+    def _create_registry_in(self, cur: Any) -> None:
+        """The registry's DDL, after moving a store of the runless layout over (in ``cur``)."""
+        self._layout_problem = migrate_legacy_views(self, cur)
+        for ddl in REGISTRY_DDL:
+            if ddl is VIEWS_DDL and self._layout_problem:
+                continue  # the legacy registry stays as it is (refused, untouched)
+            self._exec(cur, ddl)
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        """The column names of registry table ``table`` (empty if there is none; dialect)."""
+        raise NotImplementedError
 
     # ---- views ---------------------------------------------------------------------------
     def provision(
         self, tables: Mapping[str, TableSpec], staging_generation: int | None = None
     ) -> dict[str, ViewInfo]:
-        """See :meth:`Store.provision`."""
+        """See :meth:`Store.provision`: the handle's run's views, and serving names for new tables.
+
+        A table no run serves yet gets its serving name, reading this run's live view; a table
+        another run serves keeps serving that run's rows until this run is promoted.
+        """
+        run = self._writer("provisioning views")
+        self._check_layout_problem()
         stage = int(staging_generation or 0)
         prefix = staging_prefix(self.prefix, stage) if stage else self.prefix
-        names = view_names(tables, prefix)
+        names = view_names(tables, prefix, run=run)
         out: dict[str, ViewInfo] = {}
         with self._tx() as cur:
             for table, spec in tables.items():
-                out[table] = self._provision_one(cur, table, names[table], spec, stage)
+                out[table] = self._provision_one(cur, run, table, names[table], spec, stage)
+                if not stage:
+                    self._claim_serving_name(cur, out[table])
         self._views_cache.clear()
         return out
 
     def _provision_one(
-        self, cur: Any, table: str, name: str, spec: TableSpec, stage: int
+        self, cur: Any, run: str, table: str, name: str, spec: TableSpec, stage: int
     ) -> ViewInfo:
         self._check_layout(table, spec)
-        wanted = ViewInfo(table, name, spec.dim, DType(spec.dtype), stage)
+        wanted = ViewInfo(table, name, spec.dim, DType(spec.dtype), stage, run=run)
         rows = self._rows(
             cur,
-            "SELECT table_id, dim, dtype, layout, staging_generation, floor_version "
+            "SELECT run, table_id, dim, dtype, layout, staging_generation, floor_version "
             "FROM deltarec_views WHERE name = ?",
             (name,),
         )
         if rows:
-            t, dim, dtype, layout, stg, floor = rows[0]
-            existing = ViewInfo(t, name, int(dim), DType(dtype), int(stg), int(floor))
-            if t != table:
+            r, t, dim, dtype, layout, stg, floor = rows[0]
+            existing = ViewInfo(t, name, int(dim), DType(dtype), int(stg), int(floor), run=r)
+            if (r, t) != (run, table):
                 raise BadInputError(
-                    f"view {name!r} already holds table {t!r}; table {table!r} maps to the "
-                    "same name: rename one of them or use another prefix"
+                    f"view {name!r} already holds table {t!r} of run {r!r}; table {table!r} of "
+                    f"run {run!r} maps to the same name: rename one of them or use another prefix"
                 )
             if (existing.dim, existing.dtype, layout) != (spec.dim, DType(spec.dtype), self.layout):
                 raise ViewMismatchError(
@@ -240,97 +265,143 @@ class RelationalStore(Store, Registry):
                     f"{wanted.describe()} layout={self.layout} (table {table!r})",
                 )
             return existing
+        serving = self._rows(
+            cur, "SELECT table_id FROM deltarec_serving_views WHERE name = ?", (name,)
+        )
+        if serving:
+            raise BadInputError(
+                f"view name {name!r} of table {table!r} of run {run!r} is the serving name of "
+                f"table {serving[0][0]!r}: rename the run or the table, or use another prefix"
+            )
         for ddl in self._create_view_sql(name, spec, staging=bool(stage)):
             self._exec(cur, ddl)
         self._exec(
             cur,
-            "INSERT INTO deltarec_views (name, table_id, staging_generation, dim, dtype, layout, "
-            "floor_version, has_tombstones, created_at) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?)",
-            (name, table, stage, spec.dim, DType(spec.dtype).value, self.layout, time.time()),
+            "INSERT INTO deltarec_views (name, run, table_id, staging_generation, dim, dtype, "
+            "layout, floor_version, has_tombstones, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, ?)",
+            (name, run, table, stage, spec.dim, DType(spec.dtype).value, self.layout, time.time()),
         )
         return wanted
+
+    def _claim_serving_name(self, cur: Any, view: ViewInfo) -> None:
+        """Give ``view``'s table a serving name reading ``view`` if no run serves it yet."""
+        if self._rows(
+            cur, "SELECT run FROM deltarec_serving_views WHERE table_id = ?", (view.table,)
+        ):
+            return
+        serving = view_names([view.table], self.prefix)[view.table]
+        taken = self._rows(
+            cur, "SELECT run, table_id FROM deltarec_views WHERE name = ?", (serving,)
+        )
+        if taken:
+            raise BadInputError(
+                f"the serving name {serving!r} of table {view.table!r} is the view of table "
+                f"{taken[0][1]!r} of run {taken[0][0]!r}: rename one of them or use another prefix"
+            )
+        self._point_serving(cur, view.table, serving, view)
+
+    def _point_serving(self, cur: Any, table: str, serving: str, view: ViewInfo) -> None:
+        """(Re)define the SQL view ``serving`` as ``view``'s rows and record it (in ``cur``)."""
+        for ddl in self._serving_view_sql(serving, view.name):
+            self._exec(cur, ddl)
+        self._exec(
+            cur,
+            "INSERT INTO deltarec_serving_views (table_id, name, run, switched_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (table_id) DO UPDATE SET run = excluded.run, "
+            "switched_at = excluded.switched_at",
+            (table, serving, view.run, time.time()),
+        )
+
+    def _serving_view_sql(self, serving: str, physical: str) -> list[str]:
+        """DDL that makes ``serving`` read ``physical``'s rows (one transaction with the rest)."""
+        return [
+            f"DROP VIEW IF EXISTS {quote(serving)}",
+            f"CREATE VIEW {quote(serving)} AS SELECT key, embedding, version, updated_at "
+            f"FROM {quote(physical)}",
+        ]
 
     def _check_layout(self, table: str, spec: TableSpec) -> None:
         """Subclasses reject dtypes their layout cannot hold."""
 
+    def _check_layout_problem(self) -> None:
+        if self._layout_problem:
+            raise BadInputError(self._layout_problem)
+
     def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
-        """See :meth:`Store.views`."""
+        """See :meth:`Store.views`: the handle's run's views (without a run: the served ones)."""
         stage = int(staging_generation or 0)
-        return {v.table: v for v in self._all_views() if v.staging_generation == stage}
+        if self.run is None:
+            served = self.serving_runs()
+            return {
+                v.table: v
+                for v in self._all_views()
+                if v.staging_generation == stage and served.get(v.table) == v.run
+            }
+        return {
+            v.table: v
+            for v in self._all_views()
+            if v.staging_generation == stage and v.run == self.run
+        }
 
     def _all_views(self) -> list[ViewInfo]:
+        self._check_layout_problem()
         with self._tx(write=False) as cur:
             rows = self._rows(
                 cur,
-                "SELECT table_id, name, dim, dtype, staging_generation, floor_version "
+                "SELECT table_id, name, dim, dtype, staging_generation, floor_version, run "
                 "FROM deltarec_views",
             )
-        return [ViewInfo(t, n, int(d), DType(dt), int(s), int(f)) for t, n, d, dt, s, f in rows]
+        return [
+            ViewInfo(t, n, int(d), DType(dt), int(s), int(f), run=r)
+            for t, n, d, dt, s, f, r in rows
+        ]
 
     def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
         stage = int(staging_generation or 0)
         key = (table, stage)
+        if self.run is None:  # what serving reads: resolved on every call (promote moves it)
+            found = self.views(stage).get(table)
+            if found is None:
+                raise BadInputError(
+                    f"no run serves table {table!r} in {self.describe()}; "
+                    "provision it for a run first"
+                )
+            return found
         if key not in self._views_cache:
-            for v in self._all_views():
-                self._views_cache[(v.table, v.staging_generation)] = v
+            self._views_cache.update(
+                {(v.table, v.staging_generation): v for v in self.views(stage).values()}
+            )
         try:
             return self._views_cache[key]
         except KeyError:
             where = f" (staging generation {stage})" if stage else ""
             raise BadInputError(
-                f"table {table!r}{where} is not provisioned in {self.describe()}; "
-                "run `deltarec provision` first"
+                f"table {table!r}{where} of run {self.run!r} is not provisioned in "
+                f"{self.describe()}; run `deltarec provision` first"
             ) from None
+
+    def serving_runs(self) -> dict[str, str]:
+        """See :meth:`Registry.serving_runs`."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(cur, "SELECT table_id, run FROM deltarec_serving_views")
+        return {str(t): str(r) for t, r in rows}
 
     # ---- snapshots -----------------------------------------------------------------------
     def sweep_below(self, table: str, version: int) -> None:
         """See :meth:`Store.sweep_below` (one transaction)."""
+        self._writer("removing rows below a snapshot")
         live = self._view(table)
         with self._tx() as cur:
             self._sweep(cur, live, int(version))
 
-    def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
-        """See :meth:`Registry.snapshot`."""
-        with self._tx(write=False) as cur:
-            rows = self._rows(
-                cur,
-                "SELECT staging_generation, version, swept_at FROM deltarec_snapshots "
-                "WHERE run = ? AND generation = ? AND seq = ? AND table_id = ?",
-                (run, generation, seq, table),
-            )
-        if not rows:
-            return None
-        stage, version, swept = rows[0]
-        swept_at = None if swept is None else float(swept)
-        return SnapshotRecord(run, generation, seq, table, int(stage), int(version), swept_at)
-
-    def record_snapshot(self, record: SnapshotRecord) -> None:
-        """See :meth:`Registry.record_snapshot`."""
-        validate_run(record.run)
-        with self._tx() as cur:
-            self._exec(
-                cur,
-                "INSERT INTO deltarec_snapshots (run, generation, seq, table_id, "
-                "staging_generation, version, swept_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run, generation, seq, table_id) DO UPDATE SET "
-                "staging_generation = excluded.staging_generation, "
-                "version = excluded.version, swept_at = excluded.swept_at",
-                (
-                    record.run,
-                    record.generation,
-                    record.seq,
-                    record.table,
-                    record.staging_generation,
-                    record.version,
-                    record.swept_at,
-                ),
-            )
-
     # ---- staging -------------------------------------------------------------------------
     def merge_staging(self, run: str, generation: int) -> int:
         """See :meth:`Store.merge_staging` (one transaction)."""
-        validate_run(run)
-        stages = [v for v in self._all_views() if v.staging_generation == generation]
+        self._check_run(run, "merging staging views")
+        stages = [
+            v for v in self._all_views() if v.staging_generation == generation and v.run == run
+        ]
         # Resolve the live views before the transaction: a view lookup may query the
         # registry, and SQLite cannot open a transaction within a transaction.
         lives = {stage.table: self._view(stage.table) for stage in stages}
@@ -365,152 +436,16 @@ class RelationalStore(Store, Registry):
 
     def drop_staging(self, run: str, generation: int) -> int:
         """See :meth:`Store.drop_staging` (one transaction)."""
-        validate_run(run)
-        stages = [v for v in self._all_views() if v.staging_generation == generation]
+        self._check_run(run, "dropping staging views")
+        stages = [
+            v for v in self._all_views() if v.staging_generation == generation and v.run == run
+        ]
         with self._tx() as cur:
             for stage in stages:
                 self._exec(cur, self._drop_view_sql(stage.name))
                 self._exec(cur, "DELETE FROM deltarec_views WHERE name = ?", (stage.name,))
         self._views_cache.clear()
         return len(stages)
-
-    # ---- registry ------------------------------------------------------------------------
-    def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Registry.register_generation`."""
-        validate_run(run)
-        with self._tx() as cur:
-            self._lock_run(cur, run, shared=False)
-            self._exec(
-                cur,
-                "INSERT INTO deltarec_generations (run, generation, registered_at) "
-                "VALUES (?, ?, ?) ON CONFLICT (run, generation) DO NOTHING",
-                (run, int(generation), time.time()),
-            )
-
-    def generations(self, run: str) -> list[int]:
-        """See :meth:`Registry.generations`."""
-        with self._tx(write=False) as cur:
-            rows = self._rows(
-                cur,
-                "SELECT generation FROM deltarec_generations WHERE run = ? ORDER BY generation",
-                (run,),
-            )
-        return [int(g) for (g,) in rows]
-
-    def _lock_run(self, cur: Any, run: str, shared: bool) -> None:
-        """Order a write's fence check against a concurrent registration of ``run``.
-
-        SQLite needs nothing (its write transactions are serial); PostgreSQL takes an advisory
-        transaction lock (shared for writes, exclusive for a registration).
-        """
-
-    def _write_mark(self, cur: Any, mark: ProgressMark, stage: int) -> None:
-        """Write ``mark`` in the rows' transaction, after the fence (raises; rolls all back)."""
-        validate_run(mark.run)
-        self._lock_run(cur, mark.run, shared=True)
-        (newest,) = self._rows(
-            cur, "SELECT MAX(generation) FROM deltarec_generations WHERE run = ?", (mark.run,)
-        )[0]
-        if newest is not None and int(newest) > mark.generation:
-            raise StaleGenerationError(self.describe(), mark.run, mark.generation, int(newest))
-        self._exec(
-            cur,
-            _MARK_UPSERT,
-            (
-                mark.run,
-                mark.generation,
-                mark.seq,
-                mark.table,
-                mark.rank,
-                stage,
-                mark.rows,
-                int(mark.complete),
-                time.time(),
-            ),
-        )
-
-    def record_progress(self, mark: ProgressMark) -> None:
-        """See :meth:`Registry.record_progress`."""
-        with self._tx() as cur:
-            self._write_mark(cur, mark, mark.staging_generation)
-
-    def progress(self, run: str, generation: int) -> list[ProgressMark]:
-        """See :meth:`Registry.progress`."""
-        with self._tx(write=False) as cur:
-            rows = self._rows(
-                cur,
-                "SELECT seq, table_id, rank, rows_done, complete, staging_generation, written_at "
-                "FROM deltarec_progress WHERE run = ? AND generation = ? "
-                "ORDER BY seq, table_id, rank",
-                (run, generation),
-            )
-        return [
-            ProgressMark(run, generation, int(s), t, int(r), int(n), bool(c), int(g), float(w))
-            for s, t, r, n, c, g, w in rows
-        ]
-
-    def record_freshness(self, record: FreshnessRecord) -> None:
-        """See :meth:`Registry.record_freshness` (the first record of a rank's dump is kept)."""
-        with self._tx() as cur:
-            self._exec(
-                cur,
-                "INSERT INTO deltarec_freshness (run, generation, seq, rank, committed_at, "
-                "visible_at) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run, generation, seq, rank) DO NOTHING",
-                (
-                    record.run,
-                    record.generation,
-                    record.seq,
-                    record.rank,
-                    record.committed_at,
-                    record.visible_at,
-                ),
-            )
-
-    def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
-        """See :meth:`Registry.freshness`."""
-        sql = (
-            "SELECT generation, seq, rank, committed_at, visible_at FROM deltarec_freshness "
-            "WHERE run = ?"
-        )
-        params: list[Any] = [run]
-        if generation is not None:
-            sql += " AND generation = ?"
-            params.append(generation)
-        with self._tx(write=False) as cur:
-            rows = self._rows(cur, sql + " ORDER BY generation, seq, rank", params)
-        return [
-            FreshnessRecord(run, int(g), int(s), int(r), float(c), float(v))
-            for g, s, r, c, v in rows
-        ]
-
-    def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
-        """See :meth:`Registry.set_serving`."""
-        validate_run(run)
-        make_version(generation, seq)
-        with self._tx() as cur:
-            last = self._rows(
-                cur, "SELECT MAX(promoted_at) FROM deltarec_serving WHERE run = ?", (run,)
-            )[0][0]
-            now = max(time.time(), float(last or 0.0) + 1e-6)  # strictly increasing per run
-            self._exec(
-                cur,
-                "INSERT INTO deltarec_serving (run, generation, seq, promoted_at, note) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (run, generation, seq, now, note),
-            )
-        return ServingPointer(run, generation, seq, now, note)
-
-    def serving_history(self, run: str) -> list[ServingPointer]:
-        """See :meth:`Registry.serving_history`."""
-        with self._tx(write=False) as cur:
-            rows = self._rows(
-                cur,
-                "SELECT generation, seq, promoted_at, note FROM deltarec_serving WHERE run = ? "
-                "ORDER BY promoted_at",
-                (run,),
-            )
-        return [ServingPointer(run, int(g), int(s), float(p), str(n)) for g, s, p, n in rows]
 
     # ---- helpers for subclasses ----------------------------------------------------------
     def _view_state(self, cur: Any, name: str, lock: str = "") -> tuple[int, bool]:

@@ -248,6 +248,9 @@ class SqliteStore(RelationalStore):
                 self._conn = None
 
     # ---- DDL -----------------------------------------------------------------------------
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        return {str(row[1]) for row in cur.execute(f"PRAGMA table_info({quote(table)})")}
+
     def _create_view_sql(self, name: str, spec: TableSpec, staging: bool) -> list[str]:
         op = ", op INTEGER NOT NULL" if staging else ""
         return [
@@ -271,6 +274,7 @@ class SqliteStore(RelationalStore):
         (:class:`~deltarec.stores.spill.Spill`, each batch sorted) and are applied in one
         key-ordered pass at the end.
         """
+        self._check_mark(mark)
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
         first, it = first_batch(table, batches)

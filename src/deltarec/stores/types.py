@@ -61,6 +61,7 @@ class ViewInfo:
     dtype: DType
     staging_generation: int = 0  # 0 = the live view
     floor_version: int = 0  # writes below this version are superseded (snapshot replace)
+    run: str | None = None  # the run whose rows the view holds (docs/runs.md)
 
     def describe(self) -> str:
         """``dim=64 dtype=float32`` (for mismatch messages)."""

@@ -226,7 +226,7 @@ class Campaign:
         from deltarec.artifacts import codec
         from deltarec.stores import open_store
 
-        store = open_store(self.store)
+        store = open_store(self.store, run=self.run)
         checked, lost, per_table = 0, 0, {}
         try:
             views = store.views()

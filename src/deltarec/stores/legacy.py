@@ -1,0 +1,172 @@
+"""Relational stores written before rows were kept per run: moved over, or refused.
+
+Until rows were kept per run (docs/runs.md), a table's rows lived in one table at its serving
+name (``emb_sparse_ebc_user_id``) whatever run wrote them, and ``deltarec_views`` had no
+``run`` column. Opening such a store moves it to the per-run layout in one transaction, when
+whose rows it holds is known:
+
+* one run has published to it (the registry's generations and progress marks name one run):
+  each table becomes that run's own view (renamed to ``emb_<run>__<table>``, tombstones with
+  it), and its old name becomes the serving name, a SQL view of the same rows, so serving
+  reads exactly what it read before;
+* no run has: empty tables are dropped (there is nothing to keep) and the registry is rebuilt.
+
+A Redis store moves the same way (:func:`migrate_runless`): there the live hash keeps its
+name, which is the serving name of the run that owns it from then on.
+
+Otherwise (several runs, or rows no run can be named for) the store is left exactly as it is
+and every row operation is refused with :func:`migrate_legacy_views`'s message, which says
+what to do: nothing already published is lost, and nothing is guessed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from deltarec.stores.naming import quote, run_view_name, staging_prefix
+
+if TYPE_CHECKING:
+    from deltarec.stores.redis import RedisStore
+    from deltarec.stores.relational import RelationalStore
+
+_LEGACY_COLUMNS = (
+    "name, table_id, staging_generation, dim, dtype, layout, floor_version, has_tombstones, "
+    "created_at"
+)
+
+
+def migrate_legacy_views(store: RelationalStore, cur: Any) -> str | None:
+    """Move a store of the runless layout to per-run views, inside the caller's transaction.
+
+    Args:
+        store: the store being opened (its dialect runs the SQL).
+        cur: a write transaction of ``store`` (the caller serializes openers: SQLite's
+            ``BEGIN IMMEDIATE``, PostgreSQL's DDL lock).
+
+    Returns:
+        None when the store has the per-run layout (now or already), else why it is refused:
+        the message every row operation raises, naming the runs and what to do.
+    """
+    from deltarec.stores.relational import SERVING_VIEWS_DDL, VIEWS_DDL
+
+    columns = store._columns(cur, "deltarec_views")
+    if not columns or "run" in columns:
+        return None
+    views = store._rows(cur, f"SELECT {_LEGACY_COLUMNS} FROM deltarec_views")
+    runs = sorted(
+        {str(r) for (r,) in store._rows(cur, "SELECT DISTINCT run FROM deltarec_generations")}
+        | {str(r) for (r,) in store._rows(cur, "SELECT DISTINCT run FROM deltarec_progress")}
+    )
+    if len(runs) > 1 or (not runs and any(_holds_rows(store, cur, v[0]) for v in views)):
+        return runless_problem(store.describe(), runs)
+    store._exec(cur, "ALTER TABLE deltarec_views RENAME TO deltarec_views_runless")
+    store._exec(cur, VIEWS_DDL)
+    owner = runs[0] if runs else None
+    store._exec(cur, SERVING_VIEWS_DDL)
+    for view in views:
+        _move_view(store, cur, owner, view)
+    store._exec(cur, "DROP TABLE deltarec_views_runless")
+    return None
+
+
+def runless_problem(where: str, runs: list[str]) -> str:
+    """Why a store of the runless layout written by ``runs`` is refused, and what to do."""
+    who = f"runs {', '.join(map(repr, runs))}" if runs else "no run its registry names"
+    return (
+        f"{where} was written before rows were kept per run, by {who}: whose rows its views "
+        "hold cannot be told apart, so nothing in it was changed. Publish each run into a new "
+        "store from its artifacts (`deltarec provision` then `deltarec publish --artifacts ROOT "
+        "--run RUN --store NEW_URL`), then promote the one to serve; the old views stay "
+        "readable as they are (docs/runs.md)"
+    )
+
+
+def migrate_runless(store: RedisStore) -> str | None:
+    """Move a Redis store of the runless layout to per-run views; None, or why it is refused.
+
+    A runless view is registered as ``<table>|<stage>``. With one run known, the live hash stays
+    where it is, as the serving name of the run that now owns it (so serving reads the same
+    hash); its tombstones, floor and staging hashes are renamed to that run's names. One
+    ``MULTI``/``EXEC``, watched against a concurrent opener doing the same.
+    """
+    client, reg = store._client, store._reg
+    for _ in range(20):
+        with client.pipeline(transaction=True) as pipe:
+            pipe.watch(reg("views"))
+            fields = [_text(f) for f in pipe.hkeys(reg("views"))]
+            runless = [f for f in fields if f.count("|") == 1]
+            if not runless:
+                return None
+            runs = sorted(
+                _text(k)[len(reg("gens")) + 1 :] for k in pipe.scan_iter(f"{reg('gens')}:*")
+            )
+            tables = [f.split("|") for f in runless]
+            if len(runs) > 1 or (
+                not runs and any(pipe.exists(store._serving(t)) for t, _ in tables)
+            ):
+                return runless_problem(store.describe(), runs)
+            records = {f: pipe.hget(reg("views"), f) for f in runless}
+            floors = {t: pipe.hget(reg("floors"), store._serving(t)) for t, _ in tables}
+            renames = []
+            owner = runs[0] if runs else None
+            for table, stage in tables:
+                if owner is None:
+                    continue
+                if int(stage):
+                    old = f"{store.prefix}~stage:{stage}:{table}"
+                    new = store._stage_hash(owner, int(stage), table)
+                else:
+                    old, new = reg("tomb", table), reg("tomb", owner, table)
+                if pipe.exists(old):
+                    renames.append((old, new))
+            pipe.multi()
+            for field in runless:
+                pipe.hdel(reg("views"), field)
+                if owner is not None:
+                    pipe.hset(reg("views"), f"{owner}|{field}", records[field])
+            for table, stage in tables:
+                if owner is not None and not int(stage):
+                    pipe.hsetnx(reg("serves"), table, owner)
+                    if floors[table] is not None:
+                        pipe.hset(reg("floors"), store._parked(owner, table), floors[table])
+                        pipe.hdel(reg("floors"), store._serving(table))
+            for old, new in renames:
+                pipe.rename(old, new)
+            try:
+                pipe.execute()
+                return None
+            except store.watch_error:
+                continue
+    return f"{store.describe()}: moving the runless layout kept racing with another opener"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _holds_rows(store: RelationalStore, cur: Any, name: str) -> bool:
+    return bool(store._rows(cur, f"SELECT 1 FROM {quote(name)} LIMIT 1"))
+
+
+def _move_view(store: RelationalStore, cur: Any, owner: str | None, view: tuple[Any, ...]) -> None:
+    """Make one runless view ``owner``'s own, its old name the serving name (live views)."""
+    from deltarec.stores.types import ViewInfo
+
+    name, table, stage, dim, dtype, layout, floor, tombstones, created = view
+    if owner is None:  # never published and empty: nothing to keep
+        store._exec(cur, store._drop_view_sql(name))
+        store._exec(cur, "DELETE FROM deltarec_tombstones WHERE name = ?", (name,))
+        return
+    stage = int(stage)
+    prefix = staging_prefix(store.prefix, stage) if stage else store.prefix
+    new = run_view_name(owner, table, prefix)
+    store._exec(cur, f"ALTER TABLE {quote(name)} RENAME TO {quote(new)}")
+    store._exec(cur, "UPDATE deltarec_tombstones SET name = ? WHERE name = ?", (new, name))
+    store._exec(
+        cur,
+        "INSERT INTO deltarec_views (name, run, table_id, staging_generation, dim, dtype, "
+        "layout, floor_version, has_tombstones, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (new, owner, table, stage, dim, dtype, layout, floor, tombstones, created),
+    )
+    if not stage:
+        store._point_serving(cur, table, name, ViewInfo(table, new, int(dim), dtype, run=owner))
