@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from deltarec.artifacts.types import DType
+from deltarec.ids import split_version
 from deltarec.verify.compare import (
     CODE,
     NO_RECORD,
@@ -57,6 +58,8 @@ class Collector:
             rollbacks,
             self.holds,
         )
+        if self.holds.versions:
+            self._newer_of_the_lineage(exp, got, out)
         missing = np.nonzero(out.classes == CODE[RowClass.MISSING])[0]
         if len(missing):
             for i in missing[self.later.mask(self.res.table, exp.keys[missing])]:
@@ -78,6 +81,26 @@ class Collector:
             for v, live in version_counts(got.versions[got.found]):
                 res.live_by_version[v] = res.live_by_version.get(v, 0) + live
         self._keep_worst(exp, got, out)
+
+    def _newer_of_the_lineage(self, exp: ExpectedBatch, got: StoreBatch, out: BatchOutcome) -> None:
+        """A newer row is SUPERSEDED only if a newer dump of this run wrote it at that version.
+
+        Any other newer version (another run's row, a write outside the lineage) fails: as
+        DIFFERENT where the key must hold a row, UNEXPECTED where it must be absent.
+        """
+        newer = np.nonzero(out.classes == CODE[RowClass.SUPERSEDED])[0]
+        if not len(newer):
+            return
+        ours = self.later.wrote_at(self.res.table, exp.keys[newer], got.versions[newer])
+        for i in newer[~ours].tolist():
+            version = int(got.versions[i])
+            g, s = split_version(version)
+            out.classes[i] = CODE[RowClass.DIFFERENT if exp.present[i] else RowClass.UNEXPECTED]
+            out.reasons[i] = (
+                f"the store holds version {version} (generation {g}, dump {s}), which no dump "
+                f"of run {self.later.run!r} wrote for this key: another run's row, or a write "
+                "outside this run's lineage"
+            )
 
     def _newer_by_value(
         self, exp: ExpectedBatch, out: BatchOutcome, rollbacks: frozenset[int]

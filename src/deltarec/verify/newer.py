@@ -30,12 +30,32 @@ class NewerRecords:
         keys: int64, sorted, unique.
         versions: int64, the latest record's version.
         ops: int8, the latest record's op.
+        every_key, every_version: int64, every ``(key, version)`` record of the newer dumps,
+            sorted by key then version (what :meth:`wrote_at` looks up).
     """
 
     spec: TableSpec
     keys: np.ndarray
     versions: np.ndarray
     ops: np.ndarray
+    every_key: np.ndarray
+    every_version: np.ndarray
+
+    def wrote_at(self, keys: np.ndarray, versions: np.ndarray) -> np.ndarray:
+        """Bool mask: a newer dump wrote ``keys[i]`` at exactly ``versions[i]``.
+
+        What makes a newer row in the store this run's own (SUPERSEDED): a version that no
+        dump of the run wrote for the key is another run's row, or a write outside the lineage.
+        """
+        keys = np.asarray(keys, np.int64)
+        versions = np.asarray(versions, np.int64)
+        lo = np.searchsorted(self.every_key, keys, "left")
+        hi = np.searchsorted(self.every_key, keys, "right")
+        out = np.zeros(keys.shape, bool)
+        for i in np.nonzero(hi > lo)[0]:
+            span = self.every_version[lo[i] : hi[i]]
+            out[i] = bool((span == versions[i]).any())
+        return out
 
     def deleted(self, keys: np.ndarray) -> np.ndarray:
         """Bool mask: the latest newer record of the key is a delete (``op = 1``)."""
@@ -116,4 +136,4 @@ def _latest(
     keys, versions, ops = keys[order], versions[order], ops[order]
     last = np.ones(len(keys), bool)
     last[:-1] = keys[1:] != keys[:-1]
-    return NewerRecords(spec, keys[last], versions[last], ops[last])
+    return NewerRecords(spec, keys[last], versions[last], ops[last], keys, versions)

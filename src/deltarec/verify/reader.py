@@ -116,6 +116,15 @@ class LaterDeletes:
         records = self._records.get(table)
         return records.deleted(keys) if records is not None else np.zeros(len(keys), bool)
 
+    def wrote_at(self, table: str, keys: np.ndarray, versions: np.ndarray) -> np.ndarray:
+        """Which of ``keys`` a dump newer than the point wrote at exactly ``versions``."""
+        if self._records is None:
+            self._records = newer_records(self.root, self.run, self.point)
+        records = self._records.get(table)
+        if records is None:
+            return np.zeros(len(keys), bool)
+        return records.wrote_at(keys, versions)
+
     def written(self, table: str, keys: np.ndarray, but: frozenset[int]) -> np.ndarray:
         """Which of ``keys`` a dump newer than the point wrote.
 

@@ -215,8 +215,12 @@ class VerifyResult:
 
     @property
     def passed(self) -> bool:
-        """True if no shard failed, no error occurred and no key is in a failing class."""
-        if self.shard_failures or self.errors:
+        """True if nothing failed and at least one key matched.
+
+        Nothing failed: no shard, no error, no key in a failing class. A store that showed no
+        key equal to the artifacts proves nothing, so it does not pass either.
+        """
+        if self.shard_failures or self.errors or not self.totals()[RowClass.MATCH]:
             return False
         return all(t.failures == 0 for t in self.tables.values())
 
@@ -230,6 +234,11 @@ class VerifyResult:
                 f"{first.problem})"
             )
         parts.extend(self.errors)
+        if not self.totals()[RowClass.MATCH]:
+            parts.append(
+                f"no key matched: of {self.checked} keys checked, none holds run "
+                f"{self.run!r}'s row in the store, so nothing was shown to be served"
+            )
         for t in self.tables.values():
             if t.failures:
                 parts.append(f"table {t.table!r}: " + ", ".join(_class_examples(t)))
