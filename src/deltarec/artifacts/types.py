@@ -103,7 +103,7 @@ class TableSpec:
     def from_json(cls, obj: dict[str, Any], path: str = "<table>") -> TableSpec:
         """Parse one table entry; raises :class:`ArtifactError` naming ``path`` if malformed."""
         try:
-            return cls(
+            spec = cls(
                 dim=int(obj["dim"]),
                 dtype=DType(obj.get("dtype", "float32")),
                 kind=TableKind(obj.get("kind", "plain")),
@@ -113,6 +113,15 @@ class TableSpec:
             )
         except (KeyError, ValueError, TypeError) as e:
             raise ArtifactError(path, f"malformed table entry {obj!r}: {e}") from e
+        if spec.dim < 1:
+            raise ArtifactError(path, f"dim must be at least 1, got {spec.dim}")
+        if obj.get("num_embeddings") is not None and spec.num_embeddings < 1:
+            raise ArtifactError(
+                path, f"num_embeddings must be at least 1, got {spec.num_embeddings}"
+            )
+        if spec.zch_size is not None and spec.zch_size < 1:
+            raise ArtifactError(path, f"zch_size must be at least 1, got {spec.zch_size}")
+        return spec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,12 @@ import sys
 import time
 from typing import Any
 
-from deltarec.cli.common import add_json_result_argument, add_location_arguments, write_output
+from deltarec.cli.common import (
+    add_json_result_argument,
+    add_location_arguments,
+    seconds,
+    write_output,
+)
 from deltarec.publish.types import PublishMode
 
 
@@ -52,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retry-deadline",
-        type=float,
+        type=seconds,
         default=600.0,
         metavar="S",
         help="give up after the store has been unreachable this long (default: 600)",

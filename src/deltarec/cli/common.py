@@ -45,3 +45,14 @@ def write_output(path: str, text: str) -> None:
             f.write(text)
     except (OSError, ValueError) as e:
         raise BadInputError(f"cannot write {path}: {e}") from e
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a duration in seconds, finite and >= 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a duration >= 0 seconds")
+    return value

@@ -203,7 +203,7 @@ def table_specs(text: str) -> dict[str, Any]:
             validate_table_id(table)
             if not isinstance(entry, dict):
                 raise ValueError(f"{entry!r} is not an object")
-            out[table] = TableSpec.from_json(entry, path=f"tables[{table!r}]")
+            out[table] = TableSpec.from_json(entry, path=f"table {table!r}")
         except (BadInputError, ValueError) as e:
             raise ValueError(f"tables[{table!r}]: {e}") from e
     return out

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from deltarec.errors import StoreUnavailableError
+from deltarec.errors import ConfigError, StoreUnavailableError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -34,6 +34,16 @@ class RetryPolicy:
     multiplier: float = 2.0
     jitter: float = 0.5
     deadline_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("initial_s", "max_s", "deadline_s"):
+            value = getattr(self, name)
+            if not value >= 0:  # also refuses NaN
+                raise ConfigError(f"retry {name} must be >= 0 seconds, got {value}")
+        if not self.multiplier >= 1:
+            raise ConfigError(f"retry multiplier must be >= 1, got {self.multiplier}")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigError(f"retry jitter must be within [0, 1], got {self.jitter}")
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """The wait before retry number ``attempt`` (0-based)."""
