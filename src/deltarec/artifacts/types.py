@@ -115,10 +115,8 @@ class TableSpec:
             raise ArtifactError(path, f"malformed table entry {obj!r}: {e}") from e
         if spec.dim < 1:
             raise ArtifactError(path, f"dim must be at least 1, got {spec.dim}")
-        if obj.get("num_embeddings") is not None and spec.num_embeddings < 1:
-            raise ArtifactError(
-                path, f"num_embeddings must be at least 1, got {spec.num_embeddings}"
-            )
+        if spec.num_embeddings < 0:  # 0: not known (GENERATION.json of a ZCH table)
+            raise ArtifactError(path, f"num_embeddings must be >= 0, got {spec.num_embeddings}")
         if spec.zch_size is not None and spec.zch_size < 1:
             raise ArtifactError(path, f"zch_size must be at least 1, got {spec.zch_size}")
         return spec

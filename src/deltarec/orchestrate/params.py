@@ -204,6 +204,10 @@ def table_specs(text: str) -> dict[str, Any]:
             if not isinstance(entry, dict):
                 raise ValueError(f"{entry!r} is not an object")
             out[table] = TableSpec.from_json(entry, path=f"table {table!r}")
+            if "num_embeddings" in entry and out[table].num_embeddings < 1:
+                raise ValueError(
+                    f"num_embeddings must be at least 1, got {entry['num_embeddings']}"
+                )
         except (BadInputError, ValueError) as e:
             raise ValueError(f"tables[{table!r}]: {e}") from e
     return out
