@@ -191,7 +191,8 @@ def test_a_store_file_locked_by_another_process_at_open_is_a_transient_error(tmp
         open_store(f"sqlite:///{path}?timeout_s=0.1", run="r")
     holder.execute("ROLLBACK")
     holder.close()
-    store = open_store(f"sqlite:///{path}?timeout_s=0.1", run="r")  # the retry, once the lock is gone
+    # the retry, once the lock is gone
+    store = open_store(f"sqlite:///{path}?timeout_s=0.1", run="r")
     store.close()
     again = sqlite3.connect(path)  # the first opener switched the file to WAL for good
     assert again.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -170,8 +170,8 @@ class RedisStore(Store, Registry):
         run's live view); a table another run serves keeps serving that run's rows until this
         run is promoted.
         """
-        run = self._writer("provisioning views")
         self._check_layout_problem()
+        run = self._writer("provisioning views")
         stage = int(staging_generation or 0)
         out: dict[str, ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):

@@ -225,8 +225,8 @@ class RelationalStore(SqlRegistry, Store):
         A table no run serves yet gets its serving name, reading this run's live view; a table
         another run serves keeps serving that run's rows until this run is promoted.
         """
-        run = self._writer("provisioning views")
         self._check_layout_problem()
+        run = self._writer("provisioning views")
         stage = int(staging_generation or 0)
         prefix = staging_prefix(self.prefix, stage) if stage else self.prefix
         names = view_names(tables, prefix, run=run)
