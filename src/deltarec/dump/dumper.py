@@ -155,8 +155,9 @@ class Dumper:
         """
         if self.generation is not None:
             raise RuntimeError("dumper already started")
-        self._train_x = Exchange.create(self.config.commit_timeout_s)
-        self._worker_x = Exchange.create(self.config.commit_timeout_s)
+        # deltarec's own gloo side groups, beside any training backend (NCCL included)
+        self._train_x = Exchange.create(self.config.commit_timeout_s, "training-thread")
+        self._worker_x = Exchange.create(self.config.commit_timeout_s, "worker")
         options = SourceOptions(zch_misses=self.config.zch_misses)
         for s in self.sources:
             s.configure(options)
@@ -322,7 +323,7 @@ class Dumper:
         self._require_started()
         self._check_worker()
         assert self._train_x is not None and self._worker is not None
-        steps = self._train_x.all_gather(int(step))
+        steps = self._train_x.all_gather(int(step), what=f"the final dump's step check ({step})")
         if len(set(steps)) != 1:
             raise DataMismatchError(
                 self.config.run,
@@ -341,7 +342,8 @@ class Dumper:
         """Wait until every queued dump is written and committed (raises a dump failure)."""
         self._require_started()
         assert self._worker is not None
-        if self._seq >= 0 and self._worker.last_committed_seq() != self._seq:
+        queued = self.dumps_taken > 0 or self._restored is not None  # else no dump 0 to wait for
+        if queued and self._worker.last_committed_seq() != self._seq:
             self._worker.wait_committed(self._seq, timeout)
         self._check_worker()
 
@@ -434,7 +436,8 @@ class Dumper:
 
     def _agreed_clock(self) -> float:
         assert self._train_x is not None
-        return float(self._train_x.broadcast(time.time(), src=0))
+        what = f"the time cadence's clock agreement at step {self._step}"
+        return float(self._train_x.broadcast(time.time(), src=0, what=what))
 
     def _discard_pending(self) -> None:
         for s in self.sources:
