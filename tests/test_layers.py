@@ -8,7 +8,7 @@ from pathlib import Path
 import deltarec
 
 LAYERS = [
-    {"__init__", "errors", "ids", "_lazy"},
+    {"__init__", "errors", "ids", "_lazy", "stats"},
     {"artifacts"},
     {"stores", "tracking"},
     {"testing", "verify", "model"},

@@ -15,7 +15,7 @@ from deltarec.dump.encode import ParallelShardWriter
 from deltarec.dump.env import TrainSettings
 from deltarec.dump.hook import DumpHook
 from deltarec.publish import BackgroundPublisher, PublishMetrics
-from deltarec.publish.metrics import quantile
+from deltarec.stats import quantile
 from deltarec.stores import open_store
 from deltarec.testing.servers import free_port
 from deltarec.tracking.staging import DeviceBudget

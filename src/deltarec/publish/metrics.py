@@ -14,22 +14,15 @@ p99 gauges over the last :data:`WINDOW` dumps.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from deltarec.stats import quantile
+
 _LAG_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 WINDOW = 1000
 """Dumps the p50 / p99 gauges are computed over."""
-
-
-def quantile(sorted_values: list[float], q: float) -> float:
-    """The ``q`` quantile of ascending values (nearest rank; the highest for q = 1)."""
-    if not sorted_values:
-        raise ValueError("no values")
-    rank = min(len(sorted_values), max(1, math.ceil(q * len(sorted_values))))
-    return sorted_values[rank - 1]
 
 
 class PublishMetrics:

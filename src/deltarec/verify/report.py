@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from deltarec.stats import quantile
 from deltarec.verify.types import (
     CLASS_ORDER,
     FAILING_CLASSES,
@@ -282,7 +283,7 @@ def freshness_svg(dumps: Sequence[DumpFreshness], width: int = 720, height: int 
     known = sorted(x for x in lags if x is not None and math.isfinite(x))
     for name, q, dash in (("p50", 0.50, "4 3"), ("p99", 0.99, "1 3")):
         if known:
-            value = known[min(len(known), max(1, math.ceil(q * len(known)))) - 1]
+            value = quantile(known, q)
             y = top + ph - ph * max(value, 0.0) / max_lag
             out.append(
                 f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" '
