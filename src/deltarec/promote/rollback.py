@@ -30,6 +30,7 @@ import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedState, ExpectedTable, expected_state
+from deltarec.artifacts.newer import newer_records
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import (
@@ -50,7 +51,6 @@ from deltarec.promote.promote import resolve_seq
 from deltarec.publish import DumpPublisher
 from deltarec.stores.base import Store
 from deltarec.stores.types import ServingPointer
-from deltarec.verify.newer import newer_records
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedTable, expected_state
+from deltarec.artifacts.newer import rollback_generations
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import FALLBACK_KEY, utc_now
 from deltarec.errors import ArtifactError, BadInputError
@@ -39,7 +40,7 @@ from deltarec.verify.freshness import dump_freshness
 from deltarec.verify.options import VerifyOptions
 from deltarec.verify.reader import LaterDeletes, Reader
 from deltarec.verify.scan import scan_unknown, verify_table_by_scan
-from deltarec.verify.shards import check_shards, lineage_shard_refs, rollback_generations
+from deltarec.verify.shards import check_shards, lineage_shard_refs
 from deltarec.verify.types import TableResult, VerifyResult
 
 log = logging.getLogger(__name__)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from deltarec.artifacts.newer import NewerRecords, newer_records
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import Manifest
 from deltarec.ids import split_version
 from deltarec.stores.base import Store
 from deltarec.verify.compare import ExpectedBatch, StoreBatch
-from deltarec.verify.newer import NewerRecords, newer_records
 
 
 class Reader:

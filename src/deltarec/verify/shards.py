@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 from deltarec.artifacts.lineage import ShardRef
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import check_shard
-from deltarec.artifacts.types import ROLLBACK_FIELD
 from deltarec.errors import ArtifactError
 from deltarec.ids import split_version
 from deltarec.verify.types import ShardFailure
@@ -69,24 +68,4 @@ def lineage_shard_refs(
     return refs
 
 
-def rollback_generations(
-    root: ArtifactRoot, run: str, generation: int, through_seq: int | None
-) -> frozenset[int]:
-    """Generations of ``run`` that are rollbacks to exactly ``generation`` through ``through_seq``.
-
-    A rollback generation's GENERATION.json carries ``"rollback": {"to_generation": G,
-    "through_seq": S}``; its rows restore the values G had at S under a newer version.
-    """
-    found: set[int] = set()
-    for g in root.list_generations(run):
-        if g == generation:
-            continue
-        target = root.read_generation(run, g).extra.get(ROLLBACK_FIELD)
-        if not isinstance(target, dict):
-            continue
-        if target.get("to_generation") == generation and target.get("through_seq") == through_seq:
-            found.add(g)
-    return frozenset(found)
-
-
-__all__ = ["check_shards", "lineage_shard_refs", "rollback_generations"]
+__all__ = ["check_shards", "lineage_shard_refs"]

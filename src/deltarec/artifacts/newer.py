@@ -1,4 +1,4 @@
-"""What the run wrote after a point: the latest record per key over every newer dump.
+"""Artifact queries about what came after a point: newer dumps' records, rollbacks to it.
 
 Verification of an older point (and rollback to it) must know which keys later dumps touched:
 a key that a later dump deleted (``op = 1``) is legitimately absent from the store, and every
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.types import Op, TableSpec
+from deltarec.artifacts.types import ROLLBACK_FIELD, Op, TableSpec
 from deltarec.errors import ArtifactError
 from deltarec.ids import split_version
 
@@ -137,3 +137,23 @@ def _latest(
     last = np.ones(len(keys), bool)
     last[:-1] = keys[1:] != keys[:-1]
     return NewerRecords(spec, keys[last], versions[last], ops[last], keys, versions)
+
+
+def rollback_generations(
+    root: ArtifactRoot, run: str, generation: int, through_seq: int | None
+) -> frozenset[int]:
+    """Generations of ``run`` that are rollbacks to exactly ``generation`` through ``through_seq``.
+
+    A rollback generation's GENERATION.json carries ``"rollback": {"to_generation": G,
+    "through_seq": S}``; its rows restore the values G had at S under a newer version.
+    """
+    found: set[int] = set()
+    for g in root.list_generations(run):
+        if g == generation:
+            continue
+        target = root.read_generation(run, g).extra.get(ROLLBACK_FIELD)
+        if not isinstance(target, dict):
+            continue
+        if target.get("to_generation") == generation and target.get("through_seq") == through_seq:
+            found.add(g)
+    return frozenset(found)
