@@ -72,4 +72,28 @@ _LAZY = {
 
 __getattr__ = lazy_exports(__name__, _LAZY)
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "DenseState",
+    "DuplicateDumpError",
+    "FixedPointer",
+    "FollowOptions",
+    "Follower",
+    "GapError",
+    "Line",
+    "NotReadyError",
+    "OutOfOrderError",
+    "Position",
+    "Replica",
+    "ReplicaError",
+    "ReplicaServer",
+    "ReplicaStatus",
+    "ReplicaStore",
+    "SequenceError",
+    "ServingModel",
+    "Snapshot",
+    "StorePointer",
+    "TableState",
+    "TableWriter",
+    "UnknownTableError",
+    "decode_rows",
+]

@@ -135,6 +135,7 @@ class Follower:
         self.newest_seq: int | None = None
         self.lag_dumps = 0
         self.lag_s = 0.0
+        self._refused = False  # the recorded dump is not the outbox's: never advance
         self._moved: tuple[int, int, float] | None = None
         self._saved_version = 0
         self._saved_at = 0.0
@@ -183,6 +184,7 @@ class Follower:
             m = self.root.read_manifest(p.run, p.generation, p.seq)
         except ArtifactError as e:
             self.blocked = f"the dump this replica applied last is gone from the outbox: {e}"
+            self._refused = True
             return
         if manifest_digest(m) != line.digest:
             err = DuplicateDumpError(
@@ -194,6 +196,7 @@ class Follower:
                 "(rewritten, or an earlier outbox)",
             )
             self.blocked = str(err)
+            self._refused = True
 
     # ---- one round -------------------------------------------------------------------------
     def poll(self) -> None:
@@ -210,7 +213,7 @@ class Follower:
         if line is None:
             return
         newest = self._newest_training_generation()
-        if self.options.follow and line.position.generation == newest and not self.blocked:
+        if self.options.follow and line.position.generation == newest and not self._refused:
             self._advance(line, None)
         if self.options.shadow and newest is not None and newest > line.position.generation:
             self._keep_shadow(newest)
@@ -254,7 +257,7 @@ class Follower:
         fresh = r.load(target.generation, target.seq)
         r.install(fresh)
         log.info("serving %s (loaded from the artifacts)", target.describe())
-        self.blocked = None
+        self.blocked, self._refused = None, False
         return True
 
     def _advance(self, line: Line, through: int | None) -> bool:

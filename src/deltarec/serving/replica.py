@@ -17,6 +17,7 @@ duplicate or an older dump raises a :class:`~deltarec.serving.types.SequenceErro
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import io
@@ -46,6 +47,29 @@ from deltarec.serving.types import (
 
 LOAD_CHUNK = 1 << 20
 """Keys per chunk when a table is loaded from the artifacts' expected state."""
+VISIBLE_KEPT = 1000
+"""Dumps whose visibility the replica remembers (freshness records, metrics)."""
+
+
+@dataclass(frozen=True)
+class Visible:
+    """A dump that became visible in the served snapshot.
+
+    Attributes:
+        generation, seq: the dump.
+        taken_at: unix time it was taken on the training side (None if unknown).
+        visible_at: unix time lookups started to see it.
+    """
+
+    generation: int
+    seq: int
+    taken_at: float | None
+    visible_at: float
+
+    @property
+    def freshness_s(self) -> float | None:
+        """Seconds from the training step to visible here."""
+        return None if self.taken_at is None else self.visible_at - self.taken_at
 
 
 def manifest_digest(manifest: Manifest) -> str:
@@ -293,8 +317,13 @@ class Replica:
         self.previous: Line | None = None
         """The line the last swap replaced (a rollback swaps back to it)."""
         self.applied_dumps = 0
+        """Dumps applied to any line since the replica was made."""
         self.applied_rows = 0
+        """Rows (upserts and deletes) of those dumps."""
         self.apply_seconds = 0.0
+        """Seconds spent applying them (reading shards included)."""
+        self.visible: collections.deque[Visible] = collections.deque(maxlen=VISIBLE_KEPT)
+        """The latest dumps that became visible here (served), oldest first."""
 
     # ---- reading -------------------------------------------------------------------------
     @property
@@ -327,9 +356,11 @@ class Replica:
     def lookup(
         self, table: str, ids: torch.Tensor | np.ndarray, decode: bool = True
     ) -> torch.Tensor:
-        """Rows of ``ids`` in ``table`` from one snapshot: float32 ``[n, dim]`` (``decode``)
-        or encoded as stored. A ZCH table answers an id it does not hold with key ``-1``'s
-        row; a plain table with zeros."""
+        """Rows of ``ids`` in ``table`` from one snapshot.
+
+        Float32 ``[n, dim]`` with ``decode``, else encoded as stored. A ZCH table answers an
+        id it does not hold with key ``-1``'s row; a plain table with zeros.
+        """
         ids_t = torch.as_tensor(np.asarray(ids) if isinstance(ids, np.ndarray) else ids)
         with self.pinned() as snap:
             state = snap.table(table)
@@ -374,7 +405,12 @@ class Replica:
         line.commit(manifest, staged, dense)
         self.applied_dumps += 1
         self.applied_rows += sum(manifest.tables.values())
-        snap = self._publish(line, _taken_at(manifest)) if line is self.line else None
+        snap = None
+        if line is self.line:
+            snap = self._publish(line, _taken_at(manifest))
+            self.visible.append(
+                Visible(manifest.generation, manifest.seq, snap.taken_at, snap.applied_at)
+            )
         self.apply_seconds += time.perf_counter() - t0
         return snap
 
@@ -395,4 +431,12 @@ class Replica:
         return snap
 
 
-__all__ = ["DenseState", "Line", "Replica", "Snapshot", "load_dense", "manifest_digest"]
+__all__ = [
+    "DenseState",
+    "Line",
+    "Replica",
+    "Snapshot",
+    "Visible",
+    "load_dense",
+    "manifest_digest",
+]
