@@ -186,8 +186,21 @@ class FeatureStoreConfig(_Config):
         return v.strip()
 
 
+class ReplicaConfig(_Config):
+    """A serving replica's HTTP endpoint, read-only (``deltarec serve``, docs/serving.md)."""
+
+    type: Literal["replica"] = "replica"
+    host: str = "localhost"
+    """The replica's host."""
+    port: int = Field(8470, gt=0, lt=65536)
+    """The replica's port (``deltarec serve --port``)."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Seconds before a request fails."""
+
+
 StoreConfig = Annotated[
-    SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig, Field(discriminator="type")
+    SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig | ReplicaConfig,
+    Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(StoreConfig)
 _SCHEMES = {
@@ -196,6 +209,7 @@ _SCHEMES = {
     "postgres": "postgres",
     "redis": "redis",
     "featurestore": "featurestore",
+    "replica": "replica",
 }
 
 
@@ -323,7 +337,14 @@ _URL_FIELDS = {
     "postgres": _postgres_fields,
     "redis": _redis_fields,
     "featurestore": _featurestore_fields,
+    "replica": lambda parts: _replica_fields(parts),
 }
+
+
+def _replica_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
+    if parts.username or parts.password or parts.path.strip("/") or not parts.hostname:
+        raise ValueError("expected replica://<host>:<port> (read-only; no path, no user)")
+    return {"host": parts.hostname, **({"port": parts.port} if parts.port is not None else {})}
 
 
 def _examples() -> str:

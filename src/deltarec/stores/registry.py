@@ -19,6 +19,7 @@ STORE_CLASSES: dict[str, str] = {
     "postgres": "deltarec.stores.postgres.PostgresStore",
     "redis": "deltarec.stores.redis.RedisStore",
     "featurestore": "deltarec.stores.featurestore.FeatureStoreStore",
+    "replica": "deltarec.serving.client.ReplicaStore",  # read-only: a serving replica
 }
 """Backend short name (the config's ``type``) -> ``module.Class``."""
 
