@@ -56,7 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     # ---- plumbing --------------------------------------------------------------------------
@@ -94,10 +94,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (BadInputError, ValueError, KeyError) as e:
             self._json(400, {"error": str(e)})
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         self._route("get")
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:
         self._route("post")
 
     # ---- endpoints -------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Generations switch only at promote: shadow, swap in, roll back, and a failed verify."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deltarec.artifacts import Parent
+from deltarec.artifacts.lineage import expected_state
+from deltarec.promote import promote, rollback
+from deltarec.serving.follow import Follower, FollowOptions, StorePointer
+from deltarec.serving.replica import Replica
+from deltarec.verify import verify, write_record
+
+from .conftest import RUN, T_EMB, T_ZCH
+
+
+def assert_replica_holds(replica, root, generation, seq):
+    """Key by key, the replica holds the expected state of the point: rows and versions."""
+    state = expected_state(root, RUN, generation, seq)
+    with replica.pinned() as snap:
+        assert (snap.position.generation, snap.position.seq) == (generation, seq)
+        for table, et in state.tables.items():
+            keys = et.present_keys()
+            held = snap.table(table)
+            np.testing.assert_array_equal(held.keys_np, keys)
+            found, versions, rows = held.read(keys)
+            assert found.all()
+            np.testing.assert_array_equal(versions, et.versions[et.present])
+            np.testing.assert_array_equal(rows, et.load(keys))
+
+
+def _verified_promote(outbox, store, generation):
+    result = verify(outbox.root, RUN, store, generation=generation, store_url=store.describe())
+    write_record(outbox.root, result)
+    assert result.passed
+    return promote(outbox.root, RUN, store, generation)
+
+
+def _child(outbox, store, parent):
+    g = outbox.generation(parent=Parent(parent, outbox.step))
+    outbox.dump(
+        g, 1, {T_EMB: (np.array([0, 1, 500]), 5.0), T_ZCH: (np.array([3, 23]), 5.0, [1, 0])}
+    )
+    outbox.publish(store, g)
+    return g
+
+
+def test_a_newer_generation_is_shadowed_until_promoted_then_swapped_in(outbox, store, store_url):
+    g1 = outbox.first_generation()
+    outbox.publish(store, g1)
+    _verified_promote(outbox, store, g1)
+    follower = Follower(Replica(outbox.root, RUN), StorePointer(store_url, outbox.root.uri, RUN))
+    follower.poll()
+    assert_replica_holds(follower.replica, outbox.root, g1, 1)
+    g2 = _child(outbox, store, g1)
+    follower.poll()
+    assert follower.status().shadow == {"generation": g2, "seq": 1}
+    assert_replica_holds(follower.replica, outbox.root, g1, 1)  # not promoted: not served
+    _verified_promote(outbox, store, g2)
+    follower.poll()
+    assert_replica_holds(follower.replica, outbox.root, g2, 1)
+    assert follower.status().shadow is None
+    follower.pointer_source.close()
+
+
+def test_rollback_swaps_the_previous_generation_back_in(outbox, store, store_url):
+    g1 = outbox.first_generation()
+    outbox.publish(store, g1)
+    _verified_promote(outbox, store, g1)
+    follower = Follower(Replica(outbox.root, RUN), StorePointer(store_url, outbox.root.uri, RUN))
+    follower.poll()
+    g2 = _child(outbox, store, g1)
+    _verified_promote(outbox, store, g2)
+    follower.poll()
+    previous = follower.replica.previous
+    result = rollback(outbox.root, RUN, store, g1)
+    assert result.generation is not None  # a rollback generation was written
+    follower.poll()
+    assert follower.replica.line is previous  # swapped back, not reloaded
+    assert_replica_holds(follower.replica, outbox.root, g1, 1)
+    follower.poll()  # the rollback generation is never followed nor shadowed
+    assert follower.status().shadow is None and follower.status().seq == 1
+    follower.pointer_source.close()
+
+
+def test_a_generation_that_fails_verify_is_never_served(outbox, store, store_url):
+    g1 = outbox.first_generation()
+    outbox.publish(store, g1)
+    _verified_promote(outbox, store, g1)
+    follower = Follower(
+        Replica(outbox.root, RUN),
+        StorePointer(store_url, outbox.root.uri, RUN),
+        FollowOptions(follow=True),
+    )
+    follower.poll()
+    g2 = outbox.generation(parent=Parent(g1, outbox.step))
+    outbox.dump(g2, 1, {T_EMB: (np.array([7]), 9.0)})  # committed but never published
+    result = verify(outbox.root, RUN, store, generation=g2, store_url=store.describe())
+    assert not result.passed
+    rollback(outbox.root, RUN, store, g1, through_seq=1)  # what the pipeline does on FAIL
+    for _ in range(2):
+        follower.poll()
+    assert_replica_holds(follower.replica, outbox.root, g1, 1)
+    follower.pointer_source.close()
