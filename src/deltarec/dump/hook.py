@@ -24,6 +24,7 @@ import torch
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import GenerationInfo, Manifest
 from deltarec.dump.config import DumperConfig
+from deltarec.dump.dense import DenseDumps, DenseStateFn
 from deltarec.dump.dumper import Dumper
 from deltarec.errors import ConfigError
 from deltarec.publish.types import PublishMode
@@ -52,6 +53,9 @@ class DumpHook:
             ``LOCAL_RANK`` (None: not served): the dump path's (:mod:`deltarec.dump.metrics`)
             and, with a store, the background publisher's (the same as ``deltarec publish
             --metrics-port``).
+        dense_every: commit the model's dense (non-embedding) state with every N-th dump
+            (:mod:`deltarec.dump.dense`; None: no dense state).
+        dense_state: reads the dense state (default: :func:`deltarec.dump.dense.dense_state`).
     """
 
     def __init__(
@@ -61,6 +65,8 @@ class DumpHook:
         publish_mode: str = "direct",
         sources: SourceFactory = _default_sources,
         metrics_port: int | None = None,
+        dense_every: int | None = None,
+        dense_state: DenseStateFn | None = None,
     ) -> None:
         if publish_mode not in PublishMode.names():
             raise ConfigError(f"publish_mode must be 'direct' or 'staged', got {publish_mode!r}")
@@ -73,6 +79,7 @@ class DumpHook:
         self.publisher: Any = None
         self.registry: Any = None  # prometheus_client.CollectorRegistry when served
         self._state: dict[str, Any] | None = None
+        self.dense = None if dense_every is None else DenseDumps(dense_every, dense_state)
 
     def on_start(self, model: torch.nn.Module, step: int, restored_from: int | None) -> None:
         """Discover the tables, open the generation (snapshot or republish).
@@ -95,6 +102,8 @@ class DumpHook:
             keep_rows=publishing,
             on_generation=self._publish_earlier_generations if publishing else None,
         )
+        if self.dense is not None:  # its commits carry the dense state of their step
+            self.dumper.root = self.dense.root(self.config.artifacts, self.config.storage_options)
         if publishing:  # before start: the first commits hand their rows to it
             self.publisher = self._make_publisher(self.dumper.plan.publish_queue_bytes)
         if self.registry is not None:
@@ -108,6 +117,8 @@ class DumpHook:
         if self._state is not None:
             self.dumper.load_state_dict(self._state)
         self.dumper.start(step, restored_from)
+        if self.dense is not None:
+            self.dense.started(model, step)
 
     def _publish_earlier_generations(self, new: GenerationInfo) -> None:
         """Publish earlier generations' committed dumps that the store does not hold yet.
@@ -185,7 +196,12 @@ class DumpHook:
         assert self.dumper is not None, "on_start was not called"
         if self.publisher is not None:
             self.publisher.check()
-        self.dumper.maybe_dump(step)
+        seq = None
+        try:
+            seq = self.dumper.maybe_dump(step)
+        finally:
+            if self.dense is not None:
+                self.dense.stepped(step, seq is not None)
 
     def before_eval(self) -> None:
         """Pause tracking: evaluation lookups are not training updates."""
@@ -215,6 +231,8 @@ class DumpHook:
     def on_end(self, step: int) -> None:
         """The final dump (every rank's last step must agree); waits until committed."""
         assert self.dumper is not None, "on_start was not called"
+        if self.dense is not None:
+            self.dense.ending(step)
         self.dumper.final_dump(step)
         if self.publisher is not None:
             self.publisher.close(None)
@@ -223,6 +241,8 @@ class DumpHook:
 
     def close(self) -> None:
         """Stop the worker and the publisher (also after a failure; never masks it)."""
+        if self.dense is not None:
+            self.dense.close()
         try:
             if self.dumper is not None:
                 self.dumper.close()
@@ -255,6 +275,7 @@ def make_train_hook(
     store: str | None = None,
     publish_mode: str = "direct",
     metrics_port: int | None = None,
+    dense_every: int | None = None,
     **options: Any,
 ) -> DumpHook:
     """Build the dump hook for ``deltarec train`` (keyword arguments only).
@@ -270,6 +291,8 @@ def make_train_hook(
         metrics_port: serve Prometheus metrics on this port plus ``LOCAL_RANK``: the dump
             path's and, with a store, the background publisher's (as ``deltarec publish
             --metrics-port``).
+        dense_every: commit the model's dense state with every N-th dump (default: the
+            ``DELTAREC_DENSE_EVERY`` variable if set, else none); see docs/serving.md.
         **options: further :class:`DumperConfig` fields (``table_dtypes``, ``queue_bytes``...).
             ``zch_misses`` defaults to on when ``store`` asks for it (PAI FeatureStore with
             ``contract=tzrec``).
@@ -295,7 +318,15 @@ def make_train_hook(
         )
     except ValidationError as e:
         raise ConfigError(f"dumper configuration: {e}") from e
-    return DumpHook(config, store=store, publish_mode=publish_mode, metrics_port=metrics_port)
+    if dense_every is None and os.environ.get("DELTAREC_DENSE_EVERY"):
+        dense_every = int(os.environ["DELTAREC_DENSE_EVERY"])
+    return DumpHook(
+        config,
+        store=store,
+        publish_mode=publish_mode,
+        metrics_port=metrics_port,
+        dense_every=dense_every,
+    )
 
 
 def hook_from_env(
