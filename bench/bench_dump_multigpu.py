@@ -42,7 +42,6 @@ import multiprocessing as mp
 import os
 import platform
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -60,6 +59,7 @@ import torch.distributed as dist
 from deltarec.artifacts import ArtifactRoot, TableKind, TableSpec, codec, read_shard
 from deltarec.dump import DumperConfig
 from deltarec.dump.hook import DumpHook
+from deltarec.testing.multiprocess import free_port
 from deltarec.tracking.plain import RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
 
@@ -293,7 +293,11 @@ def phase_generations(a: argparse.Namespace, work: str, device: torch.device) ->
     dumper = hook.dumper
     assert dumper is not None
     exchanges = [
-        {"name": x.name, "backend": str(dist.get_backend(x.group)), "is_default": False}
+        {
+            "name": x.name,
+            "backend": dist.get_backend(x.group),
+            "default": x.group is dist.group.WORLD,
+        }
         for x in (dumper._train_x, dumper._worker_x)
         if x is not None and x.group is not None
     ]
@@ -302,14 +306,8 @@ def phase_generations(a: argparse.Namespace, work: str, device: torch.device) ->
     finally:
         hook.close()
     problems = check_dumps(root, "gen", 1, rank, oracle1)
-    gaps = {}
-    prev = 0
-    for seq in sorted(oracle1)[1:-1]:
-        step = oracle1[seq]["step"]
-        gaps[seq] = step - prev
-        prev = step
-    by_step = sum(1 for g in gaps.values() if g == a.every)
-    by_time = sum(1 for g in gaps.values() if g < a.every)
+    gaps = np.diff([oracle1[s]["step"] for s in sorted(oracle1)[:-1]])  # snapshot..last delta
+    by_step, by_time = int((gaps == a.every).sum()), int((gaps < a.every).sum())
     if by_step == 0 or by_time == 0:
         problems.append(f"gen 1: {by_step} step dumps and {by_time} time dumps (want both)")
 
@@ -392,6 +390,8 @@ def kill_child(spec: dict[str, Any]) -> None:
             if victim and dumper.state_dict()["seq"] == 2:
                 held = Path(faults) / f"shard.write.{os.getpid()}"
                 while not held.exists():
+                    if time.time() > deadline:
+                        raise TimeoutError("the worker never reached its shard write")
                     time.sleep(0.005)
                 (out.parent / "killed_at").write_text(repr(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -438,7 +438,7 @@ def phase_kill(
         "LOCAL_RANK": os.environ.get("LOCAL_RANK", "0"),
         "TORCHELASTIC_USE_AGENT_STORE": "False",  # the child's rank 0 hosts its own store
     }
-    spec = {
+    spec: dict[str, Any] = {
         "env": env,
         "out": str(kdir / f"rank-{rank}.json"),
         "art": f"{work}/art",
@@ -482,8 +482,8 @@ def kill_problems(results: list[dict[str, Any]], bound: float) -> list[str]:
     problems = []
     for r in results:
         if r["victim"]:
-            if r["exitcode"] != -signal.SIGKILL:
-                problems.append(f"victim rank {r.get('rank')}: exit code {r['exitcode']}")
+            if r["exitcode"] != -signal.SIGKILL or r["hung"] or "error" in r:
+                problems.append(f"victim rank {r.get('rank')}: not killed as planned: {r}")
             continue
         who = f"rank {r.get('rank')}"
         if r["hung"]:
@@ -499,12 +499,6 @@ def kill_problems(results: list[dict[str, Any]], bound: float) -> list[str]:
         if "close_error" in r:
             problems.append(f"{who}: closing the hook failed: {r['close_error']}")
     return problems
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---- main --------------------------------------------------------------------------------
