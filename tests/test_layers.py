@@ -11,7 +11,7 @@ LAYERS = [
     {"__init__", "errors", "ids", "_lazy", "stats"},
     {"artifacts"},
     {"stores", "tracking"},
-    {"testing", "verify", "model"},
+    {"testing", "verify", "model", "serving"},
     {"publish"},
     {"dump", "promote"},
     {"train", "api"},

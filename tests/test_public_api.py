@@ -19,7 +19,7 @@ SIGNATURES = {
     "make_train_hook": "(*, artifacts: 'str', run: 'str', every_steps: 'int | None' = None, "
     "every_minutes: 'float | None' = None, snapshot: 'bool' = True, store: 'str | None' = "
     "None, publish_mode: 'str' = 'direct', metrics_port: 'int | None' = None, "
-    "**options: 'Any') -> 'DumpHook'",
+    "dense_every: 'int | None' = None, **options: 'Any') -> 'DumpHook'",
     "discover_sources": "(model: 'nn.Module') -> 'list[TableSource]'",
 }
 
