@@ -135,6 +135,17 @@ FROZEN: dict[str, dict[str, F]] = {
         "--generation": F("int"),
         "--json": F("switch", False),
     },
+    "serve": {
+        **LOCATION,
+        "--device": F("str", "cpu"),
+        "--host": F("str", "0.0.0.0"),
+        "--port": F("int", 8470),
+        "--state-dir": F("str"),
+        "--poll-seconds": F("float", 2.0),
+        "--checkpoint-seconds": F("float", 60.0),
+        "--no-follow": F("switch", False),
+        "--no-shadow": F("switch", False),
+    },
     "pipeline compile": {
         "--engine": F("str", "kfp", ("kfp", "airflow")),
         "--output": F("str"),
@@ -234,6 +245,7 @@ def test_cli_command_names_are_frozen():
         "promote",
         "rollback",
         "inspect",
+        "serve",
         "pipeline",
     ]
 

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "promote": "record a verified generation as serving's current one",
     "rollback": "restore serving to a promoted generation",
     "inspect": "list generations, dumps, tables, rows and bytes under an artifact root",
+    "serve": "serve a run's promoted tables and dense state from memory (a replica, HTTP)",
     "pipeline": "compile, submit or locally run the Kubeflow pipeline",
 }
 """Command name -> one-line help. The module is ``deltarec.cli.cmd_<name>``."""

@@ -342,6 +342,10 @@ class Follower:
                 log.exception("replica round failed")
             self._stop.wait(self.options.poll_s)
 
+    def request_stop(self) -> None:
+        """Make :meth:`loop` return after its current round (safe from a signal handler)."""
+        self._stop.set()
+
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stop the background thread and record the served point (idempotent)."""
         self._stop.set()

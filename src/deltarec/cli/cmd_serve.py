@@ -1,0 +1,108 @@
+"""``deltarec serve``: a serving replica of a run's promoted point, over HTTP (docs/serving.md).
+
+Holds the run's tables (rows as stored) and dense state in memory on ``--device``, at the
+point the store's serving pointer names; follows the served generation's new dumps; swaps a
+newer generation in when it is promoted and back when rolled back; records its position in
+``--state-dir`` to resume after a restart. ``deltarec verify --store replica://HOST:PORT``
+reads its rows back. Runs until interrupted (SIGINT, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from types import FrameType
+
+from deltarec.cli.common import add_location_arguments
+from deltarec.errors import BadInputError
+
+log = logging.getLogger("deltarec.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``deltarec serve``."""
+    add_location_arguments(parser)
+    parser.add_argument(
+        "--device", default="cpu", metavar="DEV", help="where the tables live: cpu, cuda, cuda:N"
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8470, help="HTTP port (default: 8470)")
+    parser.add_argument(
+        "--state-dir", metavar="DIR", help="record the position and rows here; resume from it"
+    )
+    parser.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between looks at the serving pointer and the outbox (default: 2)",
+    )
+    parser.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="the most seconds between two records of the state while following (default: 60)",
+    )
+    parser.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="serve exactly the promoted dump; do not apply newer dumps of its generation",
+    )
+    parser.add_argument(
+        "--no-shadow",
+        action="store_true",
+        help="do not apply a newer generation beside the served one before it is promoted",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; exit 0."""
+    from deltarec.artifacts.root import ArtifactRoot
+    from deltarec.serving.follow import Follower, FollowOptions, StorePointer
+    from deltarec.serving.http import ReplicaServer
+    from deltarec.serving.replica import Replica
+
+    if args.poll_seconds <= 0 or args.checkpoint_seconds <= 0:
+        raise BadInputError("--poll-seconds and --checkpoint-seconds must be > 0")
+    if not 0 <= args.port < 65536:
+        raise BadInputError(f"--port {args.port} is not a port")
+    root = ArtifactRoot(args.artifacts)
+    replica = Replica(root, args.run, args.device)
+    options = FollowOptions(
+        follow=not args.no_follow,
+        shadow=not args.no_shadow,
+        poll_s=args.poll_seconds,
+        state_dir=args.state_dir,
+        checkpoint_every_s=args.checkpoint_seconds,
+    )
+    pointer = StorePointer(args.store, args.artifacts, args.run)
+    follower = Follower(replica, pointer, options)
+    follower.resume()
+    server = ReplicaServer(follower, args.host, args.port).start()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        follower.request_stop()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    log.info(
+        "replica of run %r on %s serving at http://%s:%d (verify with --store replica://%s:%d)",
+        args.run,
+        replica.device,
+        args.host,
+        server.port,
+        args.host,
+        server.port,
+    )
+    try:
+        follower.loop()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        follower.stop()
+        server.close()
+        pointer.close()
+    return 0
