@@ -180,7 +180,7 @@ class _Handler(BaseHTTPRequestHandler):
         t0 = time.perf_counter()
         with self.server.follower.replica.pinned() as snap:
             state = snap.table(table)
-            rows, _ = state.lookup(torch.tensor(ids, dtype=torch.int64))
+            rows, _found = state.lookup(torch.tensor(ids, dtype=torch.int64))
             values = decode_rows(rows, state.spec).cpu().tolist()
             position = snap.position
         self.server.metrics.lookups.labels(table).inc(len(ids))

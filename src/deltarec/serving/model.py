@@ -91,7 +91,7 @@ def _bag_features(prefix: str, ebc: EmbeddingBagCollection) -> list[tuple[str, s
     ]
 
 
-def _replacement(owner: ServingModel, name: str, module: nn.Module) -> nn.Module | None:
+def _replacement(owner: ServingModel, name: str, module: nn.Module) -> _Lookup | None:
     if isinstance(module, ManagedCollisionEmbeddingBagCollection):
         inner = module._embedding_module
         assert isinstance(inner, EmbeddingBagCollection)
