@@ -85,6 +85,27 @@ def test_chart_options_drop_the_cronjob_and_bind_extra_service_accounts():
     assert [s["name"] for s in subjects] == ["deltarec-pipeline", "default-editor"]
 
 
+def test_chart_deploys_serving_replicas_that_follow_the_promoted_generation(tmp_path):
+    values = {**VALUES, "replica": {"enabled": True, "replicas": 3, "device": "cuda"}}
+    files = render(values)
+    objs = objects(files)
+    deploy = objs[("Deployment", "dr-deltarec-replica")]["spec"]
+    assert deploy["replicas"] == 3
+    (c,) = deploy["template"]["spec"]["containers"]
+    assert c["image"] == "ghcr.io/deltarec/deltarec-trainer:0.1.0"
+    assert c["command"] == ["deltarec"] and c["args"][0] == "serve"
+    assert "$(DELTAREC_STORE_URL)" in c["args"] and "--no-follow" not in c["args"]
+    assert c["args"][c["args"].index("--device") + 1] == "cuda"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert objs[("Service", "dr-deltarec-replica")]["spec"]["ports"][0]["port"] == 8470
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = yamllint([tmp_path])
+    assert result.returncode == 0, result.stdout + result.stderr
+    with pytest.raises(helm.HelmError, match="device"):
+        render({**VALUES, "replica": {"enabled": True, "device": "tpu"}})
+
+
 @pytest.mark.parametrize(
     "change, problem",
     [
