@@ -407,10 +407,7 @@ class Replica:
         self.applied_rows += sum(manifest.tables.values())
         snap = None
         if line is self.line:
-            snap = self._publish(line, _taken_at(manifest))
-            self.visible.append(
-                Visible(manifest.generation, manifest.seq, snap.taken_at, snap.applied_at)
-            )
+            snap = self._publish(line, _taken_at(manifest), visible=True)
         self.apply_seconds += time.perf_counter() - t0
         return snap
 
@@ -420,10 +417,13 @@ class Replica:
             return None
         return self.install(self.previous)
 
-    def _publish(self, line: Line, taken_at: float | None) -> Snapshot:
+    def _publish(self, line: Line, taken_at: float | None, visible: bool = False) -> Snapshot:
         with self._lock:
             self._epoch += 1
             snap = line.snapshot(self._epoch, taken_at)
+            if visible:  # recorded before anyone can see the snapshot
+                p = snap.position
+                self.visible.append(Visible(p.generation, p.seq, taken_at, snap.applied_at))
             self._current = snap
             oldest = min(self._pins) if self._pins else None
         for each in {id(x): x for x in (self.line, self.shadow, self.previous) if x}.values():
