@@ -41,6 +41,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import signal
 import statistics
 import sys
@@ -126,11 +127,11 @@ class Shards:
         return out
 
 
-def dist_world() -> int:
+def dist_world() -> int:  # 1 outside torchrun
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def dist_rank() -> int:
+def dist_rank() -> int:  # 0 outside torchrun
     return dist.get_rank() if dist.is_initialized() else 0
 
 
@@ -147,7 +148,7 @@ def make_hook(a: argparse.Namespace, root: str, run: str, shards: Shards, **cfg:
     return DumpHook(config, sources=lambda model: shards.sources())
 
 
-def sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:  # each timed step ends with the device idle
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -516,12 +517,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--pg-timeout", type=float, default=300.0, help="default group timeout, s")
     p.add_argument("--kill-pg-timeout", type=float, default=60.0, help="kill run's timeout, s")
     p.add_argument("--kill-bound", type=float, default=120.0, help="most seconds to stop, s")
-    p.add_argument(
-        "--device-id", action="store_true", help="bind the default group to the GPU (eager)"
-    )
+    p.add_argument("--device-id", action="store_true", help="bind the group to the GPU")
     p.add_argument("--skip", default="", help="comma-separated phases to skip")
     p.add_argument("--dir", default=None, help="work directory's parent (default: tmp)")
     p.add_argument("--json", default=None, help="also write the summary here (rank 0)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
     return p.parse_args()
 
 
@@ -561,7 +561,7 @@ def main() -> int:
     if world > 1:
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
-    summary = summarize(a, everyone, backend, device, work)
+    summary = summarize(a, everyone, device) | {"work": work}
     if rank == 0:
         text = json.dumps(summary, indent=1, default=str)
         print(text)
@@ -570,16 +570,12 @@ def main() -> int:
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+    if rank == 0 and not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if summary["ok"] else 1
 
 
-def summarize(
-    a: argparse.Namespace,
-    everyone: list[dict[str, Any]],
-    backend: str,
-    device: torch.device,
-    work: str,
-) -> dict[str, Any]:
+def summarize(a: argparse.Namespace, everyone: list[dict[str, Any]], device: torch.device) -> Any:
     world = len(everyone)
     problems: list[str] = []
     out: dict[str, Any] = {
@@ -588,12 +584,11 @@ def summarize(
         + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""),
         "torch": torch.__version__,
         "ranks": world,
-        "backend": backend,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
         "device": device.type,
         "workload": f"2 tables x {a.rows} rows (64, 32 wide) row-sharded, {a.batch} lookups "
         f"per table/rank/step, dense all-reduce {a.dense} floats, dump every {a.every} steps "
         f"or {a.minutes} min",
-        "work": work,
     }
     for r, res in enumerate(everyone):
         for phase in ("timing", "generations"):
