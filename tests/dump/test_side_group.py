@@ -28,8 +28,6 @@ from tests._helpers.dump import HandTables, read_dump
 
 from deltarec.testing.multiprocess import RemoteRankError, run_on_ranks, spawn_ranks
 
-pytestmark = pytest.mark.multiprocess
-
 BACKEND = "recording"
 GRACE_S = 60.0
 EVERY = 4
@@ -182,6 +180,7 @@ def _dumped(root, gen: int, seq: int, rank: int) -> dict[str, tuple]:
     return out
 
 
+@pytest.mark.multiprocess
 def test_beside_a_non_gloo_training_group_every_dump_and_the_republish_hold_the_model_rows(
     tmp_path,
 ):
@@ -270,6 +269,7 @@ def _wait_for_file(folder: str, name: str) -> None:
     raise AssertionError(f"the worker never reached {name}")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("where", "error", "what"),
     [
