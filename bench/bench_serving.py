@@ -166,7 +166,8 @@ def main() -> None:
         print(f"load snapshot: {args.rows / (time.perf_counter() - t0):,.0f} rows/s")
         apply, read = bench_apply(root, info, replica, args, rng)
         print(f"apply: {apply:,.0f} rows/s per delta of {args.delta_rows} rows (median of "
-              f"{args.deltas}); shard read alone {read:,.0f} rows/s; apply/read {apply / read:.2f}")  # fmt: skip
+              f"{args.deltas}); shard read alone {read:,.0f} rows/s; "
+              f"apply/read {apply / read:.2f}")  # fmt: skip
         seq = [args.deltas]
         pending = []
         for _ in range(args.concurrent_dumps):  # pre-written dumps for the concurrent applier
@@ -189,7 +190,8 @@ def main() -> None:
             (p50, p99), (b50, b99), _ = bench_lookup(replica, args, b, rng, applier)
             print(f"lookup B={b:5d} applying: p50 {p50 * 1e6:6.1f} us  p99 {p99 * 1e6:8.1f} us "
                   f"({p50 / b * 1e6:6.3f} us/id)  baseline p50 {b50 * 1e6:7.1f} us "
-                  f"p99 {b99 * 1e6:7.1f} us  ({applied[0] - before} dumps applied meanwhile)")  # fmt: skip
+                  f"p99 {b99 * 1e6:7.1f} us  "
+                  f"({applied[0] - before} dumps applied meanwhile)")  # fmt: skip
         f50, f99 = bench_freshness(root, info, args, rng, seq[0] + 1)
         print(f"freshness (taken -> visible, poll {args.poll} s): p50 {f50:.3f} s  p99 {f99:.3f} s"
               f" over {args.fresh_dumps} dumps of {args.delta_rows} rows")  # fmt: skip

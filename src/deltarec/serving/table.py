@@ -42,6 +42,8 @@ class TableState:
             states before and after this one; only this state's slots are read).
         keys_np, slots_np, versions_np: the same index on the host, and each key's version.
         fallback_slot: slot of key ``-1`` (a ZCH table's miss row), -1 if not held.
+        storage_np: ``storage`` as a numpy view when it is on the CPU (None on a GPU): small
+            CPU lookups index it with numpy, three times cheaper per call than torch's ops.
     """
 
     table: str
@@ -53,6 +55,7 @@ class TableState:
     slots_np: np.ndarray
     versions_np: np.ndarray
     fallback_slot: int
+    storage_np: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.keys_np.shape[0])
@@ -68,6 +71,8 @@ class TableState:
         An id the table does not hold reads the fallback row (key ``-1``) of a ZCH table when
         ``fallback`` and the table holds one (SPEC §4 serving semantics), zeros otherwise.
         """
+        if self.storage_np is not None and ids.device.type == "cpu":
+            return self._lookup_host(ids.numpy().astype(np.int64, copy=False), fallback)
         ids = ids.to(self.storage.device, torch.int64, non_blocking=True)
         n = int(ids.shape[0])
         if len(self) == 0:
@@ -84,6 +89,22 @@ class TableState:
         if not use_fallback:
             rows[miss] = 0
         return rows, found
+
+    def _lookup_host(self, ids: np.ndarray, fallback: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.storage_np is not None
+        if len(self) == 0:
+            rows = np.zeros((len(ids), self.storage_np.shape[1]), self.storage_np.dtype)
+            return torch.from_numpy(rows), torch.zeros(len(ids), dtype=torch.bool)
+        pos = np.minimum(np.searchsorted(self.keys_np, ids), len(self) - 1)
+        found = self.keys_np[pos] == ids
+        slot = self.slots_np[pos]
+        use_fallback = fallback and self.fallback_slot >= 0
+        if use_fallback:
+            slot = np.where(found, slot, self.fallback_slot)
+        rows = self.storage_np[slot]
+        if not use_fallback and not found.all():
+            rows[~found] = 0
+        return torch.from_numpy(rows), torch.from_numpy(found)
 
     def read(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Exact readback on the host: ``(found [n], versions [n], rows [n, width])``.
@@ -223,6 +244,7 @@ class TableWriter:
             slots_np=slots,
             versions_np=versions,
             fallback_slot=fallback,
+            storage_np=storage.numpy() if storage.device.type == "cpu" else None,
         )
 
     def stage(
