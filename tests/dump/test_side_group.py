@@ -121,8 +121,9 @@ def _train_restore_and_check(rank: int, world_size: int, tmp: str) -> dict:
         if seq is not None:
             dumps.append((seq, step))
             want[seq] = _rows(tables)
-        if step == CKPT:
+        if step == CKPT:  # as before a training checkpoint: dumps committed, still the owner
             d.wait_idle()
+            d.check_owner()
             ckpt = (d.state_dict(), {t: w.clone() for t, w in tables.weights.items()})
     final = d.final_dump(STEPS)
     want[final.seq] = _rows(tables)
