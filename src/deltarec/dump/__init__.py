@@ -11,6 +11,7 @@ Exports (loaded lazily, so the plain-torch gather core, which lives in
     DumpHook, make_train_hook: the training-hook adapter and its factory.
     hook_from_env, TrainSettings: the hook from the pipeline's ``DELTAREC_*`` environment.
     DataMismatchError: ranks reached the final dump at different steps.
+    RankLostError: an exchange on the dumper's gloo side groups failed (a rank is gone).
     ByteBoundedQueue: the bounded queue.
     dedup_ids, gather_to_host, rows_to_host, HostRows: the plain-torch gather core
         (re-exported from :mod:`deltarec.tracking.gather`).
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from deltarec.dump.config import DumperConfig
     from deltarec.dump.dumper import DataMismatchError, Dumper
     from deltarec.dump.env import TrainSettings
+    from deltarec.dump.exchange import RankLostError
     from deltarec.dump.hook import DumpHook, hook_from_env, make_train_hook
     from deltarec.dump.queue import ByteBoundedQueue
     from deltarec.tracking.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
@@ -34,6 +36,7 @@ _LAZY = {
     "DumperConfig": "deltarec.dump.config",
     "DataMismatchError": "deltarec.dump.dumper",
     "Dumper": "deltarec.dump.dumper",
+    "RankLostError": "deltarec.dump.exchange",
     "HostRows": "deltarec.tracking.gather",
     "dedup_ids": "deltarec.tracking.gather",
     "gather_to_host": "deltarec.tracking.gather",
@@ -52,6 +55,7 @@ __all__ = [
     "Dumper",
     "DumperConfig",
     "HostRows",
+    "RankLostError",
     "TrainSettings",
     "dedup_ids",
     "gather_to_host",
