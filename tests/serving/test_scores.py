@@ -12,15 +12,18 @@ import pathlib
 import sys
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torchrec import KeyedJaggedTensor
 
-from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.dense import dense_of
 from deltarec.artifacts.lineage import expected_state
+from deltarec.serving.follow import FixedPointer, Follower, FollowOptions
 from deltarec.serving.model import ServingModel
 from deltarec.serving.replica import Replica
+from deltarec.stores.types import ServingPointer
 from deltarec.testing.multiprocess import run_on_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -52,7 +55,8 @@ def _example_rank(rank: int, world_size: int, artifacts: str) -> dict:
     from deltarec.train import TrainConfig, run_training
 
     model = tiny_model_config()
-    cfg = TrainConfig(model=model, steps=30, batch_size=BATCH, log_every=1000)
+    export = f"{artifacts}/../export"
+    cfg = TrainConfig(model=model, steps=30, batch_size=BATCH, log_every=1000, export_tables=export)
     sm = build_sharded_model(model, torch.device("cpu"), max_batch_size=BATCH)
     hook = make_train_hook(artifacts=artifacts, run="ex", every_steps=10, dense_every=1)
     run_training(cfg, hooks=[hook], model=sm)
@@ -74,17 +78,35 @@ def _example_rank(rank: int, world_size: int, artifacts: str) -> dict:
     }
 
 
-def test_the_example_models_scores_from_the_replica_equal_the_trainers(tmp_path):
+def test_a_replica_following_training_holds_the_final_tables_and_scores_like_the_trainer(
+    tmp_path,
+):
     from deltarec.model import ClickModel, tiny_model_config
 
     artifacts = str(tmp_path / "artifacts")
-    results = run_on_ranks(_example_rank, 2, args=(artifacts,), timeout_s=600)
     root = ArtifactRoot(artifacts)
+    replica = Replica(root, "ex")
+    follower = Follower(  # follows generation 1 from its snapshot while the ranks train
+        replica, FixedPointer(ServingPointer("ex", 1, 0, 1.0)), FollowOptions(poll_s=0.2)
+    )
+    follower.start()
+    try:
+        results = run_on_ranks(_example_rank, 2, args=(artifacts,), timeout_s=600)
+    finally:
+        follower.stop()
+    follower.poll()
     g = root.latest_generation("ex")
     seqs = root.list_dumps("ex", g)
+    assert replica.current.position.seq == seqs[-1] and follower.blocked is None
+    assert replica.applied_dumps >= 1  # dumps were applied one by one, not loaded whole
     assert all(dense_of(root.read_manifest("ex", g, s)) is not None for s in seqs)
-    replica = Replica(root, "ex")
-    replica.install(replica.load(g, seqs[-1]))
+    with replica.pinned() as snap:  # key by key, the model's final tables (the export)
+        for table, state in snap.tables.items():
+            export = pq.read_table(tmp_path / "export" / f"{table}.parquet")
+            keys = export.column("key").to_numpy()
+            np.testing.assert_array_equal(state.keys_np, keys, err_msg=table)
+            rows = codec.embedding_matrix(export.column("embedding"), state.spec.dtype)
+            np.testing.assert_array_equal(state.read(keys)[2], rows, err_msg=table)
     scorer = ServingModel(
         replica, ClickModel(tiny_model_config(), 2, torch.device("cpu"), torch.device("meta"))
     )
