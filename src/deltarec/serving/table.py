@@ -29,6 +29,11 @@ _TORCH_ELEMENT = {
 }
 
 
+HOST_LOOKUP_MAX = 256
+"""Batches up to this many ids on a CPU table are looked up with numpy (cheaper per call);
+larger ones with torch (multi-threaded gathers)."""
+
+
 @dataclass(frozen=True)
 class TableState:
     """One table at one point (never changed once built).
@@ -42,8 +47,9 @@ class TableState:
             states before and after this one; only this state's slots are read).
         keys_np, slots_np, versions_np: the same index on the host, and each key's version.
         fallback_slot: slot of key ``-1`` (a ZCH table's miss row), -1 if not held.
-        storage_np: ``storage`` as a numpy view when it is on the CPU (None on a GPU): small
-            CPU lookups index it with numpy, three times cheaper per call than torch's ops.
+        storage_np: ``storage`` as a numpy view when it is on the CPU (None on a GPU): CPU
+            lookups of up to :data:`HOST_LOOKUP_MAX` ids index it with numpy, about three
+            times cheaper per call than torch's ops.
     """
 
     table: str
@@ -71,7 +77,8 @@ class TableState:
         An id the table does not hold reads the fallback row (key ``-1``) of a ZCH table when
         ``fallback`` and the table holds one (SPEC §4 serving semantics), zeros otherwise.
         """
-        if self.storage_np is not None and ids.device.type == "cpu":
+        small = ids.shape[0] <= HOST_LOOKUP_MAX
+        if self.storage_np is not None and small and ids.device.type == "cpu":
             return self._lookup_host(ids.numpy().astype(np.int64, copy=False), fallback)
         ids = ids.to(self.storage.device, torch.int64, non_blocking=True)
         n = int(ids.shape[0])
