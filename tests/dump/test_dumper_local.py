@@ -106,8 +106,10 @@ def test_evaluation_lookups_are_not_dumped(tmp_path):
 def test_the_byte_bounded_queue_makes_training_wait_instead_of_growing(tmp_path, monkeypatch):
     slow_write = ParallelShardWriter._append
 
-    def write(self, data):
-        time.sleep(0.02)
+    def write(self, data):  # the writer holds its first chunk until the training thread waits
+        deadline = time.monotonic() + 60
+        while d.queue.blocked_puts == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
         slow_write(self, data)
 
     monkeypatch.setattr(ParallelShardWriter, "_append", write)
@@ -115,9 +117,8 @@ def test_the_byte_bounded_queue_makes_training_wait_instead_of_growing(tmp_path,
     cap = 1 << 20  # a chunk of sparse.a: 31 kB of rows and piece, 366 kB of encoding scratch
     cfg = _config(tmp_path, queue_bytes=cap, chunk_rows=100, encode_workers=2)
     d = Dumper(cfg, tables.sources())
-    t0 = time.perf_counter()
     d.start(step=0)  # snapshot: 4000 + 2000 rows in 60 chunks of <= 12.9 kB
-    assert time.perf_counter() - t0 > 0.02 * 30  # the training thread waited for the writer
+    assert d.queue.blocked_puts > 0  # the training thread waited for the writer
     d.final_dump(0)
     d.close()
     assert d.queue.blocked_puts > 0
@@ -228,24 +229,34 @@ def test_a_restore_republishes_exactly_the_keys_published_after_the_checkpoint(t
     d2.close()
 
 
-def test_time_cadence_dumps_when_the_minutes_have_passed(tmp_path):
+def test_time_cadence_dumps_when_the_minutes_have_passed(tmp_path, monkeypatch):
+    clock = [1.0e9]  # the dumper's clock, advanced 10 ms per training step
+
+    class Clock:
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def time(self):
+            return clock[0]
+
+    monkeypatch.setattr("deltarec.dump.dumper.time", Clock())
     tables = HandTables(seed=7)
     cfg = _config(tmp_path, every_steps=None, every_minutes=0.5 / 60, snapshot=False)
     d = Dumper(cfg, tables.sources())
     d.start(step=0)
     dumps = []
-    t0 = time.monotonic()
+    t0 = clock[0]
     for step in range(1, 200):
         tables.step(step, n=1)
-        time.sleep(0.01)
+        clock[0] += 0.01
         if d.maybe_dump(step) is not None:
-            dumps.append((step, time.monotonic() - t0))
+            dumps.append((step, clock[0] - t0))
         if len(dumps) == 2:
             break
     d.close()
     assert len(dumps) == 2
     (_, t1), (s2, t2) = dumps
-    assert 0.45 <= t1 <= 0.8 and 0.45 <= t2 - t1 <= 0.8, dumps
+    assert 0.5 <= t1 <= 0.52 and 0.5 <= t2 - t1 <= 0.52, dumps  # late by at most one step
     assert d._cadence is not None and d._cadence.syncs < s2  # not one agreement per step
 
 

@@ -142,11 +142,12 @@ def test_the_worker_reserves_host_bytes_without_waiting_for_queued_items():
     t = threading.Thread(target=reserve_more)
     t.start()  # the worker holds 1500 bytes other threads will release: it waits for them
     time.sleep(0.2)
-    assert not waited
+    assert not waited and t.is_alive()  # still waiting in reserve
+    assert q.outstanding_bytes == 1900
     q.release(900)
     q.release(n)
-    t.join(5)
-    assert waited and waited[0] >= 0.15
+    t.join(30)
+    assert waited and q.outstanding_bytes == 400 + 100  # "b" still queued, and the reservation
 
 
 def test_default_budgets_follow_the_machine_and_the_ranks_on_it(monkeypatch):
