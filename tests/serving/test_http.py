@@ -95,3 +95,17 @@ def test_status_and_metrics_expose_the_position_and_the_lag(outbox, served):
     assert samples[("deltarec_replica_version", ())] == g << 32 | 1
     assert samples[("deltarec_replica_lag_dumps", ())] == 1
     assert samples[("deltarec_replica_lookups_total", (("table", T_EMB),))] == 1
+
+
+def test_replica_urls_name_a_host_and_port_and_nothing_else():
+    from deltarec.errors import ConfigError
+    from deltarec.stores import parse_store_url
+
+    config = parse_store_url("replica://replica.ml.svc:9000?timeout_s=5")
+    assert (config.type, config.host, config.port, config.timeout_s) == (
+        "replica", "replica.ml.svc", 9000, 5.0
+    )  # fmt: skip
+    assert parse_store_url("replica://localhost").port == 8470
+    for bad in ("replica://h:1/table", "replica://user@h:1", "replica://h:1?db=0"):
+        with pytest.raises(ConfigError, match="replica"):
+            parse_store_url(bad)

@@ -61,7 +61,7 @@ class ReplicaStore(Store, Registry):
     def __init__(self, config: ReplicaConfig) -> None:
         self.config = config
         self.base = f"http://{config.host}:{config.port}"
-        self._views: dict[str, ViewInfo] | None = None
+        self._run_checked = False
 
     def describe(self) -> str:
         """``replica://host:port``."""
@@ -121,9 +121,9 @@ class ReplicaStore(Store, Registry):
         """Rows of ``keys`` as the replica serves them now (one snapshot per call)."""
         if staging_generation is not None:
             raise self._unsupported("staging views")
-        if self.run is not None and self._views is None:
+        if self.run is not None and not self._run_checked:  # once per handle
             self._check_served(self.run, "reading rows")
-            self._views = {}
+            self._run_checked = True
         keys = np.ascontiguousarray(keys, dtype="<i8")
         data, headers = self._request("/v1/rows", keys.tobytes(), {"table": table})
         n, width = int(headers["X-Deltarec-Rows"]), int(headers["X-Deltarec-Width"])
