@@ -102,3 +102,57 @@ def test_a_generation_that_fails_verify_is_never_served(outbox, store, store_url
         follower.poll()
     assert_replica_holds(follower.replica, outbox.root, g1, 1)
     follower.pointer_source.close()
+
+
+def _dense_dump(outbox, g, seq, rows, value):
+    """Commit a dump that carries a dense state of ``value`` (through the commit's root)."""
+    import io
+
+    import torch
+
+    from deltarec.artifacts.dense import DenseCapture, DenseCommitRoot
+
+    def payload() -> bytes:
+        buf = io.BytesIO()
+        torch.save({"over.weight": torch.full((2,), value)}, buf)
+        return buf.getvalue()
+
+    capture = DenseCapture()
+    capture.settle(outbox.step + 10, payload)
+    plain, outbox.root = outbox.root, DenseCommitRoot(outbox.root.uri, None, capture)
+    try:
+        return outbox.dump(g, seq, rows)
+    finally:
+        outbox.root = plain
+
+
+def test_promote_and_rollback_move_dense_and_sparse_together(outbox, store, store_url):
+    g1 = outbox.generation()
+    _dense_dump(outbox, g1, 0, {T_EMB: (np.arange(20), 0.0)}, 1.0)
+    outbox.publish(store, g1)
+    _verified_promote(outbox, store, g1)
+    follower = Follower(Replica(outbox.root, RUN), StorePointer(store_url, outbox.root.uri, RUN))
+    follower.poll()
+    g2 = outbox.generation(parent=Parent(g1, outbox.step))
+    _dense_dump(outbox, g2, 1, {T_EMB: (np.array([1, 2]), 2.0)}, 2.0)
+    outbox.publish(store, g2)
+    follower.poll()
+
+    def served():
+        with follower.replica.pinned() as snap:
+            rows = snap.table(T_EMB).read(np.array([1]))[2]
+            return snap.position.generation, float(snap.dense.tensors["over.weight"][0]), rows
+
+    gen, dense, row = served()
+    assert (gen, dense) == (g1, 1.0)  # g2 is only a shadow: neither half of it is served
+    _verified_promote(outbox, store, g2)
+    follower.poll()
+    gen, dense, row = served()
+    assert (gen, dense) == (g2, 2.0)
+    np.testing.assert_array_equal(row[0], outbox.encoded(T_EMB, np.array([1]), 2.0)[0])
+    rollback(outbox.root, RUN, store, g1)
+    follower.poll()
+    gen, dense, row = served()
+    assert (gen, dense) == (g1, 1.0)
+    np.testing.assert_array_equal(row[0], outbox.encoded(T_EMB, np.array([1]), 0.0)[0])
+    follower.pointer_source.close()
