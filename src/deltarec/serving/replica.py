@@ -35,6 +35,7 @@ from deltarec.artifacts.lineage import expected_state
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows, iter_shard
 from deltarec.artifacts.types import DumpKind, Manifest, TableSpec, parse_time
+from deltarec.errors import BadInputError
 from deltarec.serving.table import Staged, TableState, TableWriter, decode_rows
 from deltarec.serving.types import (
     DuplicateDumpError,
@@ -305,7 +306,12 @@ class Replica:
     def __init__(self, root: ArtifactRoot | str, run: str, device: str | torch.device = "cpu"):
         self.root = root if isinstance(root, ArtifactRoot) else ArtifactRoot(root)
         self.run = run
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as e:
+            raise BadInputError(f"device {device!r}: {e}") from e
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise BadInputError(f"device {device!r}: torch sees no CUDA device")
         self._lock = threading.Lock()
         self._current: Snapshot | None = None
         self._pins: dict[int, int] = {}
