@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -192,3 +193,23 @@ def test_a_replica_without_a_promoted_generation_is_not_ready(outbox):
     assert not f.status().ready
     with pytest.raises(NotReadyError):
         replica.read(T_EMB, np.array([0]))
+
+
+def test_a_promoted_point_the_outbox_does_not_hold_is_reported_and_retried(outbox):
+    g = outbox.first_generation()
+    replica = Replica(outbox.root, RUN)
+    f = Follower(
+        replica, FixedPointer(ServingPointer(RUN, g + 1, 0, 1.0)), FollowOptions(poll_s=0.01)
+    )
+    f.start()
+    try:
+        deadline = time.monotonic() + 30
+        while f.status().error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f"generation {g + 1}" in f.status().error and not f.status().ready
+        f.pointer_source.pointer = ServingPointer(RUN, g, 1, 2.0)  # promoted again, correctly
+        while not f.status().ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.status().seq == 1
+    finally:
+        f.stop()

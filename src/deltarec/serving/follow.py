@@ -362,7 +362,7 @@ class Follower:
         snap = r.current
         if self.pointer is not None:
             st.pointer = _pointer_json(self.pointer)
-        st.blocked = self.blocked
+        st.blocked, st.error = self.blocked, self.error
         if snap is not None:
             p = snap.position
             st.ready = True

@@ -103,6 +103,8 @@ class ReplicaStatus:
         lag_s: seconds since the oldest of those was taken (0 when none).
         following: it applies its generation's new dumps as they are committed.
         blocked: why it refuses to advance (a gap, a duplicate), or None.
+        error: the last round's failure that is not about a dump (the store unreachable, a
+            promoted point the artifacts do not hold), or None.
         dense_step: the training step of the dense state it serves (None: no dense state).
         tables: table id -> ``{rows, dim, dtype, kind}``.
         applied_dumps: dumps applied since the process started.
@@ -121,6 +123,7 @@ class ReplicaStatus:
     lag_s: float = 0.0
     following: bool = False
     blocked: str | None = None
+    error: str | None = None
     dense_step: int | None = None
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     applied_dumps: int = 0
