@@ -49,7 +49,7 @@ class _Lookup(nn.Module):
         for feature, table, _dim, pooling in self.features:
             jt = kjt[feature]
             rows = self._rows(table, jt.values())
-            lengths = jt.lengths().long()
+            lengths = jt.lengths().long().to(rows.device)
             batch = lengths.numel()
             sample = torch.repeat_interleave(torch.arange(batch, device=rows.device), lengths)
             total = torch.zeros(batch, rows.shape[1], dtype=rows.dtype, device=rows.device)
