@@ -213,3 +213,17 @@ def test_a_promoted_point_the_outbox_does_not_hold_is_reported_and_retried(outbo
         assert f.status().seq == 1
     finally:
         f.stop()
+
+
+def test_a_point_whose_lineage_misses_a_dump_is_never_loaded(outbox):
+    g = outbox.first_generation()
+    outbox.dump(g, 2, {T_EMB: (np.array([1]), 2.0)})
+    outbox.dump(g, 3, {T_EMB: (np.array([1]), 3.0)})
+    missing = outbox.root.dump_dir(RUN, g, 2)
+    os.rename(missing, missing + ".removed")
+    f = _follower(outbox, g, 3)
+    f.poll()
+    assert not f.status().ready and "dump 2 is missing" in f.status().blocked
+    os.rename(missing + ".removed", missing)
+    f.poll()
+    assert f.status().ready and f.status().seq == 3 and f.status().blocked is None

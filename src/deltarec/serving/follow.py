@@ -242,7 +242,9 @@ class Follower:
                 return self._advance(line, target.seq)
         shadow = r.shadow
         if shadow is not None and shadow.position.generation == target.generation:
-            if shadow.position.seq <= target.seq and self._advance(shadow, target.seq):
+            if shadow.position.seq <= target.seq:
+                if not self._advance(shadow, target.seq):
+                    return False  # blocked on the way: keep serving the last good point
                 r.install(shadow)
                 log.info("promoted: %s swapped in from the shadow", shadow.position.describe())
                 return True
@@ -254,7 +256,11 @@ class Follower:
             r.swap_back()
             log.info("rolled back: %s swapped back in", target.describe())
             return True
-        fresh = r.load(target.generation, target.seq)
+        try:
+            fresh = r.load(target.generation, target.seq)
+        except SequenceError as e:
+            self.blocked = str(e)
+            return False
         r.install(fresh)
         log.info("serving %s (loaded from the artifacts)", target.describe())
         self.blocked, self._refused = None, False

@@ -142,6 +142,20 @@ def _taken_at(manifest: Manifest) -> float | None:
         return None
 
 
+def _check_contiguous(run: str, manifests: list[Manifest]) -> None:
+    """Every generation's dumps in ``manifests`` follow each other from 0 or 1, or raise."""
+    seqs: dict[int, list[int]] = {}
+    for m in manifests:
+        seqs.setdefault(m.generation, []).append(m.seq)
+    for generation, found in seqs.items():
+        start = 0 if found[0] == 0 else 1
+        for want, got in zip(range(start, start + len(found)), found, strict=True):
+            if want != got:
+                raise GapError(
+                    run, generation, want - 1, got, f"dump {want} is missing from the outbox"
+                )
+
+
 class Line:
     """One generation's series of snapshots (one writer).
 
@@ -180,8 +194,12 @@ class Line:
         Every present key's row is read from the shards that last wrote it (the lineage's
         replay, :func:`~deltarec.artifacts.lineage.expected_state`); the dense state is the
         newest one a dump of the lineage carries.
+
+        Raises:
+            GapError: a generation of the lineage misses a committed dump before the point.
         """
         state = expected_state(root, run, generation, seq)
+        _check_contiguous(run, state.manifests)
         writers = {}
         for table, et in state.tables.items():
             present = et.present
