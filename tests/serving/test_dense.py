@@ -113,3 +113,16 @@ def test_dense_state_leaves_out_the_embedding_modules():
 
     state = dense_state(Model())
     assert sorted(state) == ["calls", "over.bias", "over.weight"]
+
+
+def test_a_dense_cadence_that_is_not_a_whole_number_of_dumps_is_refused(tmp_path, monkeypatch):
+    from deltarec.dump import make_train_hook
+    from deltarec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="dense_every"):
+        make_train_hook(artifacts=str(tmp_path), run="r", every_steps=5, dense_every=0)
+    monkeypatch.setenv("DELTAREC_DENSE_EVERY", "often")
+    with pytest.raises(ConfigError, match="DELTAREC_DENSE_EVERY='often'"):
+        make_train_hook(artifacts=str(tmp_path), run="r", every_steps=5)
+    monkeypatch.setenv("DELTAREC_DENSE_EVERY", "3")
+    assert make_train_hook(artifacts=str(tmp_path), run="r", every_steps=5).dense.every == 3

@@ -319,7 +319,12 @@ def make_train_hook(
     except ValidationError as e:
         raise ConfigError(f"dumper configuration: {e}") from e
     if dense_every is None and os.environ.get("DELTAREC_DENSE_EVERY"):
-        dense_every = int(os.environ["DELTAREC_DENSE_EVERY"])
+        text = os.environ["DELTAREC_DENSE_EVERY"]
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(f"DELTAREC_DENSE_EVERY={text!r}: expected a whole number >= 1")
+        dense_every = int(text)
+    if dense_every is not None and dense_every < 1:
+        raise ConfigError(f"dense_every must be >= 1 (dumps per dense state), got {dense_every}")
     return DumpHook(
         config,
         store=store,
