@@ -103,3 +103,12 @@ def test_a_killed_replica_restarts_from_its_state_and_verifies_against_the_artif
         assert proc.wait(30) == 0
     finally:
         proc.kill()
+
+
+def test_serve_refuses_a_device_torch_does_not_know(outbox, store_url, capsys):
+    outbox.first_generation()
+    code = cli_main(
+        ["serve", "--artifacts", outbox.root.uri, "--run", RUN, "--store", store_url,
+         "--device", "tpu", "--port", "0"]
+    )  # fmt: skip
+    assert code == 2 and "device 'tpu'" in capsys.readouterr().err
