@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from deltarec.artifacts.types import ROLLBACK_FIELD, Manifest
 from deltarec.errors import ArtifactError, DeltarecError, StoreError
-from deltarec.serving.replica import Line, Replica, _taken_at, manifest_digest
+from deltarec.serving.replica import Line, Replica, manifest_digest, taken_at
 from deltarec.serving.state import load_line, read_state, save_state
 from deltarec.serving.types import DuplicateDumpError, Position, ReplicaStatus, SequenceError
 from deltarec.stores.types import ServingPointer
@@ -315,7 +315,7 @@ class Follower:
         self.lag_s = 0.0
         if behind:
             m: Manifest = self.root.read_manifest(p.run, p.generation, behind[0])
-            taken = _taken_at(m)
+            taken = taken_at(m)
             self.lag_s = max(0.0, time.time() - taken) if taken is not None else 0.0
 
     def _save(self, force: bool) -> None:

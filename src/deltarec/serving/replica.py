@@ -134,7 +134,8 @@ def load_dense(root: ArtifactRoot, manifest: Manifest, device: torch.device) -> 
     return DenseState(info, manifest.generation, manifest.seq, dict(tensors))
 
 
-def _taken_at(manifest: Manifest) -> float | None:
+def taken_at(manifest: Manifest) -> float | None:
+    """When a dump was taken on the training side (``taken_at``, else ``created_at``), unix s."""
     text = manifest.extra.get("taken_at") or manifest.created_at
     try:
         return parse_time(str(text)) if text else None
@@ -431,7 +432,7 @@ class Replica:
         self.applied_rows += sum(manifest.tables.values())
         snap = None
         if line is self.line:
-            snap = self._publish(line, _taken_at(manifest), visible=True)
+            snap = self._publish(line, taken_at(manifest), visible=True)
         self.apply_seconds += time.perf_counter() - t0
         return snap
 
@@ -463,4 +464,5 @@ __all__ = [
     "Visible",
     "load_dense",
     "manifest_digest",
+    "taken_at",
 ]
