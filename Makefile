@@ -34,6 +34,8 @@ test: venv image-tools
 	@$(BIN)/python -m deltarec.testing.servers
 	$(BIN)/python -m pytest -q
 
+# test-fast: no multi-rank tests and no server-backed ones (tests/conftest.py marks every test
+# that starts PostgreSQL, Redis or an S3 server `integration`).
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not multiprocess and not integration"
 
@@ -46,8 +48,11 @@ format: venv
 	$(BIN)/ruff check --fix src tests bench components pipelines
 	$(BIN)/ruff format src tests bench components pipelines
 
+# bench: lists every benchmark and how to run it (bench/__main__.py); BENCH="NAME ARGS" runs
+# one, BENCH=--all every one this machine can run. Never part of `make test`.
+BENCH ?=
 bench: venv
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 # Container images (docs/images.md): both with whichever of docker, podman or buildah is here.
 # IMAGES_FLAGS e.g. "--variant cpu", "--local-base --pip-config host", "--push".

@@ -3,6 +3,10 @@
 Area fixtures live in each tests/<area>/conftest.py. The PostgreSQL and Redis servers are
 session-wide and defined here only, so a full run starts one of each (on 127.0.0.1 and free
 ports, from the binaries :mod:`deltarec.testing.servers` finds).
+
+Every test that starts a server (it uses one of :data:`SERVER_FIXTURES`, or a backend
+parameter named in :data:`SERVER_PARAMS`) is marked ``integration`` at collection, so
+``make test-fast`` (``-m "not multiprocess and not integration"``) starts none.
 """
 
 import os
@@ -11,6 +15,21 @@ from collections.abc import Iterator
 import pytest
 
 from deltarec.testing.servers import PostgresServer, RedisServer
+
+SERVER_FIXTURES = frozenset({"postgres_server", "redis_server", "s3_server", "s3_uri", "s3_root"})
+"""Fixtures that start a real server (PostgreSQL, Redis, an S3-compatible server)."""
+SERVER_PARAMS = frozenset({"postgres", "redis"})
+"""Backend parameters (``backend``, ``any_backend``, ``store_url``, ...) served by a real server."""
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        if fixtures & SERVER_FIXTURES or {p for p in params if isinstance(p, str)} & SERVER_PARAMS:
+            item.add_marker(pytest.mark.integration)
+
 
 # Keep torch from oversubscribing the CI machine's two cores in multi-rank tests.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
