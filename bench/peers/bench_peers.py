@@ -52,26 +52,35 @@ from deltarec.testing.servers import PostgresServer, RedisServer  # noqa: E402
 
 PEER_PYTHON = os.path.join(HERE, ".venv", "bin", "python")
 DELTAREC = os.path.join(os.path.dirname(sys.executable), "deltarec")
+TIME_BIN = os.access("/usr/bin/time", os.X_OK)
 
 
 def timed(argv: list[str]) -> tuple[float, float, str]:
-    """Run ``argv``; return its wall seconds, peak RSS (MB, its rusage) and stdout.
+    """Run ``argv``; return its wall seconds, peak RSS (MB) and stdout.
+
+    The peak RSS is read by ``/usr/bin/time`` where it is there: a child forked from this
+    (large) process would inherit this process's high-water mark across ``exec``.
 
     Raises:
         RuntimeError: the process failed (with the tail of its output).
     """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
+    with tempfile.NamedTemporaryFile("w+") as rss, tempfile.TemporaryFile("w+") as out:
+        launcher = ["/usr/bin/time", "-f", "%M", "-o", rss.name] if TIME_BIN else []
+        with tempfile.TemporaryFile("w+") as err:
+            t = time.perf_counter()
+            done = subprocess.run([*launcher, *argv], stdout=out, stderr=err, check=False)
+            seconds = time.perf_counter() - t
+            err.seek(0)
+            stderr = err.read()
         out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if code != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {code}:\n{stdout[-2000:]}{stderr[-4000:]}")
-    return seconds, usage.ru_maxrss / 1024, stdout
+        stdout = out.read()
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(argv)} exited {done.returncode}:\n{stdout[-2000:]}{stderr[-4000:]}"
+            )
+        rss.seek(0)
+        text = rss.read().strip().splitlines()
+    return seconds, float(text[-1]) / 1024 if text else float("nan"), stdout
 
 
 class Deltarec:

@@ -37,6 +37,7 @@ from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.types import PublishMode
 from deltarec.stores.base import Store
+from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 from deltarec.testing.faults import failpoint
@@ -197,23 +198,17 @@ class DumpPublisher:
         done = self._marks(g, s, rank)
         todo = self._todo(manifest, info, rank, done, result)
         where = f"run {self.run!r} generation {g} dump {s} rank {rank}"
+        inline = self._checked_while_written(manifest, rank, todo, done, rows)
         for table, spec in todo:
+            if table == inline:
+                continue
             chunk = self._read_rows(spec)  # rows in memory too: bounded temporaries
             for batch in self._rows(manifest, rank, table, spec, rows, 0, True, chunk):
-                check_batch(
-                    table,
-                    spec.dtype,
-                    spec.dim,
-                    batch.keys,
-                    batch.embedding,
-                    batch.ops,
-                    np.full(len(batch), manifest.version, np.int64),
-                    where,
-                    spec.kind,
-                )
+                self._check(table, spec, batch, manifest.version, where)
         for table, spec in todo:
             skip = done[table].rows if table in done else 0
-            self._publish_table(manifest, rank, table, spec, rows, skip, result)
+            check = where if table == inline else None
+            self._publish_table(manifest, rank, table, spec, rows, skip, result, check)
         if manifest.kind is DumpKind.SNAPSHOT:
             self._finish_snapshot(manifest)
         self._record_freshness(manifest, rank, result)
@@ -221,6 +216,38 @@ class DumpPublisher:
         self.metrics.dumps.labels(self.mode).inc()
         self.metrics.version.set(manifest.version)
         return result
+
+    @staticmethod
+    def _check(table: str, spec: TableSpec, batch: ShardRows, version: int, where: str) -> None:
+        """Raise :class:`~deltarec.errors.InvalidRowError` unless ``batch`` can be written."""
+        versions = np.full(len(batch), version, np.int64)
+        args = (batch.keys, batch.embedding, batch.ops, versions)
+        check_batch(table, spec.dtype, spec.dim, *args, where, spec.kind)
+
+    def _checked_while_written(
+        self,
+        manifest: Manifest,
+        rank: int,
+        todo: list[tuple[str, TableSpec]],
+        done: dict[str, ProgressMark],
+        memory: Mapping[str, ShardRows] | None,
+    ) -> str | None:
+        """The table whose rows are checked as they are written instead of read twice, if any.
+
+        That is the first table written, when its rows come from the artifacts, what is left
+        of its part goes in one transaction, and the store applies a transaction whole or not
+        at all (the SQL stores): a bad row then aborts that transaction, and the other tables
+        were checked before it began, so nothing of the part is applied either way.
+        """
+        if not todo or not isinstance(self.store, RelationalStore):
+            return None
+        table, spec = todo[0]
+        if memory is not None and table in memory:
+            return None  # in memory the first pass reads nothing: keep it
+        left = self._part_rows(manifest, rank, table, memory) - (
+            done[table].rows if table in done else 0
+        )
+        return table if left <= self._batch_rows(spec) else None
 
     def _marks(self, generation: int, seq: int, rank: int) -> dict[str, ProgressMark]:
         marks = self._call(
@@ -326,15 +353,25 @@ class DumpPublisher:
         memory: Mapping[str, ShardRows] | None,
         skip: int,
         result: PartResult,
+        check: str | None = None,
     ) -> None:
+        """Write the rank's rows of ``table`` after the first ``skip``, a transaction at a time.
+
+        With ``check`` (where the rows come from, for the message), each shard's sha256 and
+        every row are checked as they are read (see :meth:`_checked_while_written`).
+        """
         stage = manifest.generation if self.mode == "staged" else None
         if memory is not None and table in memory:
             skip = 0  # rows in memory are replayed whole: their order need not match the shard
         total = self._part_rows(manifest, rank, table, memory)
-        reader = _PartReader(
-            lambda start: self._rows(manifest, rank, table, spec, memory, start),
-            ShardRows.empty(spec.dtype, spec.dim),
-        )
+
+        def rows_from(start: int) -> Iterator[ShardRows]:
+            for batch in self._rows(manifest, rank, table, spec, memory, start, check is not None):
+                if check is not None:
+                    self._check(table, spec, batch, manifest.version, check)
+                yield batch
+
+        reader = _PartReader(rows_from, ShardRows.empty(spec.dtype, spec.dim))
         done = min(skip, total)
         step = self._batch_rows(spec)
         while True:
