@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deltarec.testing.servers import PostgresServer, RedisServer
+from deltarec.testing.servers import PostgresServer, RedisServer, SeaweedServer
 
 SERVER_FIXTURES = frozenset({"postgres_server", "redis_server", "s3_server", "s3_uri", "s3_root"})
 """Fixtures that start a real server (PostgreSQL, Redis, an S3-compatible server)."""
@@ -44,4 +44,11 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[SeaweedServer]:
+    """A real S3-compatible object store (SeaweedFS); each test makes its own bucket."""
+    with SeaweedServer() as server:
         yield server

@@ -1,4 +1,4 @@
-"""The hook with a store, ``deltarec inspect``, and an S3-compatible artifact root (moto)."""
+"""The hook with a store, ``deltarec inspect``, and an S3-compatible artifact root (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -90,23 +90,10 @@ def test_inspect_lists_generations_dumps_tables_rows_bytes_and_steps(tmp_path, c
 
 
 @pytest.fixture
-def s3_root():
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    from deltarec.testing.multiprocess import free_port
-
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    opts = {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint}}
-    fs = s3fs.S3FileSystem(**opts)
-    fs.mkdir("deltarec-test")
-    s3fs.S3FileSystem.clear_instance_cache()
-    try:
-        yield "s3://deltarec-test/artifacts", opts
-    finally:
-        server.stop()
+def s3_root(s3_server):
+    """An empty prefix in a fresh bucket of the real S3-compatible server (SeaweedFS)."""
+    uri, opts = s3_server.fresh_uri()
+    return f"{uri}/artifacts", opts
 
 
 @pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Fixtures of the reliability tests: an S3-compatible artifact root (moto), and helpers to run
+"""Fixtures of the reliability tests: an S3-compatible artifact root (SeaweedFS), and helpers to run
 ``deltarec train`` as a user does and to find, pause and kill its process tree."""
 
 from __future__ import annotations
@@ -9,26 +9,11 @@ import pytest
 
 
 @pytest.fixture
-def s3_uri() -> Iterator[tuple[str, dict[str, object]]]:
-    """``(uri, storage_options)`` of an empty prefix on a moto S3 server of this test."""
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    from deltarec.testing.multiprocess import free_port
-
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    opts: dict[str, object] = {
-        "key": "test",
-        "secret": "test",
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
-    }
-    s3fs.S3FileSystem(**opts).mkdir("deltarec-lease")
-    s3fs.S3FileSystem.clear_instance_cache()
-    try:
-        yield "s3://deltarec-lease/artifacts", opts
-    finally:
-        server.stop()
+def s3_uri(s3_server) -> Iterator[tuple[str, dict[str, object]]]:
+    """``(uri, storage_options)`` of an empty prefix in a fresh bucket of a real S3-compatible
+    server (SeaweedFS, session-wide: tests/conftest.py)."""
+    uri, opts = s3_server.fresh_uri()
+    yield f"{uri}/artifacts", opts
 
 
 LONG_ENV = "DELTAREC_FAULTS_LONG"

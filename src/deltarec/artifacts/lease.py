@@ -5,10 +5,13 @@ Layout::
     <root>/<run>/LEASE/epoch-<E:06d>.json
 
 The lease is built on the two operations every fsspec filesystem and object store offers
-safely: creating an object only if it does not exist (``O_EXCL`` locally, ``If-None-Match``
-on S3-compatible stores, the same primitive that allocates generations) and replacing a whole
-object. Each holder owns one **epoch** file, created exclusively; the newest epoch is the
-holder of the run.
+safely: creating an object only if it does not exist (``O_EXCL`` locally, a ``PutObject`` with
+``If-None-Match: *`` that the server enforces on S3-compatible stores, the same primitive that
+allocates generations: :meth:`ArtifactRoot.create_exclusive`) and replacing a whole object.
+Who holds the run never depends on what a store lists: a listing only proposes the next
+epoch, whose exclusive create decides, and a holder learns it was superseded by reading
+epoch ``E + 1`` directly. Each holder owns one **epoch** file, created exclusively; the
+newest epoch is the holder of the run.
 
 * **acquire**: read the newest epoch. If its holder is alive (renewed within its ``ttl_s``
   and not released), refuse with :class:`LeaseHeldError` naming host, pid and since when.
@@ -324,10 +327,16 @@ class RunLease:
 
     # ---- internals -----------------------------------------------------------------------
     def _newer(self) -> LeaseRecord | None:
-        found = epochs(self.root, self.record.run)
-        if found and found[-1] > self.record.epoch:
-            return read_epoch(self.root, self.record.run, found[-1])
-        return None
+        # Every acquire creates the epoch after the newest it sees, so a newer holder exists
+        # exactly when epoch E + 1 does: one HEAD of that object, no listing (what a store
+        # lists differs: emptied prefixes, directory objects, cached listings).
+        run, nxt = self.record.run, self.record.epoch + 1
+        path = epoch_file(self.root, run, nxt)
+        self.root.fs.invalidate_cache(posixpath.dirname(path))
+        if not self.root.fs.exists(path):
+            return None
+        found = [e for e in epochs(self.root, run) if e > nxt]
+        return read_epoch(self.root, run, found[-1] if found else nxt)
 
     def _lose(self, newer: LeaseRecord) -> None:
         self._lost = (

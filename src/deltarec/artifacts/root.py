@@ -135,7 +135,13 @@ class ArtifactRoot:
             self.fs.pipe_file(path, data)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        """Create ``path`` only if it does not exist. Returns False if it already existed."""
+        """Create ``path`` only if it does not exist. Returns False if it already existed.
+
+        Locally ``O_EXCL``; on an object store a conditional write the server enforces
+        (S3 ``PutObject`` with ``If-None-Match: *``, which AWS S3, SeaweedFS and MinIO honour),
+        never a listing or an existence check followed by a write: of two writers racing for
+        one path exactly one gets True.
+        """
         self.makedirs(posixpath.dirname(path))
         if self.is_local:
             try:
@@ -148,15 +154,18 @@ class ArtifactRoot:
                 os.fsync(f.fileno())
             _fsync_dir(posixpath.dirname(path))
             return True
-        try:
-            with self.fs.open(path, "xb") as f:  # conditional create (If-None-Match on S3)
-                f.write(data)
+        try:  # a conditional create: PutObject with If-None-Match: * on S3 (s3fs mode "create")
+            self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
-        except (ValueError, NotImplementedError) as e:
+        except OSError as e:
+            if _precondition_failed(e):  # the server refused: the object exists
+                return False
+            raise
+        except (ValueError, NotImplementedError, TypeError) as e:
             raise BadInputError(
                 f"{self.url(path)}: the filesystem cannot create files exclusively ({e}); "
-                "generations could not be allocated safely"
+                "generations and leases could not be allocated safely"
             ) from e
         return True
 
@@ -174,6 +183,8 @@ class ArtifactRoot:
         return obj
 
     def _children(self, path: str, pattern: re.Pattern[str]) -> list[int]:
+        if not self.is_local:
+            self.fs.invalidate_cache(path)  # object-store listings are cached (s3fs): ask again
         try:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
@@ -184,6 +195,29 @@ class ArtifactRoot:
             if m:
                 found.append(int(m.group(1)))
         return sorted(set(found))
+
+    def _holds_objects(self, path: str) -> bool:
+        """Whether any file lies under ``path``.
+
+        Object stores differ in what they list once a folder is emptied: AWS S3 and moto drop
+        the prefix, SeaweedFS (and stores with directory objects, OSS among them) keep listing
+        it. A directory counts by the files it holds, never by being listed.
+        """
+        if self.is_local:
+            return any(files for _, _, files in os.walk(path))
+        inside = path.rstrip("/") + "/"
+        try:
+            found = self.fs.find(path, withdirs=False, detail=True)
+        except FileNotFoundError:
+            return False
+        # SeaweedFS reports an emptied folder as an entry named like the folder itself, and a
+        # directory object ("dump-000001/") is no file either: only entries below it count.
+        return any(
+            str(name).startswith(inside)
+            and not str(name).endswith("/")
+            and (info or {}).get("type", "file") == "file"
+            for name, info in found.items()
+        )
 
     # ---- generations ---------------------------------------------------------------------
     def list_runs(self) -> list[str]:
@@ -269,9 +303,14 @@ class ArtifactRoot:
         return [s for s in seqs if self.fs.exists(self.manifest_file(run, generation, s))]
 
     def list_incomplete_dumps(self, run: str, generation: int) -> list[int]:
-        """Dump directories without a manifest."""
+        """Dump directories that hold files but no manifest (an emptied folder is none)."""
         seqs = self._children(self.gen_dir(run, generation), _DUMP_RE)
-        return [s for s in seqs if not self.fs.exists(self.manifest_file(run, generation, s))]
+        return [
+            s
+            for s in seqs
+            if not self.fs.exists(self.manifest_file(run, generation, s))
+            and self._holds_objects(self.dump_dir(run, generation, s))
+        ]
 
     def read_manifest(self, run: str, generation: int, seq: int) -> Manifest:
         """Parse MANIFEST.json of one dump."""
@@ -302,6 +341,25 @@ class ArtifactRoot:
                 self.fs.rm(d, recursive=True)
                 removed.append(d)
         return removed
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """Whether an object store answered a conditional write with "precondition failed" (412).
+
+    s3fs turns it into ``FileExistsError`` only when the answer names the ``If-None-Match``
+    condition (AWS); SeaweedFS and others answer a bare 412, which s3fs makes an ``OSError``.
+    """
+    seen: BaseException | None = e
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if error.get("Code") in ("PreconditionFailed", "412") or status == 412:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    text = str(e).lower()
+    return "pre-condition" in text or "precondition" in text
 
 
 def _fsync_dir(path: str) -> None:

