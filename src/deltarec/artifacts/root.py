@@ -138,9 +138,10 @@ class ArtifactRoot:
         """Create ``path`` only if it does not exist. Returns False if it already existed.
 
         Locally ``O_EXCL``; on an object store a conditional write the server enforces
-        (S3 ``PutObject`` with ``If-None-Match: *``, which AWS S3, SeaweedFS and MinIO honour),
-        never a listing or an existence check followed by a write: of two writers racing for
-        one path exactly one gets True.
+        (S3 ``PutObject`` with ``If-None-Match: *``, which AWS S3, SeaweedFS and MinIO honour;
+        on ``oss://`` through ossfs, OSS's ``x-oss-forbid-overwrite``), never a listing or an
+        existence check followed by a write: of two writers racing for one path exactly one
+        gets True.
         """
         self.makedirs(posixpath.dirname(path))
         if self.is_local:
@@ -154,8 +155,11 @@ class ArtifactRoot:
                 os.fsync(f.fileno())
             _fsync_dir(posixpath.dirname(path))
             return True
-        try:  # a conditional create: PutObject with If-None-Match: * on S3 (s3fs mode "create")
-            self.fs.pipe_file(path, data, mode="create")
+        try:
+            if _protocols(self.fs) & {"oss"}:  # ossfs: OSS's own header, refused with 409
+                self.fs.pipe_file(path, data, headers={"x-oss-forbid-overwrite": "true"})
+            else:  # PutObject with If-None-Match: * (s3fs, and fsspec's "create" mode)
+                self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
         except OSError as e:
@@ -343,14 +347,22 @@ class ArtifactRoot:
         return removed
 
 
-def _precondition_failed(e: BaseException) -> bool:
-    """Whether an object store answered a conditional write with "precondition failed" (412).
+def _protocols(fs: Any) -> set[str]:
+    protocol = getattr(fs, "protocol", ())
+    return {protocol} if isinstance(protocol, str) else set(protocol)
 
-    s3fs turns it into ``FileExistsError`` only when the answer names the ``If-None-Match``
-    condition (AWS); SeaweedFS and others answer a bare 412, which s3fs makes an ``OSError``.
+
+def _precondition_failed(e: BaseException) -> bool:
+    """Whether an object store refused a conditional write because the object exists.
+
+    s3fs turns S3's 412 into ``FileExistsError`` only when the answer names the
+    ``If-None-Match`` condition (AWS); SeaweedFS and others answer a bare 412, which s3fs
+    makes an ``OSError``. OSS answers ``x-oss-forbid-overwrite`` with 409 FileAlreadyExists.
     """
     seen: BaseException | None = e
     while seen is not None:
+        if getattr(seen, "code", None) == "FileAlreadyExists":  # oss2's error
+            return True
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
             error = response.get("Error") or {}
