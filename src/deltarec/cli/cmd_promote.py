@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Promote; a generation without a passing verification is refused (exit 1)."""
-    from deltarec.orchestrate.steps import promote_generation
+    from deltarec.promote.run import promote_generation
     from deltarec.stores import redact_url
 
     result = promote_generation(

@@ -37,7 +37,7 @@ def provision(
     artifacts: str, run: str, store_url: str, generation: int | None = None, staged: bool = False
 ) -> dict[str, Any]:
     """Provision the views of ``generation``'s tables; returns a JSON-ready description."""
-    from deltarec.orchestrate.steps import provision_generation
+    from deltarec.stores.provision import provision_generation
 
     result, tables = provision_generation(artifacts, run, store_url, generation, staged)
     return {

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Roll back; prints the new generation and the keys restored and removed."""
-    from deltarec.orchestrate.steps import rollback
+    from deltarec.promote.run import rollback
 
     result = rollback(
         args.artifacts, args.run, args.store, args.to_generation, through_seq=args.through_seq

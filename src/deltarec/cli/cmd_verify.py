@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the verification; exit 0 if it passed, raise CheckFailedError (exit 1) if not."""
-    from deltarec.orchestrate.steps import run_verification
     from deltarec.verify import dumps_json, kfp_metrics, print_summary, render_html
+    from deltarec.verify.run import run_verification
 
     if args.sample is not None and args.sample < 0:
         raise BadInputError(f"--sample must be >= 0, got {args.sample}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from deltarec.artifacts.types import DType, TableKind, TableSpec
 from deltarec.ids import table_id
 from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig
 
@@ -86,3 +88,32 @@ def model_tables(config: ModelConfig, world_size: int) -> list[TableInfo]:
         )
     )
     return out
+
+
+def declared_tables(
+    config: ModelConfig,
+    world_size: int,
+    *,
+    default_dtype: DType | None = None,
+    dtypes: Mapping[str, DType] | None = None,
+) -> dict[str, TableSpec]:
+    """The example model's tables for these settings, as the specs its dumps will declare.
+
+    Args:
+        config: the model's configuration.
+        world_size: ranks over all nodes (a ZCH table has slots per rank).
+        default_dtype: the row encoding of tables not in ``dtypes`` (None: float32).
+        dtypes: table id -> row encoding.
+    """
+    dtypes = dtypes or {}
+    return {
+        t.table_id: TableSpec(
+            dim=t.dim,
+            dtype=dtypes.get(t.table_id, default_dtype or DType.FLOAT32),
+            kind=TableKind(t.kind),
+            num_embeddings=t.num_embeddings,
+            zch_size=t.zch_size,
+            sharding=t.sharding,
+        )
+        for t in model_tables(config, world_size)
+    }

@@ -89,7 +89,7 @@ def verify_failed(conf: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
 def rollback(conf: Mapping[str, Any], to_generation: int) -> int:
     """:func:`steps.rollback`; returns the generation restored."""
     p = _params(conf)
-    return steps.rollback(p.artifact_root, p.run_name, p.store_url, to_generation).to_generation
+    return steps.rollback(p, to_generation).to_generation
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -157,7 +157,7 @@ def rollback(params: dict, to_generation: int) -> int:
     from deltarec.orchestrate.params import PipelineParams
 
     p = PipelineParams.from_arguments(params)
-    result = steps.rollback(p.artifact_root, p.run_name, p.store_url, to_generation)
+    result = steps.rollback(p, to_generation)
     return result.to_generation
 
 

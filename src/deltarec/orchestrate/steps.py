@@ -27,13 +27,18 @@ import logging
 import os
 import shlex
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import fsspec
 
 from deltarec.artifacts import ArtifactRoot
-from deltarec.artifacts.types import DType, TableKind, TableSpec
+from deltarec.artifacts.types import TableSpec
+from deltarec.dump.config import check_row_encoding, parse_row_encodings
 from deltarec.errors import BadInputError, CheckFailedError, ConfigError
+from deltarec.model.config import ModelConfig
+from deltarec.model.tables import declared_tables as model_declared_tables
 from deltarec.orchestrate.params import PipelineParams, table_specs
 from deltarec.orchestrate.train_step import (
     generation_record,
@@ -49,17 +54,19 @@ from deltarec.orchestrate.types import (
     GenerationRecord,
     MetricsLike,
 )
-
-if TYPE_CHECKING:
-    from deltarec.promote.promote import PromoteResult
-    from deltarec.promote.rollback import RollbackResult
-    from deltarec.verify import VerifyResult
+from deltarec.promote import PromoteResult, RollbackResult, is_staged
+from deltarec.promote import rollback as rollback_store
+from deltarec.promote.run import promote_generation
+from deltarec.promote.run import rollback as rollback_generation
+from deltarec.stores import open_store
+from deltarec.stores.provision import ProvisionResult, provision_generation, provision_tables
+from deltarec.verify import VerifyResult, dumps_json, kfp_metrics, render_html
+from deltarec.verify.run import run_verification
 
 __all__ = [
     "FAIL",
     "PASS",
     "FailureAction",
-    "ProvisionResult",
     "VerifyFailedError",
     "VerifyOutcome",
     "call_webhook",
@@ -70,15 +77,11 @@ __all__ = [
     "outcome_of",
     "program",
     "promote",
-    "promote_generation",
     "provision",
-    "provision_generation",
-    "provision_tables",
     "read_outcome",
     "read_record",
     "rollback",
     "run_process",
-    "run_verification",
     "torchrun_command",
     "train",
     "train_args",
@@ -95,84 +98,18 @@ PASS, FAIL = "PASS", "FAIL"
 
 
 # ---- provision ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProvisionResult:
-    """What provision created.
-
-    Attributes:
-        run: the run name.
-        generation: the generation whose GENERATION.json listed the tables; None when the
-            tables came from the parameters (a fresh run) or nothing was provisioned.
-        views: table id -> live view name (empty: no table known yet).
-        staging_views: table id -> staging view name (``staged`` with a generation only).
-        store: the store URL without credentials.
-    """
-
-    run: str
-    generation: int | None
-    views: dict[str, str]
-    staging_views: dict[str, str] = field(default_factory=dict)
-    store: str = ""
-
-
-def provision_tables(
-    store_url: str,
-    run: str,
-    tables: Mapping[str, TableSpec],
-    generation: int | None = None,
-    staged: bool = False,
-    artifacts: str | None = None,
-) -> ProvisionResult:
-    """Create the live views of ``tables`` (and the generation's staging views if ``staged``).
-
-    Registers ``generation`` when given. Idempotent.
-
-    Raises:
-        ViewMismatchError: a view exists with another dim or dtype.
-    """
-    from deltarec.stores import open_store, redact_url
-
-    if staged and generation is None:
-        raise BadInputError("staging views need the generation they belong to")
-    with open_store(store_url, artifacts) as store:
-        views = store.provision(dict(tables))
-        staging = store.provision(dict(tables), staging_generation=generation) if staged else {}
-        if generation is not None:
-            store.registry.register_generation(run, generation)
-    return ProvisionResult(
-        run=run,
-        generation=generation,
-        views={t: v.name for t, v in sorted(views.items())},
-        staging_views={t: v.name for t, v in sorted(staging.items())},
-        store=redact_url(store_url),
-    )
-
-
-def provision_generation(
-    artifacts: str, run: str, store_url: str, generation: int | None = None, staged: bool = False
-) -> tuple[ProvisionResult, dict[str, TableSpec]]:
-    """Provision the tables of ``generation`` (default: the newest) from its GENERATION.json."""
-    root = ArtifactRoot(artifacts)
-    gen = generation if generation is not None else root.latest_generation(run)
-    tables = root.read_generation(run, gen).tables
-    return provision_tables(store_url, run, tables, gen, staged, artifacts), dict(tables)
-
-
 def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
     """The tables a fresh run will dump, as far as the parameters say.
 
     The ``tables`` parameter when set; for the example model (no entry point) its tables
-    from its configuration (``--model-config`` in ``train_extra_args`` is honoured); else
-    none (the training ranks create the views from the first GENERATION.json).
+    (:func:`deltarec.model.tables.declared_tables`) from its configuration (``--model-config``
+    in ``train_extra_args`` is honoured); else none (the training ranks create the views from
+    the first GENERATION.json).
     """
     if params.tables.strip():
         return table_specs(params.tables)
     if params.entry_point.strip():
         return {}
-    from deltarec.dump.config import check_row_encoding, parse_row_encodings
-    from deltarec.model.config import ModelConfig
-    from deltarec.model.tables import model_tables
-
     config = ModelConfig()
     extra = shlex.split(params.train_extra_args)
     if "--model-config" in extra[:-1]:
@@ -182,19 +119,10 @@ def declared_tables(params: PipelineParams) -> dict[str, TableSpec]:
                 config = ModelConfig.model_validate(json.load(f))
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"train_extra_args --model-config {path}: {e}") from e
-    world = params.ranks_per_node * params.nodes
     default, dtypes = parse_row_encodings(params.row_encodings)
-    specs = {
-        t.table_id: TableSpec(
-            dim=t.dim,
-            dtype=dtypes.get(t.table_id, default or DType.FLOAT32),
-            kind=TableKind(t.kind),
-            num_embeddings=t.num_embeddings,
-            zch_size=t.zch_size,
-            sharding=t.sharding,
-        )
-        for t in model_tables(config, world)
-    }
+    specs = model_declared_tables(
+        config, params.ranks_per_node * params.nodes, default_dtype=default, dtypes=dtypes
+    )
     for table, spec in specs.items():
         check_row_encoding(table, spec.dim, spec.dtype)
     return specs
@@ -268,55 +196,8 @@ class VerifyOutcome:
             raise BadInputError(f"not a verify outcome: {e!r}") from e
 
 
-def run_verification(
-    artifacts: str,
-    run: str,
-    store_url: str,
-    *,
-    generation: int | None = None,
-    through_seq: int | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    batch_size: int = 8192,
-    max_mismatches: int = 20,
-    record: bool = True,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> VerifyResult:
-    """Verify a generation through a dump against the store; leaves the verification record.
-
-    ``sample=None`` checks every key and scans the store for keys the lineage never wrote.
-    The record (which promote requires) is written unless ``record`` is False.
-    """
-    from deltarec.stores import open_store
-    from deltarec.verify import verify as verify_store
-    from deltarec.verify import write_record as write_verification
-
-    root = ArtifactRoot(artifacts)
-    with open_store(store_url, artifacts) as store:
-        result = verify_store(
-            root,
-            run,
-            store,
-            store_url=store.describe(),
-            generation=generation,
-            through_seq=through_seq,
-            sample=sample,
-            seed=seed,
-            batch_size=batch_size,
-            max_mismatches=max_mismatches,
-            progress=progress,
-        )
-    if record:
-        path = write_verification(root, result)
-        if path:
-            log.info("verification record: %s", root.url(path))
-    return result
-
-
 def outcome_of(result: VerifyResult, report_path: str | None = None) -> VerifyOutcome:
     """The :class:`VerifyOutcome` of a verification result."""
-    from deltarec.verify import kfp_metrics
-
     metrics = dict(kfp_metrics(result))
     lags = sorted(d.lag_s for d in result.dumps if d.lag_s is not None)
     if lags:
@@ -345,8 +226,6 @@ def verify(
     ``sample_size <= 0`` compares every key. ``report_path`` receives the HTML report and
     ``json_path`` verify's JSON document (local paths or fsspec URIs).
     """
-    from deltarec.verify import dumps_json, render_html
-
     result = run_verification(
         params.artifact_root,
         record.run,
@@ -365,8 +244,6 @@ def verify(
 def _write_outputs(
     result: Any, report_path: str | None, json_path: str | None, html: Any, doc: Any
 ) -> None:
-    import fsspec
-
     for path, render in ((report_path, html), (json_path, doc)):
         if path:
             fs, local = fsspec.core.url_to_fs(path)
@@ -389,9 +266,6 @@ def verify_serving(
     Raises:
         BadInputError: ``run`` was never promoted in this store.
     """
-    from deltarec.stores import open_store
-    from deltarec.verify import dumps_json, render_html
-
     with open_store(store_url, artifacts) as s:
         pointer = s.registry.get_serving(run)
     if pointer is None:
@@ -427,36 +301,11 @@ def promote(
     )  # fmt: skip
 
 
-def promote_generation(
-    artifacts: str,
-    run: str,
-    store_url: str,
-    generation: int,
-    *,
-    through_seq: int | None = None,
-    force: bool = False,
-) -> PromoteResult:
-    """Promote ``generation`` through ``through_seq`` (default: its newest dump)."""
-    from deltarec.promote import promote as promote_store
-    from deltarec.stores import open_store
-
-    with open_store(store_url, artifacts) as store:
-        return promote_store(
-            ArtifactRoot(artifacts), run, store, generation, through_seq=through_seq, force=force
-        )
-
-
-def rollback(
-    artifacts: str, run: str, store_url: str, to_generation: int, through_seq: int | None = None
-) -> RollbackResult:
-    """Restore serving to ``to_generation`` (default: at the dump it was last promoted at)."""
-    from deltarec.promote import rollback as rollback_store
-    from deltarec.stores import open_store
-
-    with open_store(store_url, artifacts) as store:
-        return rollback_store(
-            ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq
-        )
+def rollback(params: PipelineParams, to_generation: int) -> RollbackResult:
+    """Restore serving to ``to_generation`` at the dump it was last promoted at."""
+    return rollback_generation(
+        params.artifact_root, params.run_name, params.store_url, to_generation
+    )
 
 
 @dataclass(frozen=True)
@@ -500,10 +349,6 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
     one there is nothing to roll back to. The webhook (``webhook_url``) gets the summary as
     JSON; its failure is logged and does not hide the verify failure.
     """
-    from deltarec.promote import rollback as rollback_store
-    from deltarec.promote.promote import is_staged
-    from deltarec.stores import open_store
-
     root = ArtifactRoot(params.artifact_root)
     run, gen = outcome.run, outcome.generation
     rolled_back_to: int | None = None

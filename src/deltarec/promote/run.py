@@ -1,0 +1,42 @@
+"""Promote and roll back a store named by URL.
+
+The use cases behind ``deltarec promote`` and ``deltarec rollback``; the pipeline's promote and
+rollback steps call the same functions.
+"""
+
+from __future__ import annotations
+
+from deltarec.artifacts import ArtifactRoot
+from deltarec.promote.promote import PromoteResult
+from deltarec.promote.promote import promote as promote_store
+from deltarec.promote.rollback import RollbackResult
+from deltarec.promote.rollback import rollback as rollback_store
+from deltarec.stores import open_store
+
+__all__ = ["promote_generation", "rollback"]
+
+
+def promote_generation(
+    artifacts: str,
+    run: str,
+    store_url: str,
+    generation: int,
+    *,
+    through_seq: int | None = None,
+    force: bool = False,
+) -> PromoteResult:
+    """Promote ``generation`` through ``through_seq`` (default: its newest dump)."""
+    with open_store(store_url, artifacts) as store:
+        return promote_store(
+            ArtifactRoot(artifacts), run, store, generation, through_seq=through_seq, force=force
+        )
+
+
+def rollback(
+    artifacts: str, run: str, store_url: str, to_generation: int, through_seq: int | None = None
+) -> RollbackResult:
+    """Restore serving to ``to_generation`` (default: at the dump it was last promoted at)."""
+    with open_store(store_url, artifacts) as store:
+        return rollback_store(
+            ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq
+        )

@@ -1,0 +1,61 @@
+"""Run a verification against a store named by URL: the use case behind ``deltarec verify``.
+
+:func:`run_verification` opens the store, calls :func:`deltarec.verify.verify` and leaves the
+verification record promote requires. The CLI and the pipeline's verify step both call it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from deltarec.artifacts import ArtifactRoot
+from deltarec.stores import open_store
+from deltarec.verify.engine import verify as verify_store
+from deltarec.verify.records import write_record as write_verification
+from deltarec.verify.types import VerifyResult
+
+__all__ = ["run_verification"]
+
+log = logging.getLogger(__name__)
+
+
+def run_verification(
+    artifacts: str,
+    run: str,
+    store_url: str,
+    *,
+    generation: int | None = None,
+    through_seq: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8192,
+    max_mismatches: int = 20,
+    record: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> VerifyResult:
+    """Verify a generation through a dump against the store; leaves the verification record.
+
+    ``sample=None`` checks every key and scans the store for keys the lineage never wrote.
+    The record (which promote requires) is written unless ``record`` is False.
+    """
+    root = ArtifactRoot(artifacts)
+    with open_store(store_url, artifacts) as store:
+        result = verify_store(
+            root,
+            run,
+            store,
+            store_url=store.describe(),
+            generation=generation,
+            through_seq=through_seq,
+            sample=sample,
+            seed=seed,
+            batch_size=batch_size,
+            max_mismatches=max_mismatches,
+            progress=progress,
+        )
+    if record:
+        path = write_verification(root, result)
+        if path:
+            log.info("verification record: %s", root.url(path))
+    return result
