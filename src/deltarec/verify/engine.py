@@ -38,6 +38,7 @@ from deltarec.verify.collect import Collector
 from deltarec.verify.compare import ExpectedBatch, Holds, point_of
 from deltarec.verify.freshness import dump_freshness
 from deltarec.verify.options import VerifyOptions
+from deltarec.verify.partition import PARTITION_NOTE
 from deltarec.verify.reader import LaterDeletes, Reader
 from deltarec.verify.scan import scan_unknown, verify_table_by_scan
 from deltarec.verify.shards import check_shards, lineage_shard_refs
@@ -109,10 +110,14 @@ def verify(
         return result
     result.version = state.version
     result.notes.extend(_store_notes(store, opts))
+    part = opts.partition
+    if part is not None:
+        result.notes.append(PARTITION_NOTE.format(index=part.index, count=part.count))
     holds = Holds.of(store.capabilities)
     # Checksums (hashlib runs outside the GIL) overlap with reading the store.
     with ThreadPoolExecutor(1, thread_name_prefix="verify-sha256") as pool:
-        checks = pool.submit(check_shards, root, state.shard_refs())
+        refs = state.shard_refs()
+        checks = pool.submit(check_shards, root, part.share(refs) if part else refs)
         rollbacks = rollback_generations(root, run, generation, seq)
         result.rollback_generations = sorted(rollbacks)
         reader = Reader(store, run, generation, state.manifests)
@@ -173,20 +178,25 @@ def _verify_one(
 ) -> TableResult:
     """One table: one pass over the store with ``--all`` when it fits, else lookups by key."""
     can_scan = reader.store.capabilities.scan
+    part = opts.partition
     if (
         opts.all_keys
         and can_scan
+        and part is None
         and _fits(et, opts.full_scan_bytes)
         and not reader.staged(et.table)
     ):
         return verify_table_by_scan(et, reader.store, acc, point_version, rollbacks, opts)
     keys = _sample_keys(et, opts.sample, opts.seed)
+    keep = None if part is None else (lambda k: part.mask(et.keys, k))
+    if keep is not None:
+        keys = keys[keep(keys)]
     if not reader.store.capabilities.fallback_key:
         keys = keys[keys != FALLBACK_KEY]
     _verify_table(et, reader, keys, acc, point_version, rollbacks, opts)
     if opts.all_keys and can_scan:
         acc.res.store_keys_scanned = scan_unknown(
-            et, reader, acc, point_version, rollbacks, opts.batch_size
+            et, reader, acc, point_version, rollbacks, opts.batch_size, keep
         )
     return acc.res
 

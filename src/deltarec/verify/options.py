@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from deltarec.errors import BadInputError
+from deltarec.verify.partition import Partition
 
 DEFAULT_SAMPLE = 10_000
 DEFAULT_BATCH = 8192
@@ -39,6 +40,8 @@ class VerifyOptions:
             tables read through a staging view and stores that cannot list keys are read by
             key in chunks.
         progress: optional callback, see :data:`ProgressFn`.
+        partition: check only this partition's key range of every table and its share of the
+            shards (:mod:`deltarec.verify.partition`); None checks everything.
     """
 
     sample: int | None = DEFAULT_SAMPLE
@@ -48,6 +51,7 @@ class VerifyOptions:
     max_mismatches: int = DEFAULT_MAX_MISMATCHES
     full_scan_bytes: int = DEFAULT_FULL_SCAN_BYTES
     progress: ProgressFn | None = None
+    partition: Partition | None = None
 
     def __post_init__(self) -> None:
         if self.sample is not None and self.sample < 0:

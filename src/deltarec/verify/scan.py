@@ -172,12 +172,18 @@ def scan_unknown(
     point_version: int,
     rollbacks: frozenset[int],
     batch_size: int,
+    keep: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> int:
-    """Classify store keys the lineage never wrote; returns the number of store keys scanned."""
+    """Classify store keys the lineage never wrote; returns the number of store keys scanned.
+
+    With ``keep`` (a key mask: a verify partition's range) only the store keys it keeps count.
+    """
     width = codec.encoded_width(table.spec.dtype, table.spec.dim)
     scanned = 0
     for batch in store.store.scan_keys(table.table):
         batch = np.asarray(batch, np.int64)
+        if keep is not None:
+            batch = batch[keep(batch)]
         scanned += len(batch)
         unknown = batch[table.index_of(batch) < 0]
         for b in range(0, len(unknown), batch_size):
