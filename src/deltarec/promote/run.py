@@ -26,7 +26,7 @@ def promote_generation(
     force: bool = False,
 ) -> PromoteResult:
     """Promote ``generation`` through ``through_seq`` (default: its newest dump)."""
-    with open_store(store_url, artifacts) as store:
+    with open_store(store_url, artifacts, run=run) as store:
         return promote_store(
             ArtifactRoot(artifacts), run, store, generation, through_seq=through_seq, force=force
         )
@@ -36,7 +36,7 @@ def rollback(
     artifacts: str, run: str, store_url: str, to_generation: int, through_seq: int | None = None
 ) -> RollbackResult:
     """Restore serving to ``to_generation`` (default: at the dump it was last promoted at)."""
-    with open_store(store_url, artifacts) as store:
+    with open_store(store_url, artifacts, run=run) as store:
         return rollback_store(
             ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq
         )

@@ -54,7 +54,7 @@ def provision_tables(
     """
     if staged and generation is None:
         raise BadInputError("staging views need the generation they belong to")
-    with open_store(store_url, artifacts) as store:
+    with open_store(store_url, artifacts, run=run) as store:
         views = store.provision(dict(tables))
         staging = store.provision(dict(tables), staging_generation=generation) if staged else {}
         if generation is not None:

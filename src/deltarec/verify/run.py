@@ -40,7 +40,7 @@ def run_verification(
     The record (which promote requires) is written unless ``record`` is False.
     """
     root = ArtifactRoot(artifacts)
-    with open_store(store_url, artifacts) as store:
+    with open_store(store_url, artifacts, run=run) as store:
         result = verify_store(
             root,
             run,
