@@ -33,6 +33,7 @@ from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSp
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.ids import validate_run
 from deltarec.publish.metrics import PublishMetrics
+from deltarec.publish.readahead import read_ahead
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.types import PublishMode
@@ -316,6 +317,25 @@ class DumpPublisher:
             return
         size = min(self._read_rows(spec), self._batch_rows(spec))
         dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
+        yield from read_ahead(
+            self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify)
+        )
+
+    def _shard_rows(
+        self,
+        manifest: Manifest,
+        rank: int,
+        spec: TableSpec,
+        table: str,
+        dump_dir: str,
+        size: int,
+        skip: int,
+        verify: bool,
+    ) -> Iterator[ShardRows]:
+        """The rank's rows of ``table`` from its shards, after the first ``skip``.
+
+        In chunks of about ``size`` rows; runs on :func:`read_ahead`'s thread (see :meth:`_rows`).
+        """
         for shard in manifest.shards_of(table):
             if shard.rank != rank:
                 continue
