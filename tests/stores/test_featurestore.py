@@ -23,25 +23,41 @@ from deltarec.ids import make_version
 from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
 from deltarec.stores import open_store, parse_store_url
 from deltarec.stores.featurestore import FeatureStoreStore
-from deltarec.stores.featurestore_sdk import tzrec_embedding_name
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 from deltarec.verify import RowClass, verify
 
 FS_PROJECT, FS_VIEW, FS_VERSION = fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION
 T = "sparse.ebc.user_id"
 Z = "sparse.zch.ad_id"
+EBC = "EmbeddingBagCollection"
 TABLES = {
-    T: TableSpec(dim=4),
-    Z: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH),
+    T: TableSpec(dim=4, module_type=EBC),
+    Z: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH, module_type=EBC),
 }
 FAST = RetryPolicy(initial_s=0.01, max_s=0.05, deadline_s=10)
 
 
-@pytest.fixture
-def state(tmp_path, monkeypatch) -> str:
+@pytest.fixture(params=fs_state.SURFACES)
+def state(request, tmp_path, monkeypatch) -> str:
+    """The test SDK's state file, on each surface: merged TorchEasyRec's calls, and those plus
+    ``project.get_feature_view``."""
     path = str(tmp_path / "featurestore.db")
-    fs_state.use_test_sdk(monkeypatch, path)
+    fs_state.use_test_sdk(monkeypatch, path, surface=request.param)
     return path
+
+
+@pytest.fixture
+def control_plane(tmp_path, monkeypatch) -> str:
+    """The test SDK with ``project.get_feature_view`` (what the TTL/shard checks need)."""
+    path = str(tmp_path / "featurestore.db")
+    fs_state.use_test_sdk(monkeypatch, path, surface="control-plane")
+    return path
+
+
+def own(store: FeatureStoreStore, run: str = "r") -> FeatureStoreStore:
+    """``store`` as a handle of ``run`` (what ``open_store(url, run=...)`` makes)."""
+    store.run = run
+    return store
 
 
 def url(tmp_path, **options) -> str:
@@ -65,7 +81,7 @@ def first_rows():
 
 
 def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_path, state):
-    with open_store(url(tmp_path)) as store:
+    with open_store(url(tmp_path), run="r") as store:
         root = publish(tmp_path, store, first_rows())
         sampled = verify(root, "r", store, sample=1000)
         assert sampled.passed, sampled.failure_summary()
@@ -84,10 +100,10 @@ def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_p
 
 
 def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_path, state):
-    with open_store(url(tmp_path)) as store:
+    with open_store(url(tmp_path), run="r") as store:
         store.provision(TABLES)
         store.provision(TABLES)
-    with open_store(url(tmp_path)) as again:
+    with open_store(url(tmp_path), run="r") as again:
         again.provision(TABLES)
     meta = fs_state.connect(state).execute("SELECT entity, ttl, shard_count, replication_count "
                                            "FROM views").fetchall()  # fmt: skip
@@ -101,13 +117,13 @@ def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_p
 
 def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_path, state):
     config = parse_store_url(url(tmp_path, create_wait_s=20))
-    waiting = FeatureStoreStore(config, rank=1)
+    waiting = own(FeatureStoreStore(config, rank=1))
     done: list[object] = []
     thread = threading.Thread(target=lambda: done.append(waiting.provision(TABLES)))
     thread.start()
     time.sleep(0.5)
     assert not done and not fs_state.connect(state).execute("SELECT * FROM views").fetchall()
-    with FeatureStoreStore(config, rank=0) as creator:
+    with own(FeatureStoreStore(config, rank=0)) as creator:
         creator.provision(TABLES)
     thread.join(20)
     assert done, "rank 1 did not pick up the view rank 0 created"
@@ -115,7 +131,7 @@ def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_p
     # another job creates the view between our look-up and our create: its view is used
     other = parse_store_url(url(tmp_path, registry=f"sqlite:///{tmp_path}/reg2.db"))
     fs_state.inject_fault(state, "create_dynamic_embedding_feature_view", 1, "race")
-    with FeatureStoreStore(other.model_copy(update={"view": "emb2"}), rank=0) as late:
+    with own(FeatureStoreStore(other.model_copy(update={"view": "emb2"}), rank=0)) as late:
         late.provision(TABLES)
         rows = random_rows(range(3), TABLES[T], 1)
         late.write(T, rows.keys, rows.embedding, rows.ops, np.full(3, make_version(1, 1)))
@@ -123,33 +139,37 @@ def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_p
 
 
 def test_an_existing_view_of_another_field_type_is_refused_naming_both(tmp_path, state):
-    with open_store(url(tmp_path)) as store:
+    with open_store(url(tmp_path), run="r") as store:
         store.provision({T: TABLES[T]})
     with (
         pytest.raises(ViewMismatchError, match=r"ARRAY<FLOAT>.*ARRAY<UINT8>"),
-        open_store(url(tmp_path, contract="tzrec", registry=f"sqlite:///{tmp_path}/r2.db")) as s,
+        open_store(
+            url(tmp_path, contract="tzrec", registry=f"sqlite:///{tmp_path}/r2.db"), run="r"
+        ) as s,
     ):
         s.provision({Z: TABLES[Z]})
     with (
         pytest.raises(ConfigError, match=r"ARRAY<FLOAT>.*ARRAY<UINT8>"),
-        open_store(url(tmp_path, contract="tzrec", registry=f"sqlite:///{tmp_path}/r3.db")) as s,
+        open_store(
+            url(tmp_path, contract="tzrec", registry=f"sqlite:///{tmp_path}/r3.db"), run="r"
+        ) as s,
     ):
         s.provision(TABLES)
 
 
 def test_an_existing_views_ttl_or_shards_other_than_asked_for_are_refused_naming_both(
-    tmp_path, state
+    tmp_path, control_plane
 ):
-    with open_store(url(tmp_path, ttl_s=7 * 86400)) as store:  # created with a 7-day TTL
+    with open_store(url(tmp_path, ttl_s=7 * 86400), run="r") as store:  # created with a 7-day TTL
         store.provision({T: TABLES[T]})
     for asked, named in [({"ttl_s": 86400 * 15}, r"ttl 604800.*ttl 1296000 \(ttl_s\)"),
                          ({"shard_count": 10}, r"shard_count 20.*shard_count 10")]:  # fmt: skip
         with (
             pytest.raises(ViewMismatchError, match=named),
-            open_store(url(tmp_path, **asked)) as s,
+            open_store(url(tmp_path, **asked), run="r") as s,
         ):
             s.provision({T: TABLES[T]})
-    with open_store(url(tmp_path, shard_count=20)) as s:  # defaults take the view's values
+    with open_store(url(tmp_path, shard_count=20), run="r") as s:  # defaults take the view's values
         s.provision({T: TABLES[T]})
         assert s.read(T, np.arange(3)).found.sum() == 0
 
@@ -157,7 +177,7 @@ def test_an_existing_views_ttl_or_shards_other_than_asked_for_are_refused_naming
 def test_writes_follow_the_sdk_batches_window_and_flush_summary(tmp_path, state):
     spec = TableSpec(dim=4)
     rows = random_rows(range(2500), spec, 3)
-    with open_store(url(tmp_path, batch_size=300)) as store:
+    with open_store(url(tmp_path, batch_size=300), run="r") as store:
         store.provision({T: spec})
         store.write(T, rows.keys, rows.embedding, rows.ops, np.full(2500, make_version(1, 1)))
         np.testing.assert_array_equal(store.read(T, rows.keys).embedding, rows.embedding)
@@ -179,7 +199,7 @@ def test_failed_flush_is_retried_on_a_new_client_and_auth_errors_fail_at_once(tm
                 access_key_id="ak", access_key_secret="sk", security_token="sts"
             )
 
-    store = FeatureStoreStore(parse_store_url(url(tmp_path)), credentials=Chain())
+    store = own(FeatureStoreStore(parse_store_url(url(tmp_path)), credentials=Chain()))
     store.provision({T: spec})
     fs_state.inject_fault(state, "write_flush", 2, "429 Throttling.User")
     metrics = PublishMetrics()
@@ -203,20 +223,16 @@ def test_failed_flush_is_retried_on_a_new_client_and_auth_errors_fail_at_once(tm
 
 
 def test_tzrec_contract_names_tables_and_writes_int8_as_uint8_rows(tmp_path, state):
-    assert tzrec_embedding_name("model.embedding_group.ebc_user.user_id") == (
-        "model.embedding_group.ebc.embedding_bags.user_id"
-    )
-    assert tzrec_embedding_name("sparse.mc_ec_dict_user.seq") == "sparse.mc_ec_dict.embeddings.seq"
     z = "emb_group.mc_ebc.ad_id"
-    spec = TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH)
+    spec = TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH, module_type=EBC)
     rows = random_rows([-1, 5, 9], spec, 2, ops=np.array([0, 1, 0], np.int8))
-    with open_store(url(tmp_path, contract="tzrec")) as store:
+    with open_store(url(tmp_path, contract="tzrec"), run="r") as store:
         root = publish(tmp_path, store, {z: rows}, {z: spec})
         checked = verify(root, "r", store, sample=None)
         assert checked.passed and checked.tables[z].checked == 2
         assert any("does not hold key -1" in n for n in checked.notes)
     stored = fs_state.stored_rows(state, FS_PROJECT, FS_VIEW, FS_VERSION)
-    name = "emb_group.mc_ebc.embedding_bags.ad_id"
+    name = "emb_group.mc_ebc._embedding_module.embedding_bags.ad_id"
     assert sorted(stored) == [(name, 5), (name, 9)]  # -1 is TorchEasyRec's invalid key
     assert stored[(name, 9)] == rows.embedding[2].tolist() and len(stored[(name, 9)]) == 8
     values = codec.decode(rows.embedding, DType.INT8_ROWWISE, 4)
@@ -233,10 +249,10 @@ def test_options_the_sdk_cannot_use_and_a_missing_registry_are_refused(tmp_path,
         open_store(bare)
     with pytest.raises(ConfigError, match="not a local path"):
         open_store(bare, "s3://bucket/art")
-    with open_store(bare, str(tmp_path / "art")) as store:
+    with open_store(bare, str(tmp_path / "art"), run="r") as store:
         store.provision(TABLES)
     assert (tmp_path / "art" / "_registry" / "featurestore-proj-emb.db").exists()
-    with open_store(bare, str(tmp_path / "art")) as again:
+    with open_store(bare, str(tmp_path / "art"), run="r") as again:
         assert set(again.views()) == {T, Z}
 
 
@@ -287,7 +303,7 @@ def test_an_older_point_verifies_and_rollback_restores_it(tmp_path, state, capsy
     assert main(["verify", *loc, "--all", *point, "--json", str(after)]) == 0
     doc = json.loads(after.read_text())
     assert doc["passed"] and doc["rollback_generations"] == [2]
-    with open_store(store, root.uri) as s:
+    with open_store(store, root.uri, run="r") as s:
         back = s.read(T, np.arange(5))
         np.testing.assert_array_equal(back.embedding, one[T].embedding[:5])
         assert s.registry.get_serving("r").note.startswith("rollback to generation 1")
@@ -304,7 +320,7 @@ def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):
     client = feature_store_py.FeatureStoreClient(
         access_key_id="a", access_key_secret="b", region="cn-hangzhou"
     )
-    with open_store(url(tmp_path)) as store:
+    with open_store(url(tmp_path), run="r") as store:
         store.provision({T: TABLES[T]})
     view = client.get_project(FS_PROJECT).get_dynamic_embedding_feature_view(FS_VIEW)
     row = {"embedding_name": T, "key_id": 1, "embedding": [0.0] * 4}
@@ -314,11 +330,12 @@ def test_the_test_sdk_refuses_what_the_real_one_would(tmp_path, state):
         view.write_features(data=[row] * 1001, version="v", write_mode="MERGE", ts=1)
     with pytest.raises(feature_store_py.FeatureStoreError, match="InvalidVersion"):
         view.write_features(data=[row], version="default", write_mode="MERGE", ts=1)
-    assert not hasattr(view, "write_features_arrow") and not hasattr(view, "delete")
+    assert not hasattr(view, "delete") and not hasattr(view, "read_features")
+    assert hasattr(feature_store_py.Project, "get_feature_view") is False
 
 
 def test_closing_waits_for_the_writer_to_drain_no_longer_than_the_shutdown_timeout(tmp_path, state):
-    store = open_store(url(tmp_path, shutdown_timeout_s=0.3))
+    store = open_store(url(tmp_path, shutdown_timeout_s=0.3), run="r")
     store.provision({T: TABLES[T]})
     fs_state.inject_fault(state, "close", 1, "hang 3")
     start = time.monotonic()

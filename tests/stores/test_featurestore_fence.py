@@ -14,7 +14,7 @@ from deltarec.ids import make_version
 from deltarec.stores import ProgressMark, open_store
 
 T = "sparse.ebc.user_id"
-SPEC = {T: TableSpec(dim=4)}
+SPEC = {T: TableSpec(dim=4, module_type="EmbeddingBagCollection")}
 
 
 def test_featurestore_refuses_rows_of_a_generation_older_than_its_registry_has_seen(
@@ -25,7 +25,7 @@ def test_featurestore_refuses_rows_of_a_generation_older_than_its_registry_has_s
         f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou"
         f"&registry=sqlite:///{tmp_path}/reg.db"
     )
-    store = open_store(url)
+    store = open_store(url, run="ctr")
     try:
         store.provision(SPEC)
 

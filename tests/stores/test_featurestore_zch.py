@@ -19,7 +19,6 @@ from deltarec.artifacts import ArtifactRoot
 from deltarec.dump import make_train_hook
 from deltarec.publish import DumpPublisher, RetryPolicy
 from deltarec.stores import open_store
-from deltarec.stores.featurestore_sdk import tzrec_embedding_name
 from deltarec.tracking.zch import discover_zch_sources
 from deltarec.tracking.zch_cpu import presize_zch_history
 from deltarec.verify import RowClass, verify
@@ -31,6 +30,10 @@ STORE = f"featurestore://{fs_state.PROJECT}/{fs_state.VIEW}?region=cn-hangzhou&c
 # frequent ids (3 of 3 usable slots) and never 9; 50 comes later and is never admitted either.
 STEPS = [[1, 1, 1, 2, 2, 2, 3, 3, 9], [1, 2], [9, 50, 2], [1, 1, 3, 3], [1, 2, 3, 9, 50]]
 NEVER_ADMITTED = {9, 50}
+TZREC_NAMES = {  # what TorchEasyRec names them: the MC module's inner collection, by its type
+    "mc_ebc.bag": "mc_ebc._embedding_module.embedding_bags.bag",
+    "mc_ec.seq": "mc_ec._embedding_module.embeddings.seq",
+}
 
 
 @pytest.fixture
@@ -73,7 +76,7 @@ def test_ids_never_admitted_hold_the_fallback_row_on_featurestore_and_verify_pas
     for table in TABLES:
         want = final[table]
         assert not NEVER_ADMITTED & set(want) and {1, 2, 3} <= set(want)
-        name = tzrec_embedding_name(table)
+        name = TZREC_NAMES[table]
         rows = {key: np.array(v) for (pk, key), v in stored.items() if pk == name}
         assert set(rows) == {1, 2, 3} | NEVER_ADMITTED  # no -1: TorchEasyRec's invalid key
         # every id looked up in the last interval: the store holds what the model answers
@@ -84,11 +87,11 @@ def test_ids_never_admitted_hold_the_fallback_row_on_featurestore_and_verify_pas
         assert fallback == NEVER_ADMITTED
 
     root = ArtifactRoot(art)
-    with open_store(STORE, art) as store:
+    with open_store(STORE, art, run=RUN) as store:
         checked = verify(root, RUN, store, sample=None)
         assert checked.passed, checked.failure_summary()
         assert all(checked.tables[t].counts[RowClass.MATCH] == 5 for t in TABLES)
-        bag = tzrec_embedding_name("mc_ebc.bag")
+        bag = TZREC_NAMES["mc_ebc.bag"]
         tampered = [float(v) + 0.5 for v in stored[(bag, 9)]]
         fs_state.set_row(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION, bag, 9, tampered)
         bad = verify(root, RUN, store, sample=None)
@@ -99,7 +102,7 @@ def test_ids_never_admitted_hold_the_fallback_row_on_featurestore_and_verify_pas
 
     # The same artifacts on a store that deletes: the ids are deletes of keys never held.
     sqlite = f"sqlite:///{tmp_path}/emb.db"
-    with open_store(sqlite) as store:
+    with open_store(sqlite, run=RUN) as store:
         DumpPublisher(store, root, RUN, retry=RetryPolicy(deadline_s=10)).publish_generation(1)
         on_sqlite = verify(root, RUN, store, sample=None)
         assert on_sqlite.passed, on_sqlite.failure_summary()

@@ -77,6 +77,10 @@ def _require(obj: dict[str, Any], key: str, path: str) -> Any:
         raise ArtifactError(path, f"missing field {key!r}") from None
 
 
+MODULE_TYPES = ("EmbeddingBagCollection", "EmbeddingCollection")
+"""The torchrec collections a table's :attr:`TableSpec.module_type` names."""
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """One tracked table as GENERATION.json describes it."""
@@ -87,10 +91,14 @@ class TableSpec:
     num_embeddings: int = 0
     zch_size: int | None = None
     sharding: str = "table_wise"
+    module_type: str | None = None
+    """The torchrec collection holding the table, ``EmbeddingBagCollection`` or
+    ``EmbeddingCollection`` (of a managed-collision module for a ZCH table); None where the
+    writer did not record it. TorchEasyRec's table names follow it (``contract=tzrec``)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object of this table."""
-        return {
+        """The JSON object of this table (``module_type`` only where known)."""
+        out: dict[str, Any] = {
             "dim": self.dim,
             "dtype": self.dtype.value,
             "kind": self.kind.value,
@@ -98,6 +106,9 @@ class TableSpec:
             "zch_size": self.zch_size,
             "sharding": self.sharding,
         }
+        if self.module_type is not None:
+            out["module_type"] = self.module_type
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], path: str = "<table>") -> TableSpec:
@@ -110,6 +121,7 @@ class TableSpec:
                 num_embeddings=int(obj.get("num_embeddings") or 0),
                 zch_size=None if obj.get("zch_size") is None else int(obj["zch_size"]),
                 sharding=str(obj.get("sharding", "table_wise")),
+                module_type=None if obj.get("module_type") is None else str(obj["module_type"]),
             )
         except (KeyError, ValueError, TypeError) as e:
             raise ArtifactError(path, f"malformed table entry {obj!r}: {e}") from e
@@ -117,6 +129,10 @@ class TableSpec:
             raise ArtifactError(path, f"dim must be at least 1, got {spec.dim}")
         if spec.num_embeddings < 0:  # 0: not known (GENERATION.json of a ZCH table)
             raise ArtifactError(path, f"num_embeddings must be >= 0, got {spec.num_embeddings}")
+        if spec.module_type not in (None, *MODULE_TYPES):
+            raise ArtifactError(
+                path, f"module_type must be one of {MODULE_TYPES}, got {spec.module_type!r}"
+            )
         if spec.zch_size is not None and spec.zch_size < 1:
             raise ArtifactError(path, f"zch_size must be at least 1, got {spec.zch_size}")
         return spec

@@ -114,6 +114,11 @@ def declared_tables(
             num_embeddings=t.num_embeddings,
             zch_size=t.zch_size,
             sharding=t.sharding,
+            module_type=(
+                "EmbeddingBagCollection"
+                if ".embedding_bags." in t.weight_key
+                else "EmbeddingCollection"
+            ),
         )
         for t in model_tables(config, world_size)
     }

@@ -1,10 +1,16 @@
 """The PAI FeatureStore SDK as deltarec calls it: clients, the view, error classes, layouts.
 
-The calls follow the SDK's contract as TorchEasyRec's delta uploader uses it
-(``FeatureStoreClient(...).get_project(...)``, ``get_dynamic_embedding_feature_view``,
-``create_dynamic_embedding_feature_view``, ``get_feature_view`` for the view's field types,
-``write_features(data=, version=, write_mode="MERGE", ts=)``, ``write_flush()``,
-``get_online_features(feature_name=, keys=, version=)``, ``close(wait=True)``).
+The calls are exactly those merged TorchEasyRec makes (``tzrec/utils/
+feature_store_delta_uploader.py``, ``tzrec/tools/feature_store/check_feature_store_delta.py``):
+``FeatureStoreClient(...).get_project(...)``, ``get_entity``/``create_entity``,
+``get_dynamic_embedding_feature_view``, ``create_dynamic_embedding_feature_view``; on the view
+handle its attributes ``pk_field``, ``sk_field``, ``embedding_field``, ``embedding_field_type``
+(absent on a legacy float view or an SDK older than 2.2.8), ``_batch_size``, ``_max_workers``,
+and ``write_features_arrow(batch=, version=, write_mode="MERGE", ts=)`` (or, where the SDK has
+no Arrow writes, ``write_features(data=, ...)``), ``write_flush()``,
+``get_online_features(feature_name=, keys=, version=)``, ``close(wait=True)``.
+``project.get_feature_view`` (control-plane metadata) is used only where the SDK has it, for
+the view's TTL, shard and replica checks; it is never required.
 
 * **Credentials** come from the Alibaba Cloud default credential chain
   (``alibabacloud_credentials``: environment, profile file, ECS/RRSA role...), fetched again
@@ -15,7 +21,7 @@ The calls follow the SDK's contract as TorchEasyRec's delta uploader uses it
   retries with bounded backoff, on a new client); authentication and schema errors fail at once
   with a :class:`~deltarec.errors.StoreError` naming the view, the table and what to fix.
 * **Layouts** (:class:`Layout`): the ``embedding_name`` and the value list of each table, in
-  deltarec's own contract or TorchEasyRec's (``contract=tzrec``).
+  deltarec's own contract or TorchEasyRec's (``contract=tzrec``, :mod:`deltarec.stores.tzrec`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from deltarec.errors import (
 )
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.errors import DriverErrors
+from deltarec.stores.tzrec import tzrec_embedding_name
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +74,6 @@ _AUTH_WORDS = re.compile(
     re.I,
 )
 _HTTP = re.compile(r"\b([45]\d\d)\b")
-_USER_SUFFIX = "_user"
 _PROVISIONING = {
     "ttl_s": "ttl",
     "shard_count": "shard_count",
@@ -135,27 +141,6 @@ def import_module(name: str, what: str) -> Any:
 
 
 # ---- layouts ----------------------------------------------------------------------------------
-def tzrec_embedding_name(table: str) -> str:
-    """TorchEasyRec's ``embedding_name`` of a table id: ``<owner module>.<collection>.<table>``.
-
-    The owner module is the table id without its last part; a module part ending in ``_user``
-    (INPUT_TILE's user-side copy, ``ebc_user``, ``ec_dict_user``) is its serving module
-    without the suffix. The collection is ``embedding_bags`` for an EmbeddingBagCollection
-    (a module named ``ebc``/``mc_ebc`` or containing ``bag``) and ``embeddings`` otherwise; a
-    table id that already names its collection is kept.
-    """
-    parts = table.split(".")
-    if len(parts) < 2:
-        return table
-    owner, name = parts[:-1], parts[-1]
-    owner = [p[: -len(_USER_SUFFIX)] if p.endswith(_USER_SUFFIX) else p for p in owner]
-    if owner[-1] in ("embedding_bags", "embeddings"):
-        return ".".join([*owner, name])
-    last = owner[-1]
-    bags = last in ("ebc", "mc_ebc") or last.endswith("ebc") or "bag" in last
-    return ".".join([*owner, "embedding_bags" if bags else "embeddings", name])
-
-
 @dataclass(frozen=True)
 class Layout:
     """How one table's rows are stored in the view.
@@ -173,12 +158,21 @@ class Layout:
     field_type: str
 
     @classmethod
-    def of(cls, table: str, spec: TableSpec, contract: str) -> Layout:
-        """The layout of ``table`` under ``contract`` (``deltarec`` or ``tzrec``)."""
-        if contract == "tzrec":
-            raw = DType(spec.dtype) is DType.INT8_ROWWISE
-            return cls(table, tzrec_embedding_name(table), spec, UINT8_TYPE if raw else FLOAT_TYPE)
-        return cls(table, table, spec, FLOAT_TYPE)
+    def of(cls, table: str, spec: TableSpec, contract: str, name: str | None = None) -> Layout:
+        """The layout of ``table`` under ``contract`` (``deltarec`` or ``tzrec``).
+
+        ``name`` is the table's recorded ``embedding_name``; by default the table id, or with
+        ``contract=tzrec`` TorchEasyRec's name from the spec (:func:`tzrec_embedding_name`).
+        """
+        if name is None:
+            name = tzrec_embedding_name(table, spec) if contract == "tzrec" else table
+        return cls(table, name, spec, cls.field_type_of(spec, contract))
+
+    @staticmethod
+    def field_type_of(spec: TableSpec, contract: str) -> str:
+        """The embedding field type a table's rows need: UINT8 for int8 under ``tzrec``."""
+        raw = contract == "tzrec" and DType(spec.dtype) is DType.INT8_ROWWISE
+        return UINT8_TYPE if raw else FLOAT_TYPE
 
     @property
     def width(self) -> int:
@@ -193,6 +187,23 @@ class Layout:
             return np.asarray(encoded, np.uint8).tolist()  # type: ignore[no-any-return]
         decoded = codec.decode(encoded, self.spec.dtype, self.spec.dim)
         return np.asarray(decoded, np.float32).tolist()  # type: ignore[no-any-return]
+
+    def arrow(self, keys: np.ndarray, encoded: np.ndarray) -> Any:
+        """The Arrow batch of rows ``keys`` (``write_features_arrow``: pk, sk, embedding)."""
+        import pyarrow as pa
+
+        if self.field_type == UINT8_TYPE:
+            flat, value_type = np.asarray(encoded, np.uint8), pa.uint8()
+        else:
+            decoded = codec.decode(encoded, self.spec.dtype, self.spec.dim)
+            flat, value_type = np.asarray(decoded, np.float32), pa.float32()
+        values = pa.FixedSizeListArray.from_arrays(
+            pa.array(flat.reshape(-1), value_type), flat.shape[1]
+        ).cast(pa.list_(value_type))
+        return pa.RecordBatch.from_arrays(
+            [pa.array([self.name] * len(keys), pa.string()), pa.array(keys, pa.int64()), values],
+            names=[PK_FIELD, SK_FIELD, VALUE_FIELD],
+        )
 
     def encoded(self, value: Any, key: int, where: str) -> np.ndarray:
         """The encoded row of one value list read back (raises naming the key if malformed)."""
@@ -328,7 +339,7 @@ class Session:
         c = self.config
         if self._call(lambda: project.get_entity(c.entity), "look up the entity") is None:
             try:
-                project.create_entity(name=c.entity, join_id=f"{c.entity}_id")
+                project.create_entity(c.entity, f"{c.entity}_id")
             except Exception as e:  # another job may have created it meanwhile
                 if self._call(lambda: project.get_entity(c.entity), "entity") is None:
                     raise sdk_error(e, self.where(f"create entity {c.entity!r}")) from e
@@ -344,10 +355,17 @@ class Session:
             shard_count=c.shard_count,
             replication_count=c.replication_count,
         )
-        if field_type != FLOAT_TYPE:
+        if field_type != FLOAT_TYPE:  # an SDK older than 2.2.8 lacks the keyword: float only
             kwargs["embedding_field_type"] = field_type
         try:
             return project.create_dynamic_embedding_feature_view(**kwargs)
+        except TypeError as e:
+            raise ConfigError(
+                self.where(
+                    "the installed feature_store_py does not accept embedding_field_type "
+                    f"({e}); {field_type} views need feature_store_py >= 2.2.8"
+                )
+            ) from e
         except Exception as e:  # created concurrently by another job: pick it up
             view = self._call(lambda: project.get_dynamic_embedding_feature_view(c.view), "open")
             if view is None:
@@ -355,15 +373,52 @@ class Session:
             return view
 
     def _check(self, project: Any, view: Any, field_type: str | None) -> None:
+        """Check the view handle's fields, embedding type and writer settings.
+
+        Where the SDK reads control-plane metadata (``get_feature_view``), the view's type,
+        field types and provisioning (TTL, shards, replicas) are checked too.
+        """
         c = self.config
         fields = (view.pk_field, view.sk_field, view.embedding_field)
         if fields != (PK_FIELD, SK_FIELD, VALUE_FIELD):
             raise ViewMismatchError(
                 c.view, f"fields {fields}", f"fields {(PK_FIELD, SK_FIELD, VALUE_FIELD)}"
             )
-        meta = self._call(lambda: project.get_feature_view(c.view), "read the view's schema")
+        have = handle_field_type(view)
+        if field_type is not None and have is None and field_type != FLOAT_TYPE:
+            raise ViewMismatchError(
+                c.view,
+                "a view without embedding_field_type (a legacy float view, or an SDK older than "
+                f"feature_store_py 2.2.8), which holds {FLOAT_TYPE} rows only",
+                f"{field_type} for int8_rowwise rows under contract=tzrec; publish the int8 "
+                "tables to a view created by feature_store_py >= 2.2.8 (another view name), or "
+                "as float rows (row_encodings float32)",
+            )
+        if field_type is not None and have is not None and have != field_type:
+            raise ViewMismatchError(
+                c.view, f"embedding_field_type {have}", f"embedding_field_type {field_type}"
+            )
+        for attr, default in (("_batch_size", 1000), ("_max_workers", 1)):
+            value = getattr(view, attr, default)
+            if type(value) is not int or value < 1:
+                raise StoreError(
+                    self.where(f"the SDK's view handle has {attr} {value!r}, not a positive int")
+                )
+        read_meta = getattr(project, "get_feature_view", None)
+        if read_meta is None:  # merged TorchEasyRec's SDK surface: the handle is all there is
+            given = sorted(o for o in _PROVISIONING if o in c.model_fields_set)
+            if given:
+                log.warning(
+                    "%s: the SDK reads no control-plane metadata (get_feature_view), so the "
+                    "view's %s cannot be checked against the URL's",
+                    self.describe,
+                    ", ".join(given),
+                )
+            return
+        meta = self._call(lambda: read_meta(c.view), "read the view's schema")
         if meta is None:
-            raise StoreError(self.where("the view has no control-plane metadata"))
+            log.info("%s: the SDK returns no control-plane metadata for the view", self.describe)
+            return
         if getattr(meta, "type", None) != "DynamicEmbedding":
             raise ViewMismatchError(c.view, f"type {meta.type!r}", "type 'DynamicEmbedding'")
         types = {
@@ -405,9 +460,8 @@ class Session:
             log.info("%s: the view has %s %s (the default is %s)", self.describe, key, got, want)
 
     def field_type(self) -> str:
-        """The embedding field type of the open view."""
-        meta = self._call(lambda: self.connect().get_feature_view(self.config.view), "schema")
-        return str((meta.fields_dict.get(VALUE_FIELD) or {}).get("Type", FLOAT_TYPE))
+        """The embedding field type of the open view (a view that reports none is float)."""
+        return handle_field_type(self.open_view(None, 0)) or FLOAT_TYPE
 
     def _call(self, fn: Any, what: str) -> Any:
         try:
@@ -421,6 +475,12 @@ class Session:
         if view is not None:
             with contextlib.suppress(Exception):  # the next client starts clean either way
                 view.close(wait=True)
+
+
+def handle_field_type(view: Any) -> str | None:
+    """The view handle's ``embedding_field_type``; None where it reports none (legacy float)."""
+    value = getattr(view, "embedding_field_type", None)
+    return str(value) if value else None
 
 
 def check_summary(summary: Any, records: int, batches: int, where: str) -> None:
@@ -460,6 +520,7 @@ __all__ = [
     "Layout",
     "Session",
     "check_summary",
+    "handle_field_type",
     "sdk_error",
     "tzrec_embedding_name",
     "view_field_type",

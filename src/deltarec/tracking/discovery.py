@@ -334,6 +334,7 @@ def _source(
         num_embeddings=int(cfg.num_embeddings),
         zch_size=None,
         sharding=sharding,
+        module_type="EmbeddingBagCollection" if attr == "embedding_bags" else "EmbeddingCollection",
     )
     value = state.get(f"{attr}.{name}.weight")
     if value is None:

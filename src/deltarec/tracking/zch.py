@@ -125,6 +125,11 @@ class ZchTableSource(TableSource):
             num_embeddings=table.num_embeddings,
             zch_size=table.num_embeddings,
             sharding="row_wise",
+            module_type=(
+                "EmbeddingBagCollection"
+                if "._embedding_module.embedding_bags." in f".{table.embedding_fqns[0]}"
+                else "EmbeddingCollection"
+            ),
         )
         self._row_dtype = torch.float16 if weight.dtype == torch.float16 else torch.float32
         self.writes = _writes_rows(table)

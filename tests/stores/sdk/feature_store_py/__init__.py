@@ -1,10 +1,22 @@
 """A strict test double of PAI FeatureStore's Python SDK, ``feature_store_py``.
 
-It models the surface TorchEasyRec's delta uploader and readback tool call
-(``tzrec/utils/feature_store_delta_uploader.py``, ``tzrec/tools/feature_store/
-check_feature_store_delta.py``): the same classes, methods and keyword names, and nothing else.
-An unknown keyword raises ``TypeError`` (no ``**kwargs`` anywhere); there is no method the real
-SDK lacks. ``get_entity``/``create_entity`` follow the SDK's documented entity calls.
+It offers exactly the calls merged TorchEasyRec makes (alibaba/TorchEasyRec master:
+``tzrec/utils/feature_store_delta_uploader.py`` and the readback tool
+``tzrec/tools/feature_store/check_feature_store_delta.py``): ``FeatureStoreClient(...)``,
+``get_project``, ``get_entity``/``create_entity(name, join_id)``,
+``get_dynamic_embedding_feature_view``, ``create_dynamic_embedding_feature_view``, and on the
+view handle ``pk_field``/``sk_field``/``embedding_field``/``embedding_field_type``,
+``_batch_size``/``_max_workers``, ``write_features``, ``write_features_arrow``,
+``write_flush``, ``get_online_features`` and ``close``; the same keyword names, and nothing
+else. An unknown keyword raises ``TypeError`` (no ``**kwargs`` anywhere).
+
+``FEATURE_STORE_PY_SURFACE`` picks a variant of that surface:
+
+* ``tzrec`` (the default): exactly the calls above;
+* ``control-plane``: also ``project.get_feature_view(name)`` (control-plane metadata: field
+  types, TTL, shards, replicas), which early versions of TorchEasyRec's uploader called;
+* ``untyped``: an SDK older than 2.2.8: the view handle has no ``embedding_field_type`` and no
+  ``write_features_arrow`` (a legacy float view, as TorchEasyRec reads it).
 
 State (projects, entities, views, rows) lives in one SQLite file named by
 ``FEATURE_STORE_PY_STATE`` (private module ``_state``; tests reach it through
@@ -20,12 +32,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from typing import Any
 
 from feature_store_py import _state as fs_state
 
+SURFACE_ENV = "FEATURE_STORE_PY_SURFACE"
+_SURFACES = ("tzrec", "control-plane", "untyped")
 _WRITE_MODES = ("MERGE",)
 _TYPES = ("ARRAY<FLOAT>", "ARRAY<UINT8>")
 
@@ -83,7 +98,16 @@ class FeatureStoreClient:
         """The project ``name``, or None."""
         _fault(self._conn, "get_project")
         row = self._conn.execute("SELECT 1 FROM projects WHERE name = ?", (name,)).fetchone()
-        return Project(self._conn, name) if row else None
+        if not row:
+            return None
+        surface = os.environ.get(SURFACE_ENV, "tzrec")
+        if surface not in _SURFACES:
+            raise RuntimeError(f"{SURFACE_ENV}={surface!r}: one of {_SURFACES}")
+        return (
+            ControlPlaneProject(self._conn, name)
+            if surface == "control-plane"
+            else Project(self._conn, name)
+        )
 
 
 class FeatureView:
@@ -132,17 +156,17 @@ class Project:
         ).fetchone()
         return row
 
-    def get_feature_view(self, name: str) -> FeatureView | None:
-        """Control-plane metadata of view ``name``, or None."""
-        _fault(self._conn, "get_feature_view")
-        row = self._view_row(name)
-        return FeatureView(row) if row else None
-
-    def get_dynamic_embedding_feature_view(self, name: str) -> DynamicEmbeddingFeatureView | None:
+    def get_dynamic_embedding_feature_view(
+        self, name: str
+    ) -> UntypedDynamicEmbeddingFeatureView | None:
         """The DynamicEmbedding view ``name`` (its reader and writer), or None."""
         _fault(self._conn, "get_dynamic_embedding_feature_view")
         row = self._view_row(name)
-        return DynamicEmbeddingFeatureView(self._conn, self.name, row) if row else None
+        if not row:
+            return None
+        if os.environ.get(SURFACE_ENV) == "untyped":
+            return UntypedDynamicEmbeddingFeatureView(self._conn, self.name, row)
+        return DynamicEmbeddingFeatureView(self._conn, self.name, row)
 
     def create_dynamic_embedding_feature_view(
         self,
@@ -195,8 +219,21 @@ class Project:
         return view
 
 
-class DynamicEmbeddingFeatureView:
-    """Reader and asynchronous batched writer of one DynamicEmbedding view."""
+class ControlPlaneProject(Project):
+    """A project of an SDK that also reads control-plane metadata (``get_feature_view``)."""
+
+    def get_feature_view(self, name: str) -> FeatureView | None:
+        """Control-plane metadata of view ``name``, or None."""
+        _fault(self._conn, "get_feature_view")
+        row = self._view_row(name)
+        return FeatureView(row) if row else None
+
+
+class UntypedDynamicEmbeddingFeatureView:
+    """The view handle of an SDK older than 2.2.8: no ``embedding_field_type``, no Arrow writes.
+
+    Reader and asynchronous batched writer of one DynamicEmbedding view.
+    """
 
     def __init__(self, conn: Any, project: str, row: tuple[Any, ...]) -> None:
         self._conn = conn
@@ -229,6 +266,9 @@ class DynamicEmbeddingFeatureView:
         if self._closed:
             raise RuntimeError("the writer is closed")
         _fault(self._conn, "write_features")
+        self._enqueue(data, version, write_mode, ts)
+
+    def _enqueue(self, data: list[dict[str, Any]], version: str, write_mode: str, ts: int) -> None:
         if write_mode not in _WRITE_MODES:
             raise FeatureStoreError(f"400 InvalidWriteMode: {write_mode}")
         if not isinstance(version, str) or not version or version == "default":
@@ -315,3 +355,33 @@ class DynamicEmbeddingFeatureView:
         if wait:
             self.write_flush()
         self._closed = True
+
+
+class DynamicEmbeddingFeatureView(UntypedDynamicEmbeddingFeatureView):
+    """Reader and asynchronous batched writer of one DynamicEmbedding view (SDK >= 2.2.8)."""
+
+    def __init__(self, conn: Any, project: str, row: tuple[Any, ...]) -> None:
+        super().__init__(conn, project, row)
+        self.embedding_field_type = row[8]
+
+    def write_features_arrow(self, *, batch: Any, version: str, write_mode: str, ts: int) -> None:
+        """Enqueue one HTTP batch given as an Arrow ``RecordBatch`` of the three fields."""
+        import pyarrow as pa
+
+        if self._closed:
+            raise RuntimeError("the writer is closed")
+        _fault(self._conn, "write_features")
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError("batch must be a pyarrow.RecordBatch")
+        names = [self.pk_field, self.sk_field, self.embedding_field]
+        if batch.schema.names != names:
+            raise FeatureStoreError(f"400 InvalidFields: {batch.schema.names} are not {names}")
+        if not pa.types.is_string(batch.schema.field(self.pk_field).type) or not pa.types.is_int64(
+            batch.schema.field(self.sk_field).type
+        ):
+            raise FeatureStoreError("400 InvalidFieldType: pk must be STRING and sk INT64")
+        value_type = batch.schema.field(self.embedding_field).type
+        want = pa.uint8() if self._type == "ARRAY<UINT8>" else pa.float32()
+        if not pa.types.is_list(value_type) or value_type.value_type != want:
+            raise FeatureStoreError(f"400 InvalidFieldType: {value_type} is not {self._type}")
+        self._enqueue(batch.to_pylist(), version, write_mode, ts)
