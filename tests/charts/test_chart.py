@@ -42,7 +42,7 @@ def yamllint(paths):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
-def test_chart_renders_config_rbac_for_pytorchjobs_and_the_scheduled_verify():
+def test_chart_renders_config_rbac_for_trainjobs_pytorchjobs_and_the_scheduled_verify():
     objs = objects(render(VALUES))
     assert set(objs) == {
         ("ConfigMap", "dr-deltarec-config"),
@@ -56,6 +56,10 @@ def test_chart_renders_config_rbac_for_pytorchjobs_and_the_scheduled_verify():
     rules = objs[("Role", "dr-deltarec-train-launcher")]["rules"]
     assert {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"],
             "verbs": ["create", "get", "list", "watch", "delete"]} in rules  # fmt: skip
+    assert {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+            "verbs": ["create", "get", "list", "watch", "delete"]} in rules  # fmt: skip
+    assert {"apiGroups": [""], "resources": ["pods", "pods/log", "events"],
+            "verbs": ["get", "list", "watch"]} in rules  # fmt: skip
     binding = objs[("RoleBinding", "dr-deltarec-train-launcher")]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "deltarec-pipeline", "namespace": "ml"}

@@ -145,7 +145,7 @@ def test_multi_node_train_creates_a_pytorchjob_and_reports_the_generation_it_wro
     tmp_path, created_jobs
 ):
     p = params(tmp_path, run_name="ctr", store_url="postgresql://u@db:5432/x", steps=100,
-               ranks_per_node=4, nodes=2, gpus_per_node=4)  # fmt: skip
+               ranks_per_node=4, nodes=2, gpus_per_node=4, launcher="pytorchjob")  # fmt: skip
     record = steps.train(p, job_id="kfp-run-1", secrets=["deltarec-credentials", "cloud", ""])
     (job,) = created_jobs
     assert job["metadata"]["namespace"] == "ml"
@@ -163,7 +163,7 @@ def test_multi_node_entry_point_pods_run_it_with_the_settings_as_environment(
     tmp_path, created_jobs
 ):
     p = params(tmp_path, run_name="ctr", nodes=3, entry_point="team.train:main",
-               train_extra_args="--lr 0.1")  # fmt: skip
+               train_extra_args="--lr 0.1", launcher="pytorchjob")  # fmt: skip
     steps.train(p, job_id="j")
     pod = created_jobs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
         "containers"

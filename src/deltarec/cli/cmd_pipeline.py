@@ -102,8 +102,20 @@ _PARAM_FLAGS: dict[str, tuple[str, str | None, str | None]] = {
         "keys per table verify reads back; 0: every key (default: %(default)s)",
     ),
     "ranks_per_node": ("--ranks-per-node", "R", "ranks per node (default: %(default)s)"),
-    "nodes": ("--nodes", "N", "above 1: a PyTorchJob (default: %(default)s)"),
+    "nodes": ("--nodes", "N", "above 1: a TrainJob or PyTorchJob (default: %(default)s)"),
     "gpus_per_node": ("--gpus-per-node", "G", "0: CPU, gloo (default: %(default)s)"),
+    "launcher": ("--launcher", None, "what several nodes run as (default: %(default)s)"),
+    "training_runtime": (
+        "--training-runtime",
+        "NAME",
+        "the TrainJob's ClusterTrainingRuntime (default: %(default)s)",
+    ),
+    "metrics_port": ("--metrics-port", "PORT", "the trainer's Prometheus port; 0: off (default)"),
+    "verify_partitions": (
+        "--verify-partitions",
+        "N",
+        "verify fans out over N key-range partitions (default: %(default)s)",
+    ),
     "checkpoint_dir": ("--checkpoint-dir", "DIR", "the trainer's --workdir"),
     "row_encodings": (
         "--row-encodings",

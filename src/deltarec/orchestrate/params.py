@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from deltarec.errors import BadInputError, ConfigError
+from deltarec.errors import BadInputError, ConfigError, validation_problems
 from deltarec.ids import validate_run
 
 _SECRET_WORDS = ("password", "passwd", "secret", "token", "access_key", "accesskey", "credential")
@@ -48,9 +48,21 @@ class PipelineParams(BaseModel):
     ranks_per_node: int = Field(2, ge=1)
     """Training processes per node (torchrun ``--nproc-per-node``)."""
     nodes: int = Field(1, ge=1)
-    """Nodes; above 1 the train step creates a Training Operator PyTorchJob."""
+    """Nodes; above 1 the train step creates a Kubeflow Trainer TrainJob (or a PyTorchJob, see
+    ``launcher``) from a CPU launcher task."""
     gpus_per_node: int = Field(0, ge=0)
-    """GPUs per node; 0 trains on CPU with gloo."""
+    """GPUs per node (the one-node train pod's, or each TrainJob node's); 0 trains on CPU
+    with gloo."""
+    launcher: Literal["trainjob", "pytorchjob"] = "trainjob"
+    """What a multi-node train step creates: ``trainjob`` (Kubeflow Trainer v2, the default) or
+    ``pytorchjob`` (the Training Operator v1)."""
+    training_runtime: str = "torch-distributed"
+    """The Kubeflow Trainer ``ClusterTrainingRuntime`` a TrainJob refers to."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """The trainer's Prometheus metrics port (rank r serves on port + local rank); 0: off."""
+    verify_partitions: int = Field(1, ge=1, le=1024)
+    """Verify fans out over this many partitions (a key range of every table each), combined
+    by one gate."""
     checkpoint_dir: str = ""
     """The trainer's checkpoint directory (``--workdir``); empty keeps the trainer's default."""
     train_extra_args: str = ""
@@ -239,10 +251,6 @@ def parse_params(**values: Any) -> PipelineParams:
     try:
         return PipelineParams(**values)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'params'}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(f"pipeline parameters: {problems}") from e
+        raise ConfigError(f"pipeline parameters: {validation_problems(e)}") from e
     except BadInputError as e:
         raise ConfigError(f"pipeline parameters: {e}") from e

@@ -4,7 +4,8 @@ The program is deltarec's example model (``deltarec train``) or a team's entry p
 (``PipelineParams.entry_point``: ``package.module:function`` or a command), which gets the
 dump, publish and store settings as ``DELTAREC_*`` environment variables
 (:class:`deltarec.dump.env.TrainSettings`). One node: torchrun in this container. Several
-nodes: a Training Operator PyTorchJob (:mod:`deltarec.orchestrate.pytorchjob`). The only step
+nodes: a Kubeflow Trainer v2 TrainJob (:mod:`deltarec.orchestrate.trainjob`, the default) or a
+Training Operator PyTorchJob (:mod:`deltarec.orchestrate.pytorchjob`). The only step
 that crosses a process boundary; :mod:`deltarec.orchestrate.steps` re-exports its functions.
 """
 
@@ -40,6 +41,7 @@ def train_settings_env(params: PipelineParams) -> dict[str, str]:
         steps=params.steps,
         checkpoint_dir=params.checkpoint_dir or None,
         row_encodings=params.row_encodings or None,
+        metrics_port=params.metrics_port or None,
     )
     return settings.to_env()
 
@@ -58,6 +60,8 @@ def train_args(params: PipelineParams) -> list[str]:
         args += ["--workdir", params.checkpoint_dir]
     if params.row_encodings:
         args += ["--row-encodings", params.row_encodings]
+    if params.metrics_port:
+        args += ["--metrics-port", str(params.metrics_port)]
     return [*args, *shlex.split(params.train_extra_args)]
 
 
@@ -147,19 +151,19 @@ def train(
     """Train one generation with delta dumps (and publishing), then describe it.
 
     One node: torchrun with ``ranks_per_node`` ranks in this container. Several nodes: a
-    Training Operator PyTorchJob (see :mod:`deltarec.orchestrate.pytorchjob`) named after the
+    Kubeflow Trainer TrainJob or a Training Operator PyTorchJob (``launcher``) named after the
     run and ``job_id``, followed until it ends. The generation is the one that appeared under
     the artifact root during the step.
 
     Args:
         params: the run's parameters (entry point, cadence, store, sizes).
-        job_id: the pipeline run's id (names the PyTorchJob, so a retry follows it).
-        secrets: Secret names whose keys become the PyTorchJob pods' environment.
+        job_id: the pipeline run's id (names the TrainJob or PyTorchJob, so a retry follows it).
+        secrets: Secret names whose keys become the job's pods' environment.
         runner: runs the one-node command (``(argv, extra environment) -> exit code``).
 
     Raises:
         StepFailedError: training failed or produced no generation.
-        TrainJobFailedError: the PyTorchJob failed or timed out.
+        TrainJobFailedError: the TrainJob or PyTorchJob failed or timed out.
     """
     root = ArtifactRoot(params.artifact_root)
     before = set(root.list_generations(params.run_name))
@@ -178,7 +182,7 @@ def train(
 
 
 def _train_on_cluster(params: PipelineParams, job_id: str, secrets: Sequence[str]) -> None:
-    from deltarec.orchestrate import pytorchjob
+    from deltarec.orchestrate import pytorchjob, trainjob
     from deltarec.orchestrate.images import TRAINER_IMAGE
 
     prog, args, env = program(params)
@@ -195,4 +199,7 @@ def _train_on_cluster(params: PipelineParams, job_id: str, secrets: Sequence[str
         program=tuple(prog),
         env=tuple(sorted(env.items())),
     )
-    pytorchjob.run_train_job(spec)
+    if params.launcher == "pytorchjob":
+        pytorchjob.run_train_job(spec)
+    else:
+        trainjob.run_train_job(spec, trainjob.TrainJobSettings(runtime=params.training_runtime))

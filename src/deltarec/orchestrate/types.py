@@ -109,10 +109,19 @@ CREDENTIAL_ENV = (
     "AWS_SESSION_TOKEN",
     "ALIBABA_CLOUD_ACCESS_KEY_ID",
     "ALIBABA_CLOUD_ACCESS_KEY_SECRET",
+    "ALIBABA_CLOUD_SECURITY_TOKEN",
     "FEATUREDB_USERNAME",
     "FEATUREDB_PASSWORD",
+    "FSSPEC_OSS_KEY",
+    "FSSPEC_OSS_SECRET",
+    "FSSPEC_OSS_TOKEN",
+    "OSS_ENDPOINT",  # not secret: where an oss:// bucket is (ossfs reads it from the environment)
 )
-"""Keys of the default credentials Secret; each becomes the environment variable of that name."""
+"""Keys of the default credentials Secret; each becomes the environment variable of that name.
+
+The one list: docs/featurestore.md and docs/artifact-roots.md name these, every step of the KFP
+pipeline and the Airflow DAG mounts them, and TrainJob pods get them key by key (PyTorchJob pods
+get the whole Secret)."""
 
 DEFAULT_SECRET = "deltarec-credentials"
 """The Secret the chart references and the pipeline mounts (optional) by default."""
@@ -138,9 +147,10 @@ class StepFailedError(DeltarecError):
 
 
 class TrainJobFailedError(DeltarecError):
-    """The PyTorchJob of a multi-node train step failed or did not finish in time."""
+    """The TrainJob (or PyTorchJob) of a multi-node train step failed or did not finish."""
 
-    def __init__(self, namespace: str, name: str, problem: str) -> None:
+    def __init__(self, namespace: str, name: str, problem: str, kind: str = "PyTorchJob") -> None:
         self.namespace = namespace
         self.name = name
-        super().__init__(f"PyTorchJob {namespace}/{name}: {problem}")
+        self.kind = kind
+        super().__init__(f"{kind} {namespace}/{name}: {problem}")
