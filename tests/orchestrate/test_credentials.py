@@ -1,0 +1,107 @@
+"""Every credential the docs ask users to store reaches every step that opens a store.
+
+The list is one definition, :data:`deltarec.orchestrate.types.CREDENTIAL_ENV`; these tests
+derive everything from it and read what users read (the docs) and what clusters run (the
+compiled KFP YAML, the Airflow DAG file and its pods, the TrainJob and PyTorchJob manifests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deltarec.cli import main
+from deltarec.orchestrate.types import CREDENTIAL_ENV, DEFAULT_SECRET
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+STORE_STEPS = {"provision", "train", "verify", "promote", "verify-failed"}
+"""The pipeline's steps that open the store (the params step only checks parameters)."""
+
+
+def _documented(page: str) -> set[str]:
+    """The keys a page's ``<!-- credentials -->`` block tells users to store."""
+    text = (DOCS / page).read_text()
+    block = re.search(r"<!-- credentials:.*?-->(.*?)<!-- /credentials -->", text, re.S)
+    assert block, f"docs/{page} has no credentials block"
+    return set(re.findall(r"`([A-Z][A-Z0-9_]+)`", block.group(1)))
+
+
+def test_every_credential_the_docs_ask_for_is_in_the_one_list():
+    featurestore = _documented("featurestore.md")
+    assert "ALIBABA_CLOUD_SECURITY_TOKEN" in featurestore and "FEATUREDB_PASSWORD" in featurestore
+    oss = _documented("artifact-roots.md")
+    assert {"FSSPEC_OSS_KEY", "FSSPEC_OSS_SECRET"} <= oss
+    assert featurestore | oss <= set(CREDENTIAL_ENV), sorted(
+        (featurestore | oss) - set(CREDENTIAL_ENV)
+    )
+    assert len(set(CREDENTIAL_ENV)) == len(CREDENTIAL_ENV)
+
+
+def test_the_compiled_kfp_pipeline_mounts_every_credential_in_every_step_that_opens_a_store(
+    tmp_path,
+):
+    out = tmp_path / "pipeline.yaml"
+    assert main(["pipeline", "compile", "--output", str(out)]) == 0
+    text = out.read_text()
+    spec, platform = list(yaml.safe_load_all(text))
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert {e.removeprefix("exec-") for e in executors} == STORE_STEPS
+    assert set(spec["deploymentSpec"]["executors"]) == {*executors, "exec-params"}
+    for name, executor in executors.items():
+        (secret,) = executor["secretAsEnv"]
+        assert secret["secretName"] == DEFAULT_SECRET and secret["optional"] is True
+        mounted = {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]}
+        assert mounted == {(k, k) for k in CREDENTIAL_ENV}, name
+    # the train step hands the Secret's name to the pods of a multi-node job
+    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    assert train["credentials_secret"]["runtimeValue"]["constant"] == DEFAULT_SECRET
+    assert "test-secret" not in text and "password=" not in text  # names only
+
+
+def test_the_airflow_dag_mounts_every_credential_in_every_pod(tmp_path):
+    pytest.importorskip("airflow")
+    from deltarec.orchestrate.airflow_local import airflow_env
+
+    dags = tmp_path / "dags"
+    dag_file = dags / "deltarec_dag.py"
+    assert main(["pipeline", "compile", "--engine", "airflow", "--output", str(dag_file)]) == 0
+    written = dag_file.read_text()
+    assert all(f"'{k}': '{k}'" in written for k in CREDENTIAL_ENV)  # the file's own copy
+    env = {**os.environ, **airflow_env(str(tmp_path / "scratch"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--check", str(dags)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    tasks = json.loads(done.stdout.strip().splitlines()[-1])["tasks"]
+    pods = {t: v for t, v in tasks.items() if v["operator"] == "KubernetesPodOperator"}
+    assert {t.replace("_", "-") for t in pods} == STORE_STEPS
+    for name, pod in pods.items():
+        assert sorted(map(tuple, pod["env"])) == sorted(
+            (k, DEFAULT_SECRET, k) for k in CREDENTIAL_ENV
+        ), name
+    assert pods["train"]["arguments"][-2:] == ["--secrets", DEFAULT_SECRET]
+
+
+def test_multi_node_training_pods_get_every_credential_of_the_secret():
+    pytest.importorskip("kubeflow_trainer_api")
+    from deltarec.orchestrate import pytorchjob, trainjob
+
+    spec = pytorchjob.TrainJobSpec(
+        name="deltarec-ctr-1", namespace="ml", image="trainer:1", nodes=2, procs_per_node=1,
+        gpus_per_node=0, train_args=("--run", "ctr"), secrets=(DEFAULT_SECRET,),
+    )  # fmt: skip
+    env = trainjob.build_train_job(spec).to_dict()["spec"]["trainer"]["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e}
+    assert refs == {k: {"name": DEFAULT_SECRET, "key": k, "optional": True} for k in CREDENTIAL_ENV}
+    manifest = pytorchjob.build_manifest(spec)
+    for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = replica["template"]["spec"]["containers"]
+        assert container["envFrom"] == [{"secretRef": {"name": DEFAULT_SECRET, "optional": True}}]
