@@ -213,3 +213,22 @@ def test_every_command_names_a_missing_sdk_and_a_failed_provision_leaves_no_regi
     assert main(["provision", *loc[:-1], missing]) == 2
     assert "no_such_project" in capsys.readouterr().err
     assert not (tmp_path / "art" / "_registry").exists()
+
+
+def test_staged_mode_on_featurestore_is_refused_once_where_the_mode_is_chosen(tmp_path, capsys):
+    from deltarec.orchestrate.params import parse_params
+
+    url = "featurestore://proj/emb?region=cn-hangzhou"
+    why = "publish mode 'staged' needs staging views, which PAI FeatureStore does not have"
+    with pytest.raises(ConfigError, match=f"pipeline parameters: {why}"):
+        parse_params(run_name="r", artifact_root=str(tmp_path), store_url=url,
+                     publish_mode="staged")  # fmt: skip
+    assert parse_params(run_name="r", artifact_root=str(tmp_path), store_url=url).publish_mode == (
+        "direct"
+    )
+    argv = ["train", "--artifacts", str(tmp_path / "art"), "--run", "r", "--store", url,
+            "--publish-mode", "staged", "--steps", "2"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count(why) == 1 and "Traceback" not in err
+    assert not (tmp_path / "art").exists()  # refused before anything started

@@ -273,6 +273,9 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--artifacts needs --run NAME")
     if args.lease_ttl is not None and args.lease_ttl <= 0:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
+    from deltarec.stores.config import check_publish_mode
+
+    check_publish_mode(args.store, args.publish_mode)
 
 
 def _check_row_encodings(args: argparse.Namespace, config: Any) -> None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.ids import validate_run
+from deltarec.stores.config import check_publish_mode
 
 _SECRET_WORDS = ("password", "passwd", "secret", "token", "access_key", "accesskey", "credential")
 
@@ -98,6 +99,7 @@ class PipelineParams(BaseModel):
             )
         check_no_credentials("store_url", self.store_url)
         check_no_credentials("artifact_root", self.artifact_root)
+        check_publish_mode(self.store_url, self.publish_mode)
         if self.entry_point.strip():
             parse_entry_point(self.entry_point)
         if self.tables.strip():
