@@ -17,7 +17,7 @@ from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.lineage import expected_state
 from deltarec.artifacts.types import DType, TableKind
 from deltarec.cli import main
-from deltarec.stores.featurestore_sdk import tzrec_embedding_name
+from deltarec.stores.tzrec import tzrec_embedding_name
 
 pytestmark = pytest.mark.multiprocess
 
@@ -86,9 +86,11 @@ def test_pipeline_on_a_tzrec_view_publishes_ids_never_admitted_with_the_fallback
     stored = fs_state.stored_rows(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION)
     never_admitted: list[tuple[str, int]] = []
     for table, exp in expected.tables.items():
-        name = tzrec_embedding_name(table)
+        spec = root.read_generation("fs", gen).tables[table]
+        name = tzrec_embedding_name(table, spec)  # from the module type GENERATION.json records
+        assert name.split(".")[-2] in ("embedding_bags", "embeddings"), name
         rows = {key: value for (pk, key), value in stored.items() if pk == name}
-        kind = root.read_generation("fs", gen).tables[table].kind
+        kind = spec.kind
         # FeatureStore cannot delete: every key with a record has a row, key -1 excepted
         want_keys = exp.keys[exp.keys != -1] if kind is TableKind.ZCH else exp.present_keys()
         assert sorted(rows) == want_keys.tolist(), table
