@@ -207,6 +207,10 @@ def test_every_command_names_a_missing_sdk_and_a_failed_provision_leaves_no_regi
         assert "feature_store_py" in err and "not provisioned" not in err, (command, err)
         assert "Traceback" not in err
     assert not (tmp_path / "art" / "_registry").exists()
+    train = ["train", "--artifacts", str(tmp_path / "art2"), "--run", "r", "--store", url]
+    assert main([*train, "--steps", "2"]) == 2  # before any rank starts
+    err = capsys.readouterr().err
+    assert err.count("feature_store_py") == 1 and "Traceback" not in err
     monkeypatch.delitem(sys.modules, "feature_store_py")
     fs_state.use_test_sdk(monkeypatch, str(tmp_path / "featurestore.db"))
     missing = url.replace("//proj/", "//no_such_project/")

@@ -274,8 +274,10 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
     if args.lease_ttl is not None and args.lease_ttl <= 0:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
     from deltarec.stores.config import check_publish_mode
+    from deltarec.stores.featurestore import require_sdk
 
     check_publish_mode(args.store, args.publish_mode)
+    require_sdk(args.store)
 
 
 def _check_row_encodings(args: argparse.Namespace, config: Any) -> None:

@@ -142,6 +142,7 @@ class FeatureStoreStore(Store):
         self._run: str | None = None
         self._versions: dict[str, str] = {}
         self._names: dict[tuple[str, str], str] = {}
+        self._run_views: dict[str, ViewInfo] = {}  # the run's views (a run's never move)
         self._fence_generation: int | None = None  # of the write in flight (under _lock)
         self._fence_cursor: Any = None
 
@@ -153,6 +154,7 @@ class FeatureStoreStore(Store):
     @run.setter
     def run(self, value: str | None) -> None:
         self._run = value
+        self._run_views = {}
         if self._side_store is not None:
             self._side_store.run = value
 
@@ -259,6 +261,7 @@ class FeatureStoreStore(Store):
             recorded = side.provision(tables)
             record_names(side, run, {t: lay.name for t, lay in layouts.items()}, self.describe())
             self.version_of(run, assign=True)
+            self._run_views = {}
         except BaseException:
             if not existed:
                 self._remove_registry()
@@ -303,7 +306,11 @@ class FeatureStoreStore(Store):
 
     def _table(self, table: str) -> tuple[Layout, str]:
         """The layout of ``table`` and the version to use (the run's, or the serving run's)."""
-        views = self.views()
+        views = self._run_views if self.run is not None and table in self._run_views else None
+        if views is None:  # a handle without a run follows promotes: never cached
+            views = self.views()
+            if self.run is not None:
+                self._run_views = views
         if table not in views:
             whose = f"of run {self.run!r} " if self.run else "served by any run "
             raise BadInputError(
@@ -312,7 +319,8 @@ class FeatureStoreStore(Store):
             )
         view = views[table]
         run = self.run or view.run
-        version = self.version_of(run) if run else None
+        # A run provisioned before versions were per run gets its version on first use.
+        version = self.version_of(run, assign=True) if run else None
         if version is None:
             raise BadInputError(
                 f"table {table!r}: run {run!r} has no FeatureStore version in "
@@ -528,6 +536,17 @@ def _generation_of(batch: RowBatch, mark: ProgressMark | None) -> int | None:
     return int(np.max(versions)) >> 32 if versions.size else None
 
 
+def require_sdk(url: str | None) -> None:
+    """For a ``featurestore://`` URL: raise :class:`ConfigError` naming the SDK if it is missing.
+
+    Commands that start other processes (``deltarec train``) call it first, so the refusal
+    comes once, before any rank starts. Other URLs: nothing.
+    """
+    if url and url.strip().lower().startswith("featurestore:"):
+        import_module("feature_store_py", "the FeatureStore SDK wheel")
+        import_module("alibabacloud_credentials.client", "alibabacloud-credentials")
+
+
 def wants_zch_misses(url: str) -> bool:
     """Whether the store at ``url`` needs the ZCH ids the model answers with its fallback row.
 
@@ -546,4 +565,10 @@ def wants_zch_misses(url: str) -> bool:
     return isinstance(config, FeatureStoreConfig) and config.contract == "tzrec"
 
 
-__all__ = ["REGISTRY_DIR", "FeatureStoreStore", "default_registry", "wants_zch_misses"]
+__all__ = [
+    "REGISTRY_DIR",
+    "FeatureStoreStore",
+    "default_registry",
+    "require_sdk",
+    "wants_zch_misses",
+]
