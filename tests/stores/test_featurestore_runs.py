@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
 
 import numpy as np
 import pytest
@@ -131,10 +133,20 @@ def test_a_legacy_untyped_view_takes_float_rows_and_refuses_int8_saying_why(tmp_
         store.provision(INT8)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry(request, tmp_path) -> str:
+    """A registry URL: SQLite (the default's kind) or PostgreSQL (a real server), URL-quoted."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/reg.db"
+    pg = request.getfixturevalue("postgres_server")
+    schema = f"fs{uuid.uuid4().hex[:10]}"
+    return urllib.parse.quote(f"{pg.url}?schema={schema}&connect_timeout=5", safe="")
+
+
 def test_a_writer_superseded_while_writing_finishes_that_write_and_then_writes_nothing(
-    tmp_path, state
+    tmp_path, state, registry
 ):
-    url = _url(tmp_path)
+    url = _url(tmp_path, registry=registry)
     old, new = open_store(url, run="ctr"), open_store(url, run="ctr")
     try:
         old.provision(SPEC)
