@@ -16,8 +16,10 @@ in one run, on one machine, against one server:
 The two sides alternate (deltarec first on even repeats, Feast first on odd ones), each repeat
 into fresh stores. PostgreSQL is a fresh default cluster with fsync, synchronous commit and
 full-page writes on (:class:`deltarec.testing.servers.PostgresServer` ``fsync=True``); Redis
-is ``redis-server`` with an append-only file (``everysec``). Peak RSS of every deltarec
-process is read from its rusage.
+is ``redis-server`` with an append-only file (``everysec``). CPU seconds and peak RSS of every
+deltarec process are read by ``/usr/bin/time``; Feast's CPU seconds are its process's during
+its calls. CPU counts the client process only (not the PostgreSQL or Redis server): on a
+loaded machine it is the steadier figure, and for SQLite it is all the work.
 
     .venv/bin/python bench/peers/bench_peers.py [--stores sqlite postgres redis]
         [--sqlite-rows 1000000] [--server-rows 500000] [--repeat 1] [--skip-feast]
@@ -55,17 +57,17 @@ DELTAREC = os.path.join(os.path.dirname(sys.executable), "deltarec")
 TIME_BIN = os.access("/usr/bin/time", os.X_OK)
 
 
-def timed(argv: list[str]) -> tuple[float, float, str]:
-    """Run ``argv``; return its wall seconds, peak RSS (MB) and stdout.
+def timed(argv: list[str]) -> tuple[float, float, float, str]:
+    """Run ``argv``; return its wall seconds, CPU seconds, peak RSS (MB) and stdout.
 
-    The peak RSS is read by ``/usr/bin/time`` where it is there: a child forked from this
-    (large) process would inherit this process's high-water mark across ``exec``.
+    CPU and peak RSS are read by ``/usr/bin/time`` where it is there (NaN otherwise): a child
+    forked from this (large) process would inherit this process's high-water mark.
 
     Raises:
         RuntimeError: the process failed (with the tail of its output).
     """
-    with tempfile.NamedTemporaryFile("w+") as rss, tempfile.TemporaryFile("w+") as out:
-        launcher = ["/usr/bin/time", "-f", "%M", "-o", rss.name] if TIME_BIN else []
+    with tempfile.NamedTemporaryFile("w+") as usage, tempfile.TemporaryFile("w+") as out:
+        launcher = ["/usr/bin/time", "-f", "%U %S %M", "-o", usage.name] if TIME_BIN else []
         with tempfile.TemporaryFile("w+") as err:
             t = time.perf_counter()
             done = subprocess.run([*launcher, *argv], stdout=out, stderr=err, check=False)
@@ -78,9 +80,12 @@ def timed(argv: list[str]) -> tuple[float, float, str]:
             raise RuntimeError(
                 f"{' '.join(argv)} exited {done.returncode}:\n{stdout[-2000:]}{stderr[-4000:]}"
             )
-        rss.seek(0)
-        text = rss.read().strip().splitlines()
-    return seconds, float(text[-1]) / 1024 if text else float("nan"), stdout
+        usage.seek(0)
+        lines = usage.read().strip().splitlines()
+    if not lines:
+        return seconds, float("nan"), float("nan"), stdout
+    user, system, rss = lines[-1].split()
+    return seconds, float(user) + float(system), float(rss) / 1024, stdout
 
 
 class Deltarec:
@@ -89,16 +94,15 @@ class Deltarec:
     def __init__(self, art: str) -> None:
         self.art = art
 
-    def publish(self, url: str) -> tuple[float, float]:
-        s, rss, _ = timed(
-            [DELTAREC, "publish", "--artifacts", self.art, "--run", peer_rows.RUN, "--store", url]
-        )
-        return s, rss
+    def publish(self, url: str) -> tuple[float, float, float]:
+        """Wall s, CPU s, peak RSS MB."""
+        argv = [DELTAREC, "publish", "--artifacts", self.art, "--run", peer_rows.RUN]
+        return timed([*argv, "--store", url])[:3]
 
-    def verify(self, url: str) -> tuple[float, float]:
+    def verify(self, url: str) -> tuple[float, float, float]:
+        """Wall s, CPU s, peak RSS MB."""
         argv = [DELTAREC, "verify", "--artifacts", self.art, "--run", peer_rows.RUN]
-        s, rss, _ = timed([*argv, "--store", url, "--all"])
-        return s, rss
+        return timed([*argv, "--store", url, "--all"])[:3]
 
 
 class Feast:
@@ -115,9 +119,11 @@ class Feast:
             *extra,
         ]
 
-    def run(self, phase: str, tag: str, expect: str = "values") -> float:
-        _, _, out = timed([*self.base, "--phase", phase, "--tag", tag, "--expect", expect])
-        return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+    def run(self, phase: str, tag: str, expect: str = "values") -> tuple[float, float]:
+        """Wall and CPU seconds of Feast's calls."""
+        out = timed([*self.base, "--phase", phase, "--tag", tag, "--expect", expect])[3]
+        got = json.loads(out.strip().splitlines()[-1])
+        return float(got["seconds"]), float(got["cpu_s"])
 
 
 @contextmanager
@@ -170,9 +176,9 @@ def measure(a: argparse.Namespace, held: dict[str, Any], kinds: list[str], n: in
         rec: dict[str, Any] = {"store": kind, "phase": phase, "rows": n, "repeat": rep}
         for side in ("deltarec", "feast") if rep % 2 == 0 else ("feast", "deltarec"):
             if side == "deltarec":
-                rec["deltarec_s"], rec["deltarec_rss_mb"] = mine()
+                rec["deltarec_s"], rec["deltarec_cpu_s"], rec["deltarec_rss_mb"] = mine()
             elif not a.skip_feast:
-                rec["feast_s"] = peer.run(feast_phase, f"r{rep}", expect)
+                rec["feast_s"], rec["feast_cpu_s"] = peer.run(feast_phase, f"r{rep}", expect)
         rec["load_avg"] = os.getloadavg()[0]
         print(f"# {json.dumps(rec)}", file=sys.stderr)
         results.append(rec)
@@ -191,20 +197,26 @@ def measure(a: argparse.Namespace, held: dict[str, Any], kinds: list[str], n: in
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    """Markdown: rates by wall time, CPU seconds (the client process's), and the ratios."""
     lines = [
-        "| store | rows | phase | deltarec rows/s (wall s, peak RSS MB) | Feast rows/s (s) "
-        "| ratio |",
-        "|---|---:|---|---:|---:|---:|",
+        "| store | rows | phase | deltarec rows/s (wall s, CPU s, peak RSS MB) "
+        "| Feast rows/s (wall s, CPU s) | ratio (wall) | ratio (CPU) |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in results:
         ours = r["rows"] / r["deltarec_s"]
-        mine = f"{ours:,.0f} ({r['deltarec_s']:.2f} s, {r['deltarec_rss_mb']:.0f})"
+        mine = (
+            f"{ours:,.0f} ({r['deltarec_s']:.2f}, {r['deltarec_cpu_s']:.2f}, "
+            f"{r['deltarec_rss_mb']:.0f})"
+        )
+        peer, ratio, cpu = "-", "-", "-"
         if "feast_s" in r:
             theirs = r["rows"] / r["feast_s"]
-            peer, ratio = f"{theirs:,.0f} ({r['feast_s']:.1f} s)", f"{ours / theirs:.1f}x"
-        else:
-            peer, ratio = "-", "-"
-        lines.append(f"| {r['store']} | {r['rows']:,} | {r['phase']} | {mine} | {peer} | {ratio} |")
+            peer = f"{theirs:,.0f} ({r['feast_s']:.1f}, {r['feast_cpu_s']:.1f})"
+            ratio = f"{ours / theirs:.1f}x"
+            cpu = f"{r['feast_cpu_s'] / r['deltarec_cpu_s']:.1f}x"
+        phase = f"{r['store']} | {r['rows']:,} | {r['phase']}"
+        lines.append(f"| {phase} | {mine} | {peer} | {ratio} | {cpu} |")
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ Runs in the peers' own virtual environment (``bench/peers/.venv``, Feast 0.67, s
   and a check that every value read equals the one written (the last phase's).
 
 The DataFrame building is outside the timed part (the rows are given to Feast as it takes them);
-the timed part is Feast's own call. Prints one JSON line: ``{"phase", "rows", "seconds"}``.
+the timed part is Feast's own call. Prints one JSON line: ``{"phase", "rows", "seconds",
+"cpu_s"}`` (wall and this process's CPU seconds of the calls).
 
     bench/peers/.venv/bin/python bench/peers/feast_side.py --workdir W --store sqlite \\
         --phase load
@@ -112,19 +113,19 @@ def main() -> None:
         values = data["values" if args.phase == "load" else "update"]
         ts = datetime.datetime.now(datetime.timezone.utc)
         parts = frames(keys, values, args.write_rows, ts)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for df in parts:
             store.write_to_online_store(VIEW, df)
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     else:
         expected = data[args.expect]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         got = []
         for lo in range(0, len(keys), args.read_rows):
             rows = {"item_id": keys[lo : lo + args.read_rows].tolist()}
             res = store.get_online_features(features=[f"{VIEW}:embedding"], entity_rows=rows)
             got.append(res.to_dict()["embedding"])
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
         flat = [v for part in got for v in part]
         if len(flat) != len(keys) or any(v is None for v in flat):
             raise SystemExit(f"feast read {sum(v is not None for v in flat)} of {len(keys)} keys")
@@ -132,7 +133,7 @@ def main() -> None:
         for i in sample:
             if not np.array_equal(np.asarray(flat[i], np.float32), expected[i]):
                 raise SystemExit(f"feast read a different row for key {keys[i]}")
-    print(json.dumps({"phase": args.phase, "rows": len(keys), "seconds": seconds}))
+    print(json.dumps({"phase": args.phase, "rows": len(keys), "seconds": seconds, "cpu_s": cpu}))
 
 
 if __name__ == "__main__":
