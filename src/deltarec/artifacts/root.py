@@ -52,7 +52,8 @@ class ArtifactRoot:
     """An artifact root on a filesystem that fsspec understands.
 
     Args:
-        uri: a local path or any fsspec URI (``file://``, ``s3://``, ``oss://``, ``gs://``).
+        uri: a local path or an fsspec URI (``file://``; ``s3://`` and ``oss://`` with their
+            extras; docs/artifact-roots.md says what is tested).
         storage_options: passed to fsspec (credentials come from the environment by default).
     """
 
