@@ -10,8 +10,8 @@ in one run, on one machine, against one server:
   rewrites every key (the update). Each time is the process's wall time, start-up included.
 * **Feast** (``bench/peers/.venv``, its own virtual environment: ``bench/peers/setup.sh``),
   :mod:`feast_side` as a process: ``write_to_online_store`` of the same rows, the same keys
-  again (update), ``get_online_features`` of every key. Its times are of Feast's calls only
-  (no start-up, no DataFrame building): a baseline in Feast's favour.
+  again (update, with ``--feast-update``), ``get_online_features`` of every key. Its times
+  are of Feast's calls only (no start-up, no DataFrame building): a baseline in its favour.
 
 The two sides alternate (deltarec first on even repeats, Feast first on odd ones), each repeat
 into fresh stores. PostgreSQL is a fresh default cluster with fsync, synchronous commit and
@@ -23,7 +23,7 @@ loaded machine it is the steadier figure, and for SQLite it is all the work.
 
     .venv/bin/python bench/peers/bench_peers.py [--stores sqlite postgres redis]
         [--sqlite-rows 1000000] [--server-rows 500000] [--repeat 1] [--skip-feast]
-        [--json out.json]
+        [--feast-update] [--json out.json]
 
 Prints date, machine, and one table per phase: both rates and the ratio deltarec / Feast.
 """
@@ -169,15 +169,17 @@ def measure(a: argparse.Namespace, held: dict[str, Any], kinds: list[str], n: in
     ours = Deltarec(art)
     results: list[dict[str, Any]] = []
 
-    def pair(kind: str, phase: str, rep: int, mine: Callable[[], Any], feast_phase: str) -> None:
-        """deltarec's process and Feast's phase, in alternating order."""
+    def pair(
+        kind: str, phase: str, rep: int, mine: Callable[[], Any], feast_phase: str | None
+    ) -> None:
+        """deltarec's process and Feast's phase (None: none), in alternating order."""
         peer = Feast(work, kind, feast_args(kind, held))
         expect = "update" if feast_phase == "update" else "values"
         rec: dict[str, Any] = {"store": kind, "phase": phase, "rows": n, "repeat": rep}
         for side in ("deltarec", "feast") if rep % 2 == 0 else ("feast", "deltarec"):
             if side == "deltarec":
                 rec["deltarec_s"], rec["deltarec_cpu_s"], rec["deltarec_rss_mb"] = mine()
-            elif not a.skip_feast:
+            elif not a.skip_feast and feast_phase is not None:
                 rec["feast_s"], rec["feast_cpu_s"] = peer.run(feast_phase, f"r{rep}", expect)
         rec["load_avg"] = os.getloadavg()[0]
         print(f"# {json.dumps(rec)}", file=sys.stderr)
@@ -192,7 +194,8 @@ def measure(a: argparse.Namespace, held: dict[str, Any], kinds: list[str], n: in
     for kind in kinds:
         for rep in range(a.repeat):
             url = store_url(kind, work, held, f"r{rep}")
-            pair(kind, "update all keys", rep, functools.partial(ours.publish, url), "update")
+            phase = "update" if a.feast_update else None
+            pair(kind, "update all keys", rep, functools.partial(ours.publish, url), phase)
     return results
 
 
@@ -228,6 +231,9 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--skip-feast", action="store_true", help="deltarec's side only")
+    p.add_argument(
+        "--feast-update", action="store_true", help="Feast's update phase too (minutes more)"
+    )
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     p.add_argument("--json", default=None, help="write every record here")
     a = p.parse_args()
