@@ -8,6 +8,9 @@ exit code 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class DeltarecError(Exception):
     """Base class of every error deltarec raises on purpose."""
@@ -19,6 +22,24 @@ class BadInputError(DeltarecError):
 
 class ConfigError(BadInputError):
     """A configuration value or combination of values is invalid."""
+
+
+def validation_problems(error: Any, name: Callable[[tuple[Any, ...]], str] | None = None) -> str:
+    """A pydantic ``ValidationError`` as one line: ``where: what; ...``.
+
+    Unlike ``str(error)`` it carries no input dumps and no "For further information visit ..."
+    lines. ``name`` maps an error's location to how the user spells it (a flag, a variable);
+    the default joins the location with dots. An unknown field reads ``unknown option 'x'``.
+    """
+    parts = []
+    for err in error.errors():
+        loc = tuple(p for p in err.get("loc", ()) if p != "")
+        where = name(loc) if name is not None else ".".join(str(p) for p in loc)
+        if err.get("type") == "extra_forbidden":
+            parts.append(f"unknown option {where!r}")
+        else:
+            parts.append(f"{where or 'settings'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
 
 
 class ArtifactError(BadInputError):

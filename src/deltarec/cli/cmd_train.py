@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from deltarec.errors import ConfigError
+from deltarec.errors import ConfigError, validation_problems
 from deltarec.publish.types import PublishMode
 
 log = logging.getLogger("deltarec.train")
@@ -251,7 +251,7 @@ def build_config(args: argparse.Namespace) -> Any:
             log_every=args.log_every,
         )
     except ValidationError as e:
-        raise ConfigError(f"invalid training configuration: {e}") from e
+        raise ConfigError(f"invalid training configuration: {validation_problems(e)}") from e
 
 
 def _check_dump_flags(args: argparse.Namespace) -> None:

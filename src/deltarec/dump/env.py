@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from deltarec.errors import ConfigError
+from deltarec.errors import ConfigError, validation_problems
 
 ENV_PREFIX = "DELTAREC_"
 """Prefix of every variable; the rest is the :class:`TrainSettings` field name upper-cased."""
@@ -88,10 +88,7 @@ class TrainSettings(BaseModel):
         try:
             return cls(**values)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{cls.env_name(str(err['loc'][0])) if err['loc'] else 'settings'}: {err['msg']}"
-                for err in e.errors()
-            )
+            problems = validation_problems(e, lambda loc: cls.env_name(str(loc[0])) if loc else "")
             raise ConfigError(f"training settings from the environment: {problems}") from e
 
     def hook_arguments(self) -> dict[str, Any]:

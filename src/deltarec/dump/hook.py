@@ -26,7 +26,7 @@ from deltarec.artifacts.types import GenerationInfo, Manifest
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.dense import DenseDumps, DenseStateFn
 from deltarec.dump.dumper import Dumper
-from deltarec.errors import ConfigError
+from deltarec.errors import ConfigError, validation_problems
 from deltarec.publish.types import PublishMode
 from deltarec.tracking.types import TableSource
 
@@ -317,7 +317,7 @@ def make_train_hook(
             **options,
         )
     except ValidationError as e:
-        raise ConfigError(f"dumper configuration: {e}") from e
+        raise ConfigError(f"dumper configuration: {validation_problems(e)}") from e
     if dense_every is None and os.environ.get("DELTAREC_DENSE_EVERY"):
         text = os.environ["DELTAREC_DENSE_EVERY"]
         if not text.isdigit() or int(text) < 1:

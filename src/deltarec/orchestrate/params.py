@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from deltarec.errors import BadInputError, ConfigError
+from deltarec.errors import BadInputError, ConfigError, validation_problems
 from deltarec.ids import validate_run
 from deltarec.stores.config import check_publish_mode
 
@@ -253,10 +253,6 @@ def parse_params(**values: Any) -> PipelineParams:
     try:
         return PipelineParams(**values)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'params'}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(f"pipeline parameters: {problems}") from e
+        raise ConfigError(f"pipeline parameters: {validation_problems(e)}") from e
     except BadInputError as e:
         raise ConfigError(f"pipeline parameters: {e}") from e

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from deltarec.errors import ConfigError, InvalidIdentifierError
+from deltarec.errors import ConfigError, InvalidIdentifierError, validation_problems
 from deltarec.stores.naming import check_identifier, check_kv_prefix, check_prefix
 
 
@@ -372,14 +372,8 @@ def _examples() -> str:
 
 
 def _errors(e: ValidationError) -> str:
-    msgs = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"][1:] if p != "") or str(err["loc"][0])
-        if err["type"] == "extra_forbidden":
-            msgs.append(f"unknown option {loc!r}")
-        else:
-            msgs.append(f"{loc}: {err['msg']}")
-    return "; ".join(msgs)
+    # The first part of a location is the backend's tag of the discriminated union.
+    return validation_problems(e, lambda loc: ".".join(str(p) for p in loc[1:]) or str(loc[0]))
 
 
 def _redacted(obj: dict[str, Any]) -> dict[str, Any]:
