@@ -121,6 +121,8 @@ FROZEN: dict[str, dict[str, F]] = {
         "--batch-size": F("int", 8192),
         "--max-mismatches": F("int", 20),
         "--no-record": F("switch", False),
+        "--partition": F("str"),
+        "--combine": F("str[+]"),
     },
     "promote": {
         **LOCATION,

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("airflow") is None, reason="the airflow extra is not installed"
 )
 
-STEPS = {"params", "provision", "train", "verify", "branch", "promote", "verify_failed"}
+STEPS = {"params", "provision", "train", "verify_plan", "verify_partition", "verify", "branch",
+         "promote", "verify_failed"}  # fmt: skip
 
 
 def check_folder(folder, tmp_path):
@@ -50,9 +51,15 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
     tasks = found["tasks"]
     assert set(tasks) == STEPS
     pods = {t: v for t, v in tasks.items() if v["operator"] == "KubernetesPodOperator"}
-    assert set(pods) == STEPS - {"params", "branch"}
-    assert pods["train"]["image"] == TRAINER_IMAGE
+    assert set(pods) == STEPS - {"params", "branch", "verify_plan", "verify_partition"}
+    # one node: the trainer image with gpus_per_node GPUs; several: a CPU launcher on tools
+    assert TRAINER_IMAGE in pods["train"]["image"] and TOOLS_IMAGE in pods["train"]["image"]
+    assert "gpus_per_node" in pods["train"]["gpus"] and "nodes" in pods["train"]["gpus"]
     assert {pods[t]["image"] for t in pods if t != "train"} == {TOOLS_IMAGE}
+    mapped = tasks["verify_partition"]
+    assert mapped["operator"] == "MappedOperator" and mapped["upstream"] == ["verify_plan"]
+    assert tasks["verify"]["upstream"] == ["verify_partition"]
+    assert pods["verify"]["arguments"][0] == "verify_gate"
     assert all(p["cmds"] == ["python", "-m", "deltarec.orchestrate.airflow_task"]
                for p in pods.values())  # fmt: skip
     for p in pods.values():  # key by key, as the KFP pipeline mounts them; names only
@@ -60,10 +67,12 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
         assert ["AWS_SECRET_ACCESS_KEY", "cloud", "AWS_SECRET_ACCESS_KEY"] in p["env"]
     assert pods["train"]["arguments"][-2:] == ["--secrets", "pg-cred,cloud"]
     verify = pods["verify"]["arguments"]
-    assert verify[:2] == ["verify", "--params"]
+    assert verify[:2] == ["verify_gate", "--params"]
+    assert "xcom_pull(task_ids='verify_partition')" in verify[verify.index("--partitions") + 1]
     assert "xcom_pull(task_ids='train')" in verify[verify.index("--input") + 1]
     assert "{{ run_id }}" in pods["train"]["arguments"]
     assert tasks["branch"]["upstream"] == ["verify"]
+    assert tasks["verify_plan"]["upstream"] == ["params", "train"]
     assert tasks["promote"]["upstream"] == tasks["verify_failed"]["upstream"] == ["branch"]
     assert tasks["provision"]["upstream"] == ["params"]
 

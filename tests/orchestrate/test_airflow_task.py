@@ -27,7 +27,7 @@ def test_pod_entry_runs_provision_and_leaves_its_result_as_the_xcom_file(tmp_pat
     argv = ["provision", "--params", json.dumps(conf(tmp_path)), "--xcom", str(xcom)]
     assert airflow_task.main(argv) == 0
     result = json.loads(xcom.read_text())
-    assert result["views"] == {"m.t": "emb_m_t"} and result["generation"] is None
+    assert result["views"] == {"m.t": "emb_r__m_t"} and result["generation"] is None
 
 
 def test_pod_entry_fails_the_verify_failed_task_after_the_fail_branch(tmp_path):

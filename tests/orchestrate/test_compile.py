@@ -12,7 +12,10 @@ from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
 from deltarec.orchestrate.params import PipelineParams
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-STEPS = ["provision", "train", "verify", "promote", "verify_failed", "rollback"]
+STEPS = [
+    "provision", "train", "train_launcher", "verify_plan", "verify_partition", "verify",
+    "promote", "verify_failed", "rollback",
+]  # fmt: skip
 PARAMS = [
     "--run",
     "ctr-main",
@@ -84,34 +87,53 @@ def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_p
     assert params["steps"]["defaultValue"] == 1000 and params["steps"]["isOptional"]
     assert params["run_name"] == {"parameterType": "STRING"}
     tasks = spec["root"]["dag"]["tasks"]
-    assert set(tasks) == {"params", "provision", "train", "verify", "condition-1", "condition-2"}
+    comps = spec["components"]
+    assert set(tasks) == {
+        "params", "provision", "condition-branches-1", "verify-plan", "for-loop-4", "verify",
+        "condition-5", "condition-6",
+    }  # fmt: skip
     checked = tasks["params"]["inputs"]["parameters"]
     assert set(checked) == set(PipelineParams.names())
-    for step in ("provision", "train", "verify"):
+    for step in ("provision", "verify-plan", "verify"):
         assert tasks[step]["inputs"]["parameters"]["params"]["taskOutputParameter"] == {
             "outputParameterKey": "Output",
             "producerTask": "params",
         }
-    assert tasks["train"]["dependentTasks"] == ["params", "provision"]
-    assert tasks["verify"]["inputs"]["artifacts"]["generation"]["taskOutputArtifact"] == {
-        "outputArtifactKey": "generation",
-        "producerTask": "train",
+    # one node: the train task with GPUs; several: a CPU launcher task (the job's nodes hold them)
+    branches = comps["comp-condition-branches-1"]["dag"]["tasks"]
+    assert branches["condition-2"]["triggerPolicy"]["condition"] == (
+        "int(inputs.parameter_values['pipelinechannel--nodes']) == 1"
+    )
+    assert list(comps["comp-condition-2"]["dag"]["tasks"]) == ["train"]
+    assert list(comps["comp-condition-3"]["dag"]["tasks"]) == ["train-launcher"]
+    assert tasks["condition-branches-1"]["dependentTasks"] == ["params", "provision"]
+    executors = spec["deploymentSpec"]["executors"]
+    accel = executors["exec-train"]["container"]["resources"]["accelerator"]
+    assert accel["resourceType"] == "nvidia.com/gpu"
+    assert accel["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus_per_node']}}"
+    assert "resources" not in executors["exec-train-launcher"]["container"]
+    assert executors["exec-train-launcher"]["container"]["image"] == TOOLS_IMAGE
+    # verify fans out over the plan's partitions; the gate collects them
+    loop = tasks["for-loop-4"]
+    items = loop["parameterIterator"]["items"]
+    assert items == {"inputParameter": "pipelinechannel--verify-plan-Output"}
+    assert list(comps["comp-for-loop-4"]["dag"]["tasks"]) == ["verify-partition"]
+    gate = tasks["verify"]["inputs"]["parameters"]
+    assert gate["partitions"]["taskOutputParameter"] == {
+        "outputParameterKey": "pipelinechannel--verify-partition-Output",
+        "producerTask": "for-loop-4",
     }
-    gate = tasks["condition-1"]
-    assert gate["triggerPolicy"]["condition"] == (
+    assert gate["generation"]["taskOutputParameter"]["producerTask"] == "condition-branches-1"
+    assert tasks["condition-5"]["triggerPolicy"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--verify-Output'] == 'PASS'"
     )
-    promote = spec["components"]["comp-condition-1"]["dag"]["tasks"]["promote"]
-    assert promote["inputs"]["artifacts"]["generation"]["componentInputArtifact"]
-    fail = tasks["condition-2"]
-    assert fail["triggerPolicy"]["condition"] == (
+    assert list(comps["comp-condition-5"]["dag"]["tasks"]) == ["promote"]
+    assert tasks["condition-6"]["triggerPolicy"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--verify-Output'] == 'FAIL'"
     )
-    failed = spec["components"]["comp-condition-2"]["dag"]["tasks"]["verify-failed"]
+    failed = comps["comp-condition-6"]["dag"]["tasks"]["verify-failed"]
     assert failed["inputs"]["artifacts"]["report"]["componentInputArtifact"]
     assert all(t["cachingOptions"] == {} for t in tasks.values() if "cachingOptions" in t)
-    accel = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
-    assert accel["accelerator"]["resourceType"] == "nvidia.com/gpu"
 
 
 def test_pipeline_yaml_mounts_secrets_by_name_only(tmp_path):
@@ -134,7 +156,8 @@ def test_pipeline_yaml_mounts_secrets_by_name_only(tmp_path):
     docs = list(yaml.safe_load_all(out.read_text()))
     platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert set(platform) == {
-        "exec-provision", "exec-train", "exec-verify", "exec-promote", "exec-verify-failed"
+        "exec-provision", "exec-train", "exec-train-launcher", "exec-verify-plan",
+        "exec-verify-partition", "exec-verify", "exec-promote", "exec-verify-failed",
     }  # fmt: skip
     env = platform["exec-train"]["secretAsEnv"]
     assert [s["secretName"] for s in env] == ["pg-cred", "cloud"]

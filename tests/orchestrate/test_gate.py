@@ -27,12 +27,12 @@ def fake_steps(tmp_path, monkeypatch):
     return tmp_path / "promoted.txt"
 
 
-def params(tmp_path):
-    return parse_params(
+def params(tmp_path, **change):
+    return parse_params(**{**dict(
         run_name="gate", artifact_root=str(tmp_path / "art"),
         store_url=f"sqlite:///{tmp_path / 'store.db'}", steps=20, dump_every_steps=10,
         sample_size=0, entry_point="gate_team.train:main",
-    )  # fmt: skip
+    ), **change})  # fmt: skip
 
 
 def test_failed_verify_skips_promote_runs_the_fail_branch_and_exits_1(
@@ -53,7 +53,8 @@ def test_failed_verify_skips_promote_runs_the_fail_branch_and_exits_1(
 
 def test_passed_verify_promotes_the_generation_train_produced(tmp_path, fake_steps, monkeypatch):
     monkeypatch.setenv("FAKE_VERDICT", "PASS")
-    result = run_local(params(tmp_path), pipeline_root=str(tmp_path / "kfp"))
+    # verify fans out over 3 partitions (dsl.ParallelFor); the gate checks it got all three
+    result = run_local(params(tmp_path, verify_partitions=3), pipeline_root=str(tmp_path / "kfp"))
     assert result.verdict == "PASS" and result.promoted == 1 and result.failure == ""
     assert (result.generation.dumps, result.generation.rows, result.generation.last_seq) == (
         2,

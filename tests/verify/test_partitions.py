@@ -152,3 +152,31 @@ def test_a_partition_that_is_not_i_of_n_is_bad_input(text):
 
 def test_a_partition_parses_from_i_slash_n():
     assert Partition.parse(" 2 / 8 ") == Partition(2, 8) and str(Partition(2, 8)) == "2/8"
+
+
+def test_verify_partitions_from_the_command_line_combine_to_verify_all_and_allow_promote(
+    lineage, sqlite_store, sqlite_url, tmp_path
+):
+    import json
+
+    from deltarec.cli import main
+
+    g = _base(lineage, sqlite_store)
+    loc = ["--artifacts", lineage.root.uri, "--run", lineage.run, "--store", sqlite_url]
+    paths = [tmp_path / f"part-{i}.json" for i in range(3)]
+    for i, path in enumerate(paths):
+        assert main(["verify", *loc, "--all", "--partition", f"{i}/3", "--json", str(path)]) == 0
+    # a partition leaves no record: promote is refused until the gate combined them
+    assert main(["promote", *loc, "--generation", str(g)]) == 1
+    gate = tmp_path / "gate.json"
+    assert main(["verify", *loc, "--combine", *map(str, paths), "--json", str(gate)]) == 0
+    whole = tmp_path / "whole.json"
+    assert main(["verify", *loc, "--all", "--no-record", "--json", str(whole)]) == 0
+    combined, single = json.loads(gate.read_text()), json.loads(whole.read_text())
+    assert combined["totals"] == single["totals"]
+    for a, b in zip(combined["tables"], single["tables"], strict=True):
+        assert {k: a[k] for k in ("table", "checked", "counts", "store_keys_scanned")} == {
+            k: b[k] for k in ("table", "checked", "counts", "store_keys_scanned")
+        }
+    assert main(["promote", *loc, "--generation", str(g)]) == 0
+    assert main(["verify", *loc, "--combine", str(paths[0]), str(paths[2])]) == 2

@@ -20,8 +20,10 @@ password is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any, Literal, get_args, get_origin
 
 from deltarec.errors import BadInputError, CheckFailedError
@@ -263,14 +265,43 @@ def _submit(args: argparse.Namespace) -> int:
 def _run_local(args: argparse.Namespace) -> int:
     if not args.local:
         raise BadInputError("pipeline run: only --local is supported here; use submit for KFP")
+    from deltarec.orchestrate.train_step import check_entry_point
+
+    params = _params(args)
+    check_entry_point(params)  # the steps run in this environment: refuse a bad one up front
+    with _launcher_of_children():
+        return _run_engine(args, params)
+
+
+@contextlib.contextmanager
+def _launcher_of_children() -> Iterator[None]:
+    """Name this process as the launcher of every step process it starts.
+
+    ``kill -9`` of this command then ends the train step, torchrun and every rank (their
+    watchdogs), so the run's lease is free for an immediate re-run.
+    """
+    from deltarec.train.launch import LAUNCHER_PID_ENV
+
+    before = os.environ.get(LAUNCHER_PID_ENV)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+        else:
+            os.environ[LAUNCHER_PID_ENV] = before
+
+
+def _run_engine(args: argparse.Namespace, params: Any) -> int:
     if args.engine == "airflow":
         from deltarec.orchestrate.airflow_local import run_airflow_local
 
-        result = run_airflow_local(_params(args), workdir=args.pipeline_root or "airflow-local")
+        result = run_airflow_local(params, workdir=args.pipeline_root or "airflow-local")
     else:
         from deltarec.orchestrate.local import run_local
 
-        result = run_local(_params(args), pipeline_root=args.pipeline_root or "kfp-local")
+        result = run_local(params, pipeline_root=args.pipeline_root or "kfp-local")
     record = result.generation
     print(
         f"run {record.run} generation {record.generation}: {record.dumps} dumps, "

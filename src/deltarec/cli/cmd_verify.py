@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
@@ -47,41 +48,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not leave a verification record in the artifact root (promote needs one)",
     )
+    fan = parser.add_mutually_exclusive_group()
+    fan.add_argument(
+        "--partition",
+        metavar="I/N",
+        help="check only partition I of N (a key range of every table; no record is left): "
+        "run 0/N .. N-1/N anywhere, each with --json, then --combine their documents",
+    )
+    fan.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="JSON",
+        help="combine the --json documents of partitions 0/N .. N-1/N into one result and "
+        "leave its record (the gate)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the verification; exit 0 if it passed, raise CheckFailedError (exit 1) if not."""
     from deltarec.verify import dumps_json, kfp_metrics, print_summary, render_html
-    from deltarec.verify.run import run_verification
+    from deltarec.verify.partition import partition_json
 
     if args.sample is not None and args.sample < 0:
         raise BadInputError(f"--sample must be >= 0, got {args.sample}")
     to_stdout = args.json == "-"
     console = Console(stderr=to_stdout)
-    with _progress(console) as progress:
-        tasks: dict[str, TaskID] = {}
-
-        def on_progress(table: str, done: int, total: int) -> None:
-            if table not in tasks:
-                tasks[table] = progress.add_task(table, total=total)
-            progress.update(tasks[table], completed=done)
-
-        result = run_verification(
-            args.artifacts,
-            args.run,
-            args.store,
-            generation=args.generation,
-            through_seq=args.through_seq,
-            sample=None if args.all else args.sample,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            max_mismatches=args.max_mismatches,
-            record=not args.no_record,
-            progress=on_progress,
-        )
+    result = _combined(args) if args.combine else _verified(args, console)
     print_summary(result, console)
     if args.json:
-        write_output(args.json, dumps_json(result) + "\n")
+        doc = partition_json(result) if args.partition else json.loads(dumps_json(result))
+        write_output(args.json, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     if args.metrics:
         write_output(args.metrics, json.dumps(kfp_metrics(result), indent=2) + "\n")
     if args.report:
@@ -90,6 +86,59 @@ def run(args: argparse.Namespace) -> int:
     if not result.passed:
         raise CheckFailedError(result.failure_summary())
     return 0
+
+
+def _combined(args: argparse.Namespace) -> Any:
+    """The gate: the partitions' documents combined (and recorded unless --no-record)."""
+    from deltarec.verify.fanout import combine_partitions
+    from deltarec.verify.partition import result_from_json
+
+    docs = []
+    for path in args.combine:
+        try:
+            with open(path, encoding="utf-8") as f:
+                docs.append(result_from_json(json.load(f)))
+        except (OSError, json.JSONDecodeError) as e:
+            raise BadInputError(f"--combine {path}: {e}") from e
+    for r in docs:
+        if (r.run, r.generation) != (docs[0].run, docs[0].generation) or r.run != args.run:
+            raise BadInputError(
+                f"--combine: {r.run!r} generation {r.generation} is not a partition of run "
+                f"{args.run!r}"
+            )
+    return combine_partitions(
+        args.artifacts, docs, max_mismatches=args.max_mismatches, record=not args.no_record
+    )
+
+
+def _verified(args: argparse.Namespace, console: Console) -> Any:
+    from deltarec.verify.fanout import verify_partition
+    from deltarec.verify.partition import Partition
+    from deltarec.verify.run import run_verification
+
+    with _progress(console) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def on_progress(table: str, done: int, total: int) -> None:
+            if table not in tasks:
+                tasks[table] = progress.add_task(table, total=total)
+            progress.update(tasks[table], completed=done)
+
+        common = dict(
+            generation=args.generation,
+            through_seq=args.through_seq,
+            sample=None if args.all else args.sample,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            max_mismatches=args.max_mismatches,
+            progress=on_progress,
+        )
+        if args.partition:
+            part = Partition.parse(args.partition)
+            return verify_partition(args.artifacts, args.run, args.store, part, **common)
+        return run_verification(
+            args.artifacts, args.run, args.store, record=not args.no_record, **common
+        )
 
 
 def _progress(console: Console) -> Progress:

@@ -1,11 +1,14 @@
 """The deltarec pipeline as an Airflow 3 DAG: the same steps and images as the Kubeflow one.
 
-params -> provision -> train -> verify -> branch -> promote (PASS) | verify_failed (FAIL)
+params -> provision -> train -> verify_plan -> verify_partition x N (dynamic task mapping)
+    -> verify (the gate) -> branch -> promote (PASS) | verify_failed (FAIL)
 
 * ``params`` validates the run's ``dag_run.conf`` / DAG params (:class:`PipelineParams`'s
   fields, the DAG's ``params``) and pushes them as one JSON object; every later task pulls it.
-* ``train`` pushes the :class:`GenerationRecord`, ``verify`` the :class:`VerifyOutcome`
-  (XCom, as the KFP pipeline passes artifacts); ``branch`` picks promote or verify_failed.
+* ``train`` pushes the :class:`GenerationRecord`; ``verify_plan`` the partitions
+  (``verify_partitions``), over which ``verify_partition`` is mapped (``.expand``); ``verify``
+  combines their documents into the :class:`VerifyOutcome` (XCom, as the KFP pipeline passes
+  artifacts); ``branch`` picks promote or verify_failed.
 * ``verify_failed`` drops the staging views (staged) or rolls serving back to the last
   promoted generation (direct), calls the webhook and fails, so the DAG run ends failed; the
   verify report lies beside the generation in the artifact root (``verify-report-<seq>.html``).
@@ -40,6 +43,7 @@ DEFAULT_DAG_FILE = "deltarec_dag.py"
 MODES = ("kubernetes", "local")
 
 _PARAMS_XCOM = "{{ ti.xcom_pull(task_ids='params') | tojson }}"
+_TRAIN_XCOM = "{{ ti.xcom_pull(task_ids='train') | tojson }}"
 
 _DAG_FILE = '''"""The deltarec pipeline as an Airflow DAG.
 
@@ -91,7 +95,6 @@ def build_dag(
     secrets: Sequence[SecretEnv] | Sequence[SecretSpec] | None = None,
     namespace: str | None = None,
     dag_id: str = DAG_ID,
-    train_gpus: int = 0,
 ) -> Any:
     """The deltarec DAG.
 
@@ -102,8 +105,10 @@ def build_dag(
             for the default credentials Secret. PyTorchJob pods get them as ``envFrom``.
         namespace: the pods' namespace; None for the operator's default (in-cluster: its own).
         dag_id: the DAG's id.
-        train_gpus: GPUs the one-node train pod requests (Kubernetes resources are fixed when
-            the DAG is parsed; several nodes take ``gpus_per_node`` from the run's parameters).
+
+    The train pod's GPUs and image follow the run's parameters (templated): with one node it
+    requests ``gpus_per_node`` GPUs on ``TRAINER_IMAGE``; with several it is the launcher of the
+    TrainJob/PyTorchJob, on ``TOOLS_IMAGE`` with no GPU (the job's nodes hold them).
     """
     from airflow.sdk import DAG, task
 
@@ -132,9 +137,9 @@ def build_dag(
         if mode == "local":
             tasks = _local_tasks(checked)
         else:
-            tasks = _pod_tasks(specs, namespace, train_gpus)
+            tasks = _pod_tasks(specs, namespace, checked)
             checked >> tasks["provision"]
-        tasks["provision"] >> tasks["train"] >> tasks["verify"]
+        tasks["provision"] >> tasks["train"]
         choice = branch(tasks["verify"].output if mode != "local" else tasks["verify"])
         tasks["verify"] >> choice
         choice >> [tasks["promote"], tasks["verify_failed"]]
@@ -166,7 +171,14 @@ def _local_tasks(checked: Any) -> dict[str, Any]:
 
     provision = local("provision", airflow_task.provision)(checked)
     train = local("train", _train_local)(checked)
-    verify = local("verify", airflow_task.verify)(checked, train)
+    plan = local("verify_plan", airflow_task.verify_plan)(checked)
+    train >> plan
+    parts = (
+        task(task_id="verify_partition")(_announced("verify_partition", _verify_partition))
+        .partial(conf=checked, generation=train)
+        .expand(partition=plan)
+    )
+    verify = local("verify", _verify_gate)(checked, train, parts)
     promote = local("promote", airflow_task.promote)(checked, train)
     failed = local("verify_failed", airflow_task.verify_failed)(checked, verify)
     return {
@@ -175,14 +187,34 @@ def _local_tasks(checked: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _verify_partition(
+    conf: dict[str, Any], generation: dict[str, Any], partition: str
+) -> dict[str, Any]:
+    return airflow_task.verify_partition(conf, generation, partition)
+
+
+def _verify_gate(
+    conf: dict[str, Any], generation: dict[str, Any], partitions: Any
+) -> dict[str, Any]:
+    return airflow_task.verify_gate(conf, generation, list(partitions))
+
+
 def _train_local(conf: dict[str, Any], **context: Any) -> dict[str, Any]:
     return airflow_task.train(conf, job_id=str(context.get("run_id") or ""))
 
 
+_ONE_NODE = "(ti.xcom_pull(task_ids='params')['nodes'] | int) == 1"
+_TRAIN_GPUS = (
+    "{{ ti.xcom_pull(task_ids='params')['gpus_per_node'] | int if " + _ONE_NODE + " else 0 }}"
+)
+_TRAIN_IMAGE = f"{{{{ '{TRAINER_IMAGE}' if {_ONE_NODE} else '{TOOLS_IMAGE}' }}}}"
+
+
 def _pod_tasks(
-    secrets: Sequence[SecretSpec], namespace: str | None, train_gpus: int
+    secrets: Sequence[SecretSpec], namespace: str | None, checked: Any
 ) -> dict[str, Any]:
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from airflow.sdk import task
     from kubernetes.client import models as k8s
 
     env_vars = [
@@ -220,18 +252,50 @@ def _pod_tasks(
             **extra,
         )
 
-    resources = None
-    if train_gpus > 0:
-        resources = k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": str(train_gpus)})
+    resources = k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": _TRAIN_GPUS})
+    train = pod(
+        "train",
+        _TRAIN_IMAGE,
+        arguments=["--job-id", "{{ run_id }}", "--secrets", names],
+        container_resources=resources,
+    )
+
+    @task(task_id="verify_plan")
+    def plan(conf: dict[str, Any]) -> list[list[str]]:
+        return [["--partition", p] for p in airflow_task.verify_plan(conf)]
+
+    partitions = plan(checked)
+    train >> partitions
+    parts = KubernetesPodOperator.partial(
+        task_id="verify_partition",
+        name="deltarec-verify-partition",
+        namespace=namespace,
+        image=TOOLS_IMAGE,
+        cmds=[
+            *("python", "-m", "deltarec.orchestrate.airflow_task", "verify_partition"),
+            *("--params", _PARAMS_XCOM, "--input", _TRAIN_XCOM),
+        ],
+        env_vars=env_vars,
+        service_account_name=service_account,
+        do_xcom_push=True,
+        get_logs=True,
+        on_finish_action="delete_pod",
+    ).expand(arguments=partitions)
+    gate = pod(
+        "verify",
+        TOOLS_IMAGE,
+        upstream="train",
+        arguments=[
+            "--partitions",
+            "{{ ti.xcom_pull(task_ids='verify_partition') | list | tojson }}",
+        ],
+    )
+    gate.arguments[0] = "verify_gate"
+    parts >> gate
     return {
         "provision": pod("provision", TOOLS_IMAGE),
-        "train": pod(
-            "train",
-            TRAINER_IMAGE,
-            arguments=["--job-id", "{{ run_id }}", "--secrets", names],
-            container_resources=resources,
-        ),
-        "verify": pod("verify", TOOLS_IMAGE, upstream="train"),
+        "train": train,
+        "verify": gate,
         "promote": pod("promote", TOOLS_IMAGE, upstream="train"),
         "verify_failed": pod("verify_failed", TOOLS_IMAGE, upstream="verify"),
     }

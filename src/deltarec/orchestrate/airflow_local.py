@@ -176,10 +176,17 @@ def check_dag_folder(folder: str) -> dict[str, Any]:
                     if e.value_from is not None
                 ],
                 "upstream": sorted(t.upstream_task_ids),
+                "gpus": _gpus(t),
             }
             for t in dag.tasks
         }
     return out
+
+
+def _gpus(task: Any) -> str | None:
+    resources = getattr(task, "container_resources", None)
+    limits = getattr(resources, "limits", None) or {}
+    return limits.get("nvidia.com/gpu")
 
 
 def _write(path: str, report: dict[str, Any]) -> None:

@@ -63,6 +63,29 @@ def verify(conf: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, 
     return steps.verify(p, record, report_path=report_uri(record)).to_json()
 
 
+def verify_plan(conf: Mapping[str, Any]) -> list[str]:
+    """:func:`steps.verify_plan`: the partitions the verify task is mapped over."""
+    return steps.verify_plan(_params(conf))
+
+
+def verify_partition(
+    conf: Mapping[str, Any], generation: Mapping[str, Any], partition: str
+) -> dict[str, Any]:
+    """:func:`steps.verify_part`: one partition's verify JSON document."""
+    record = GenerationRecord.from_metadata(dict(generation), "the train task's XCom")
+    return steps.verify_part(_params(conf), record, partition)
+
+
+def verify_gate(
+    conf: Mapping[str, Any], generation: Mapping[str, Any], partitions: Sequence[Any]
+) -> dict[str, Any]:
+    """:func:`steps.verify_gate` over the mapped partitions; the :class:`~steps.VerifyOutcome`."""
+    p = _params(conf)
+    record = GenerationRecord.from_metadata(dict(generation), "the train task's XCom")
+    docs = [json.loads(d) if isinstance(d, str) else dict(d) for d in partitions]
+    return steps.verify_gate(p, record, docs, report_path=report_uri(record)).to_json()
+
+
 def choose(outcome: Mapping[str, Any]) -> str:
     """The branch after verify: ``promote`` on PASS, ``verify_failed`` on FAIL."""
     return "promote" if steps.VerifyOutcome.from_json(outcome).passed else "verify_failed"
@@ -95,12 +118,14 @@ def rollback(conf: Mapping[str, Any], to_generation: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The pod's entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m deltarec.orchestrate.airflow_task")
-    parser.add_argument("step", choices=["provision", "train", "verify", "promote",
-                                         "verify_failed"])  # fmt: skip
+    parser.add_argument("step", choices=["provision", "train", "verify", "verify_partition",
+                                         "verify_gate", "promote", "verify_failed"])  # fmt: skip
     parser.add_argument("--params", required=True, help="the run's parameters (JSON)")
     parser.add_argument("--input", default="null", help="the upstream task's XCom (JSON)")
     parser.add_argument("--job-id", default="", help="the DAG run's id (train)")
-    parser.add_argument("--secrets", default="", help="Secret names for PyTorchJob pods")
+    parser.add_argument("--secrets", default="", help="Secret names for the multi-node job's pods")
+    parser.add_argument("--partition", default="0/1", help="the partition I/N (verify_partition)")
+    parser.add_argument("--partitions", default="[]", help="the partitions' XCom (verify_gate)")
     parser.add_argument("--xcom", default=XCOM_PATH, help="where the result is written")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     conf = json.loads(args.params)
@@ -111,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = train(conf, args.job_id, args.secrets.split(","))
     elif args.step == "verify":
         result = verify(conf, upstream)
+    elif args.step == "verify_partition":
+        result = verify_partition(conf, upstream, args.partition)
+    elif args.step == "verify_gate":
+        result = verify_gate(conf, upstream, json.loads(args.partitions))
     elif args.step == "promote":
         result = promote(conf, upstream)
     else:

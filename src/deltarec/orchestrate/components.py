@@ -67,14 +67,17 @@ def provision(params: dict):
 
 
 @dsl.component(base_image=TRAINER_IMAGE)
-def train(params: dict, credentials_secret: str, job_id: str, generation: Output[Artifact]):
-    """Train one generation with delta dumps and publishing (torchrun, or a PyTorchJob).
+def train(params: dict, credentials_secret: str, job_id: str, generation: Output[Artifact]) -> dict:
+    """Train one generation on this node with delta dumps and publishing (torchrun).
 
     Args:
         params: the pipeline's parameters (``PipelineParams`` fields).
-        credentials_secret: comma-separated Secret names the PyTorchJob pods mount.
-        job_id: the pipeline run's id (names the PyTorchJob, so a retry follows it).
+        credentials_secret: comma-separated Secret names (for a multi-node job's pods).
+        job_id: the pipeline run's id (names a multi-node job, so a retry follows it).
         generation: receives the ``GenerationRecord`` of the generation trained.
+
+    Returns:
+        The ``GenerationRecord`` as a dict (what verify and promote take).
     """
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import PipelineParams
@@ -85,29 +88,107 @@ def train(params: dict, credentials_secret: str, job_id: str, generation: Output
         secrets=credentials_secret.split(","),
     )
     steps.write_record(generation, record)
+    return record.to_metadata()
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def train_launcher(
+    params: dict, credentials_secret: str, job_id: str, generation: Output[Artifact]
+) -> dict:
+    """The multi-node train step's launcher: creates the TrainJob (or PyTorchJob) and follows it.
+
+    Runs on the slim image and requests no GPU: the job's nodes hold the GPUs.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+        credentials_secret: comma-separated Secret names the job's pods get.
+        job_id: the pipeline run's id (names the job, so a retry follows it).
+        generation: receives the ``GenerationRecord`` of the generation trained.
+
+    Returns:
+        The ``GenerationRecord`` as a dict (what verify and promote take).
+    """
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    record = steps.train(
+        PipelineParams.from_arguments(params),
+        job_id=job_id,
+        secrets=credentials_secret.split(","),
+    )
+    steps.write_record(generation, record)
+    return record.to_metadata()
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def verify_plan(params: dict, generation: dict) -> list:
+    """The fan-out of verify: one work item per partition (``verify_partitions`` of them).
+
+    Each item carries all its task needs (``params``, ``generation``, ``partition`` ``I/N``),
+    so the loop body takes the item alone.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+        generation: the train step's generation record.
+    """
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    p = PipelineParams.from_arguments(params)
+    record = steps.record_of(generation).to_metadata()
+    return [
+        {"params": p.arguments(), "generation": record, "partition": part}
+        for part in steps.verify_plan(p)
+    ]
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def verify_partition(item: dict) -> str:
+    """Verify one partition (a key range of every table) of the generation; its JSON document.
+
+    The document travels as JSON text (it holds nulls, which KFP parameter structs do not
+    take).
+
+    Args:
+        item: a work item of ``verify_plan`` (``params``, ``generation``, ``partition``).
+    """
+    import json
+
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    work = json.loads(item) if isinstance(item, str) else item
+    params = PipelineParams.from_arguments(work["params"])
+    doc = steps.verify_part(params, steps.record_of(work["generation"]), work["partition"])
+    return json.dumps(doc)
 
 
 @dsl.component(base_image=TOOLS_IMAGE)
 def verify(
     params: dict,
-    generation: Input[Artifact],
+    generation: dict,
+    partitions: list,
     metrics: Output[Metrics],
     report: Output[HTML],
 ) -> str:
-    """Read the generation's rows back from the store; returns ``PASS`` or ``FAIL``.
+    """The gate: combine the verify partitions into one verdict, ``PASS`` or ``FAIL``.
 
     Args:
         params: the pipeline's parameters (``PipelineParams`` fields).
         generation: the train step's generation record.
+        partitions: every partition's JSON document (collected from the fan-out).
         metrics: receives verify's metrics and the freshness percentiles.
         report: receives the HTML report (its metadata: the verify outcome).
     """
+    import json
+
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import PipelineParams
 
-    outcome = steps.verify(
+    outcome = steps.verify_gate(
         PipelineParams.from_arguments(params),
-        steps.read_record(generation),
+        steps.record_of(generation),
+        [json.loads(p) if isinstance(p, str) else p for p in partitions],
         report_path=report.path,
     )
     steps.log_outcome(outcome, metrics, report)
@@ -115,7 +196,7 @@ def verify(
 
 
 @dsl.component(base_image=TOOLS_IMAGE)
-def promote(params: dict, generation: Input[Artifact]) -> int:
+def promote(params: dict, generation: dict) -> int:
     """Record the verified generation as serving's current one; returns it.
 
     Args:
@@ -125,7 +206,8 @@ def promote(params: dict, generation: Input[Artifact]) -> int:
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import PipelineParams
 
-    result = steps.promote(PipelineParams.from_arguments(params), steps.read_record(generation))
+    record = steps.record_of(generation)
+    result = steps.promote(PipelineParams.from_arguments(params), record)
     return result.pointer.generation
 
 
@@ -165,6 +247,9 @@ COMPONENTS = {
     "params": params_component(),
     "provision": provision,
     "train": train,
+    "train_launcher": train_launcher,
+    "verify_plan": verify_plan,
+    "verify_partition": verify_partition,
     "verify": verify,
     "promote": promote,
     "verify_failed": verify_failed,

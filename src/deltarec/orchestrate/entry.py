@@ -49,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec, rest = args[0], args[1:]
     if rest and rest[0] == "--":
         rest = rest[1:]
+    from deltarec.train.launch import exit_with_parent, under_torchrun
+
+    if under_torchrun():
+        exit_with_parent()  # a rank ends with its launcher, however the launcher dies
     fn = load_entry_point(spec)
     sys.argv = [spec.partition(":")[0], *rest]
     result = fn()

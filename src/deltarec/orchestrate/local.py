@@ -95,7 +95,7 @@ def run_local(
         pipeline_root=os.path.abspath(pipeline_root),
         raise_on_error=True,
     )
-    pipeline = build_pipeline(secrets=())
+    pipeline = build_pipeline(secrets=(), accelerators=False)
     failure = ""
     with warnings.catch_warnings(), _route_output(output):
         # The runner warns that base images and accelerators are ignored locally: expected.
@@ -140,6 +140,8 @@ def _artifact(artifacts: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _generation(run_dir: str) -> GenerationRecord:
-    entry = _artifact(_executor_output(run_dir, "train").get("artifacts", {}), "generation")
-    path = os.path.join(run_dir, "train", "generation")
+    """The train step's record: the one-node ``train`` task's, else the ``train-launcher``'s."""
+    task = "train" if os.path.isdir(os.path.join(run_dir, "train")) else "train-launcher"
+    entry = _artifact(_executor_output(run_dir, task).get("artifacts", {}), "generation")
+    path = os.path.join(run_dir, task, "generation")
     return GenerationRecord.from_metadata(dict(entry.get("metadata") or {}), path)

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from deltarec.errors import ConfigError
 from deltarec.orchestrate.params import PipelineParams
 from deltarec.orchestrate.types import SecretEnv, default_secrets
 
@@ -35,7 +36,7 @@ def pipeline_signature(return_annotation: Any) -> inspect.Signature:
     return inspect.Signature(params, return_annotation=return_annotation)
 
 
-def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
+def build_pipeline(secrets: Sequence[SecretEnv] | None = None, *, accelerators: bool = True) -> Any:
     """The pipeline function (a KFP ``GraphComponent``), ready to compile or run locally.
 
     provision -> train -> verify -> (PASS) promote | (FAIL) verify_failed, which drops the
@@ -45,7 +46,10 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
 
     Args:
         secrets: Secrets mounted as environment into every step (and referenced by the
-            pods of a multi-node PyTorchJob); None mounts :func:`default_secrets`.
+            pods of a multi-node job); None mounts :func:`default_secrets`.
+        accelerators: request ``gpus_per_node`` GPUs for the one-node train task. kfp.local
+            ignores accelerators and cannot resolve the request inside a condition, so local
+            runs leave it out.
     """
     from kfp import dsl, kubernetes
 
@@ -57,7 +61,7 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
 
     class Outputs(NamedTuple):
         verdict: str
-        generation: dsl.Artifact
+        generation: dict
         metrics: dsl.Metrics
         report: dsl.HTML
 
@@ -75,20 +79,30 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None) -> Any:
         checked.set_display_name("params")
         params = checked.output
         prov = with_secrets(c.provision(params=params), "provision")
-        train = with_secrets(
-            c.train(
-                params=params,
-                credentials_secret=secret_names,
-                job_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            ).after(prov),
-            "train",
+        train_args = {
+            "params": params,
+            "credentials_secret": secret_names,
+            "job_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        }
+        with dsl.If(args["nodes"] == 1, name="one-node"):
+            train = with_secrets(c.train(**train_args).after(prov), "train")
+            if accelerators:
+                train.set_accelerator_type("nvidia.com/gpu")
+                train.set_accelerator_limit(args["gpus_per_node"])
+        with dsl.Else(name="several-nodes"):
+            # the launcher only creates and follows the TrainJob/PyTorchJob: no GPU
+            launcher = with_secrets(c.train_launcher(**train_args).after(prov), "train-launcher")
+            # the step's pod owns the job it creates: no training outlives the step
+            kubernetes.use_field_path_as_env(launcher, "DELTAREC_POD_NAME", "metadata.name")
+            kubernetes.use_field_path_as_env(launcher, "DELTAREC_POD_UID", "metadata.uid")
+        generation = dsl.OneOf(train.outputs["Output"], launcher.outputs["Output"])
+        plan = with_secrets(c.verify_plan(params=params, generation=generation), "verify-plan")
+        with dsl.ParallelFor(plan.output, name="verify-partitions") as item:
+            part = with_secrets(c.verify_partition(item=item), "verify-partition")
+        verify = with_secrets(
+            c.verify(params=params, generation=generation, partitions=dsl.Collected(part.output)),
+            "verify",
         )
-        train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(args["gpus_per_node"])
-        # the step's pod owns the PyTorchJob it may create: no training outlives the step
-        kubernetes.use_field_path_as_env(train, "DELTAREC_POD_NAME", "metadata.name")
-        kubernetes.use_field_path_as_env(train, "DELTAREC_POD_UID", "metadata.uid")
-        generation = train.outputs["generation"]
-        verify = with_secrets(c.verify(params=params, generation=generation), "verify")
         with dsl.If(verify.outputs["Output"] == "PASS", name="verified"):
             with_secrets(c.promote(params=params, generation=generation), "promote")
         with dsl.If(verify.outputs["Output"] == "FAIL", name="verify-failed"):
@@ -165,15 +179,40 @@ def submit(
         client_factory = kfp.Client
     with tempfile.TemporaryDirectory(prefix="deltarec-submit-") as tmp:
         path = compile_pipeline(package_path or os.path.join(tmp, DEFAULT_OUTPUT), secrets)
-        client = client_factory(host=host, namespace=namespace)
-        result = client.create_run_from_pipeline_package(
-            pipeline_file=path,
-            arguments=params.arguments(),
-            run_name=run_label or f"deltarec-{params.run_name}",
-            experiment_name=experiment,
-            namespace=namespace,
-            pipeline_root=pipeline_root,
-            enable_caching=False,
-            service_account=service_account,
-        )
+        try:
+            client = client_factory(host=host, namespace=namespace)
+            result = client.create_run_from_pipeline_package(
+                pipeline_file=path,
+                arguments=params.arguments(),
+                run_name=run_label or f"deltarec-{params.run_name}",
+                experiment_name=experiment,
+                namespace=namespace,
+                pipeline_root=pipeline_root,
+                enable_caching=False,
+                service_account=service_account,
+            )
+        except Exception as e:
+            if not _unreachable(e):
+                raise
+            raise ConfigError(
+                f"the KFP endpoint {host or '(in-cluster default)'} cannot be reached: "
+                f"{_first_line(e)}"
+            ) from e
     return str(getattr(result, "run_id", result))
+
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether ``e`` (or what caused it) says the endpoint could not be reached."""
+    seen: BaseException | None = e
+    while seen is not None:
+        name = type(seen).__name__
+        if isinstance(seen, OSError) or name in ("MaxRetryError", "NewConnectionError"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_line(e: BaseException) -> str:
+    reason = getattr(e, "reason", None)
+    text = str(reason if reason is not None else e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -61,6 +61,8 @@ from deltarec.promote.run import rollback as rollback_generation
 from deltarec.stores import open_store
 from deltarec.stores.provision import ProvisionResult, provision_generation, provision_tables
 from deltarec.verify import VerifyResult, dumps_json, kfp_metrics, render_html
+from deltarec.verify.fanout import combine_partitions, verify_partition
+from deltarec.verify.partition import Partition, partition_json, result_from_json
 from deltarec.verify.run import run_verification
 
 __all__ = [
@@ -80,6 +82,7 @@ __all__ = [
     "provision",
     "read_outcome",
     "read_record",
+    "record_of",
     "rollback",
     "run_process",
     "torchrun_command",
@@ -87,6 +90,9 @@ __all__ = [
     "train_args",
     "train_settings_env",
     "verify",
+    "verify_gate",
+    "verify_part",
+    "verify_plan",
     "verify_serving",
     "write_record",
 ]
@@ -241,6 +247,59 @@ def verify(
     return outcome
 
 
+def verify_plan(params: PipelineParams) -> list[str]:
+    """The partitions verify fans out over: ``["0/N", ..., "N-1/N"]`` (``verify_partitions``)."""
+    n = params.verify_partitions
+    return [f"{i}/{n}" for i in range(n)]
+
+
+def verify_part(params: PipelineParams, record: GenerationRecord, partition: str) -> dict[str, Any]:
+    """Verify one partition (``"I/N"``) of the generation train produced; its JSON document.
+
+    Leaves no verification record: :func:`verify_gate` combines the partitions and writes it.
+    """
+    part = Partition.parse(partition)
+    result = verify_partition(
+        params.artifact_root, record.run, params.store_url, part,
+        generation=record.generation, through_seq=record.last_seq,
+        sample=None if params.sample_size <= 0 else params.sample_size,
+    )  # fmt: skip
+    verdict = "passed" if result.passed else result.failure_summary()
+    log.info("verify partition %s of run %s generation %d: %s", part, record.run,
+             record.generation, verdict)  # fmt: skip
+    return partition_json(result)
+
+
+def verify_gate(
+    params: PipelineParams,
+    record: GenerationRecord,
+    partitions: Sequence[Mapping[str, Any]],
+    *,
+    report_path: str | None = None,
+    json_path: str | None = None,
+) -> VerifyOutcome:
+    """The gate: combine the partitions' documents into one verification (PASS or FAIL).
+
+    Writes the verification record promote requires, the HTML report and the JSON document.
+
+    Raises:
+        BadInputError: the documents are not the partitions of this generation's verify.
+    """
+    result = combine_partitions(
+        params.artifact_root, [result_from_json(dict(d)) for d in partitions]
+    )
+    if (result.run, result.generation) != (record.run, record.generation):
+        raise BadInputError(
+            f"verify partitions of run {result.run!r} generation {result.generation} do not "
+            f"belong to run {record.run!r} generation {record.generation}"
+        )
+    _write_outputs(result, report_path, json_path, render_html, dumps_json)
+    outcome = outcome_of(result, report_path)
+    log.info("verify gate: run %s generation %d over %d partitions: %s %s", outcome.run,
+             outcome.generation, len(partitions), outcome.verdict, outcome.failure)  # fmt: skip
+    return outcome
+
+
 def _write_outputs(
     result: Any, report_path: str | None, json_path: str | None, html: Any, doc: Any
 ) -> None:
@@ -353,7 +412,7 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
     run, gen = outcome.run, outcome.generation
     rolled_back_to: int | None = None
     dropped = 0
-    with open_store(params.store_url, params.artifact_root) as store:
+    with open_store(params.store_url, params.artifact_root, run=run) as store:
         if params.publish_mode == "staged" or is_staged(store, run, gen):
             dropped = store.drop_staging(run, gen)
             action = "dropped-staging"
@@ -402,6 +461,21 @@ def write_record(output: ArtifactLike, record: GenerationRecord) -> None:
     with open(output.path, "w", encoding="utf-8") as f:
         json.dump(record.to_metadata(), f, indent=2)
     output.metadata.update(record.to_metadata())
+
+
+def record_of(value: Mapping[str, Any] | str) -> GenerationRecord:
+    """The :class:`GenerationRecord` a train step output as a dict.
+
+    Also takes that dict as JSON text, as an engine may hand a parameter on inside a loop.
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise BadInputError(f"the train step's output is not JSON: {e}") from e
+    if not isinstance(value, Mapping):
+        raise BadInputError(f"the train step's output is not a record: {value!r}")
+    return GenerationRecord.from_metadata(dict(value), "the train step's output")
 
 
 def read_record(generation: ArtifactLike) -> GenerationRecord:

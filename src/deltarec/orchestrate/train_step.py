@@ -101,6 +101,23 @@ def torchrun_command(params: PipelineParams) -> tuple[list[str], dict[str, str]]
     return cmd, env
 
 
+def check_entry_point(params: PipelineParams) -> None:
+    """Refuse a ``module:function`` entry point this environment cannot import.
+
+    Checked before any rank starts: one line naming it instead of one traceback per rank.
+
+    Raises:
+        BadInputError: the module cannot be imported or has no such callable.
+    """
+    if not params.entry_point.strip():
+        return
+    kind, *target = parse_entry_point(params.entry_point)
+    if kind == "function":
+        from deltarec.orchestrate.entry import load_entry_point
+
+        load_entry_point(target[0])
+
+
 def generation_record(root: ArtifactRoot, run: str, generation: int) -> GenerationRecord:
     """Describe one generation from its committed manifests.
 
@@ -135,10 +152,13 @@ def _new_generation(root: ArtifactRoot, run: str, before: set[int]) -> int:
 
 def run_process(cmd: Sequence[str], env: Mapping[str, str]) -> int:
     """Run one training process tree to its end; returns its exit code."""
+    from deltarec.train.launch import die_with_parent
+
     full = {**os.environ, **env}
     full.setdefault("OMP_NUM_THREADS", "1")
     log.info("train: %s", shlex.join(cmd))
-    return subprocess.call(list(cmd), env=full)
+    # torchrun dies with this step's process, and its ranks with torchrun (their watchdog)
+    return subprocess.call(list(cmd), env=full, preexec_fn=die_with_parent)
 
 
 def train(
@@ -165,9 +185,15 @@ def train(
         StepFailedError: training failed or produced no generation.
         TrainJobFailedError: the TrainJob or PyTorchJob failed or timed out.
     """
+    from deltarec.train.launch import LAUNCHER_PID_ENV, exit_with_parent
+
+    if os.environ.get(LAUNCHER_PID_ENV):
+        # a local pipeline run: this step ends with the command that started the run
+        exit_with_parent()
     root = ArtifactRoot(params.artifact_root)
     before = set(root.list_generations(params.run_name))
     if params.nodes == 1:
+        check_entry_point(params)
         cmd, env = torchrun_command(params)
         code = runner(cmd, env)
         if code != 0:

@@ -105,11 +105,11 @@ def launch_torchrun(nproc_per_node: int, train_args: Sequence[str]) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")
     env[LAUNCHER_PID_ENV] = str(os.getpid())
     return subprocess.call(
-        torchrun_command(nproc_per_node, train_args), env=env, preexec_fn=_die_with_parent
+        torchrun_command(nproc_per_node, train_args), env=env, preexec_fn=die_with_parent
     )
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In a child before exec: receive SIGKILL when the parent dies (Linux; else nothing)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -143,7 +143,7 @@ def exit_with_parent(poll_s: float = 0.5) -> None:
     if _watchdog is not None:
         return
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     launcher_pid = int(launcher) if launcher and launcher.isdigit() else None
 

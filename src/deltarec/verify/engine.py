@@ -178,7 +178,7 @@ def _verify_one(
 ) -> TableResult:
     """One table: one pass over the store with ``--all`` when it fits, else lookups by key."""
     can_scan = reader.store.capabilities.scan
-    part = opts.partition
+    part = opts.partition if opts.partition and opts.partition.count > 1 else None
     if (
         opts.all_keys
         and can_scan

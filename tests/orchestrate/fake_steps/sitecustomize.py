@@ -1,8 +1,9 @@
 """Loaded by every step subprocess of the gate test (through PYTHONPATH): replaces the typed
-train, verify and promote functions of deltarec.orchestrate.steps with fast fakes of the same
-signatures, so kfp.local runs the real pipeline wiring without training. ``FAKE_VERDICT`` is
-the verdict the fake verify returns; promote calls are appended to ``FAKE_PROMOTE_LOG``; the
-FAIL branch (``steps.on_verify_failed``) is the real one."""
+train, verify (partition and gate) and promote functions of deltarec.orchestrate.steps with
+fast fakes of the same signatures (the gate checks it got every partition of the plan), so
+kfp.local runs the real pipeline wiring without training. ``FAKE_VERDICT`` is the verdict the
+fake gate returns; promote calls are appended to ``FAKE_PROMOTE_LOG``; the FAIL branch
+(``steps.on_verify_failed``) is the real one."""
 
 import os
 
@@ -24,7 +25,15 @@ def fake_train(params, *, job_id="", secrets=(), runner=None):
     return steps.generation_record(root, run, info.generation)
 
 
-def fake_verify(params, record, *, report_path=None, json_path=None):
+def fake_verify_part(params, record, partition):
+    return {"partition": partition, "generation": record.generation}
+
+
+def fake_verify_gate(params, record, partitions, *, report_path=None, json_path=None):
+    assert all(isinstance(p, dict) for p in partitions), partitions
+    plan = [f"{i}/{params.verify_partitions}" for i in range(params.verify_partitions)]
+    assert sorted(p["partition"] for p in partitions) == plan, partitions
+    assert {p["generation"] for p in partitions} == {record.generation}, partitions
     verdict = os.environ["FAKE_VERDICT"]
     with open(report_path, "w", encoding="utf-8") as f:
         f.write("<html>fake verify</html>")
@@ -53,5 +62,6 @@ def fake_promote(params, record, *, force=False):
 
 
 steps.train = fake_train
-steps.verify = fake_verify
+steps.verify_part = fake_verify_part
+steps.verify_gate = fake_verify_gate
 steps.promote = fake_promote

@@ -49,7 +49,7 @@ def main():
     if args.lose_key is not None:
         keep = rows.keys != args.lose_key
         rows = ShardRows(rows.keys[keep], rows.embedding[keep], rows.ops[keep], rows.steps[keep])
-    with open_store(settings.store) as store:
+    with open_store(settings.store, run=settings.run) as store:
         DumpPublisher(store, root, settings.run, mode=settings.publish_mode).publish_dump(
             manifest, 0, {TABLE: rows}
         )
