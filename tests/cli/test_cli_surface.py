@@ -88,6 +88,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--no-snapshot": F("switch", False),
         "--store": F("str"),
         "--lease-ttl": F("float"),
+        "--metrics-port": F("int"),
         "--row-encodings": F("str"),
         "--zch-misses": F("switch", False),
         "--publish-mode": F("str", "direct", ("direct", "staged")),

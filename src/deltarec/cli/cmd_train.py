@@ -166,6 +166,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the run refuses to start while it is held (default: 60)",
     )
     d.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the dumper's and publisher's Prometheus metrics on PORT + local rank",
+    )
+    d.add_argument(
         "--row-encodings",
         default=None,
         metavar="SPEC",
@@ -262,6 +269,7 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         "--store": args.store,
         "--no-snapshot": args.no_snapshot or None,
         "--lease-ttl": args.lease_ttl,
+        "--metrics-port": args.metrics_port,
         "--row-encodings": args.row_encodings,
         "--zch-misses": args.zch_misses or None,
     }
@@ -325,6 +333,7 @@ def _hooks(args: argparse.Namespace) -> list[Any]:
             snapshot=not args.no_snapshot,
             store=args.store,
             publish_mode=args.publish_mode,
+            metrics_port=args.metrics_port,
             **options,
         )
     ]
