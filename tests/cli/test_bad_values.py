@@ -20,7 +20,7 @@ from deltarec.publish import RetryPolicy
     ],
 )
 def test_a_table_of_no_width_or_no_rows_is_refused_naming_it(tmp_path, entry, problem):
-    with pytest.raises(ConfigError, match="'m.t'") as e:
+    with pytest.raises(ConfigError, match=r"'m\.t'") as e:
         parse_params(
             run_name="r", artifact_root=str(tmp_path), store_url="sqlite:///s.db",
             tables=f'{{"m.t": {entry}}}',

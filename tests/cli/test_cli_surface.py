@@ -105,7 +105,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--mode": F("str", "direct", ("direct", "staged")),
         "--ranks": F("str"),
         "--batch-mb": F("float"),
-        "--retry-deadline": F("float", 600.0),
+        "--retry-deadline": F("seconds", 600.0),  # a finite float >= 0
         "--metrics-port": F("int"),
         "--json": F("str?", const="-"),
     },
