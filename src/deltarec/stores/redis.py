@@ -62,6 +62,7 @@ from deltarec.stores.redislua import (
     pack_version,
 )
 from deltarec.stores.rows import checked_arrays
+from deltarec.stores.runviews import RunViews
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,
@@ -81,7 +82,7 @@ _ERRORS = DriverErrors(
 """redis-py's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
 
 
-class RedisStore(Store, Registry):
+class RedisStore(RunViews, Store, Registry):
     """The Redis backend (redis-py). The client is thread-safe (a connection pool).
 
     Args:
@@ -222,44 +223,6 @@ class RedisStore(Store, Registry):
             dtype = DType(obj["dtype"])
             views.append(ViewInfo(table, name, int(obj["dim"]), dtype, int(stage), run=run))
         return views
-
-    def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
-        """See :meth:`Store.views`: the handle's run's views (without a run: the served ones)."""
-        stage = int(staging_generation or 0)
-        if self.run is None:
-            serves = self.serving_runs()
-            return {
-                v.table: v
-                for v in self._all_views()
-                if v.staging_generation == stage and serves.get(v.table) == v.run
-            }
-        return {
-            v.table: v
-            for v in self._all_views()
-            if v.staging_generation == stage and v.run == self.run
-        }
-
-    def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
-        key = (table, int(staging_generation or 0))
-        if self.run is None:  # what serving reads: resolved on every call (promote moves it)
-            found = self.views(key[1]).get(table)
-            if found is None:
-                raise BadInputError(
-                    f"no run serves table {table!r} in {self.describe()}; "
-                    "provision it for a run first"
-                )
-            return found
-        if key not in self._views_cache:
-            self._views_cache.update(
-                {(v.table, v.staging_generation): v for v in self.views(key[1]).values()}
-            )
-        try:
-            return self._views_cache[key]
-        except KeyError:
-            raise BadInputError(
-                f"table {table!r} of run {self.run!r} is not provisioned in {self.describe()}; "
-                "run `deltarec provision` first"
-            ) from None
 
     def serving_runs(self) -> dict[str, str]:
         """See :meth:`Registry.serving_runs`."""

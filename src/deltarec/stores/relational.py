@@ -35,6 +35,7 @@ from deltarec.errors import BadInputError, ViewMismatchError
 from deltarec.stores.base import Store
 from deltarec.stores.legacy import migrate_legacy_views
 from deltarec.stores.naming import quote, staging_prefix, view_names
+from deltarec.stores.runviews import RunViews
 from deltarec.stores.sqlregistry import SqlRegistry
 from deltarec.stores.types import (
     ProgressMark,
@@ -86,7 +87,7 @@ REGISTRY_DDL = (
 )
 
 
-class RelationalStore(SqlRegistry, Store):
+class RelationalStore(RunViews, SqlRegistry, Store):
     """Rows and registry of the SQL backends: provisioning, the registry tables, snapshots.
 
     Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
@@ -328,22 +329,6 @@ class RelationalStore(SqlRegistry, Store):
         if self._layout_problem:
             raise BadInputError(self._layout_problem)
 
-    def views(self, staging_generation: int | None = None) -> dict[str, ViewInfo]:
-        """See :meth:`Store.views`: the handle's run's views (without a run: the served ones)."""
-        stage = int(staging_generation or 0)
-        if self.run is None:
-            served = self.serving_runs()
-            return {
-                v.table: v
-                for v in self._all_views()
-                if v.staging_generation == stage and served.get(v.table) == v.run
-            }
-        return {
-            v.table: v
-            for v in self._all_views()
-            if v.staging_generation == stage and v.run == self.run
-        }
-
     def _all_views(self) -> list[ViewInfo]:
         self._check_layout_problem()
         with self._tx(write=False) as cur:
@@ -356,30 +341,6 @@ class RelationalStore(SqlRegistry, Store):
             ViewInfo(t, n, int(d), DType(dt), int(s), int(f), run=r)
             for t, n, d, dt, s, f, r in rows
         ]
-
-    def _view(self, table: str, staging_generation: int | None = None) -> ViewInfo:
-        stage = int(staging_generation or 0)
-        key = (table, stage)
-        if self.run is None:  # what serving reads: resolved on every call (promote moves it)
-            found = self.views(stage).get(table)
-            if found is None:
-                raise BadInputError(
-                    f"no run serves table {table!r} in {self.describe()}; "
-                    "provision it for a run first"
-                )
-            return found
-        if key not in self._views_cache:
-            self._views_cache.update(
-                {(v.table, v.staging_generation): v for v in self.views(stage).values()}
-            )
-        try:
-            return self._views_cache[key]
-        except KeyError:
-            where = f" (staging generation {stage})" if stage else ""
-            raise BadInputError(
-                f"table {table!r}{where} of run {self.run!r} is not provisioned in "
-                f"{self.describe()}; run `deltarec provision` first"
-            ) from None
 
     def serving_runs(self) -> dict[str, str]:
         """See :meth:`Registry.serving_runs`."""
