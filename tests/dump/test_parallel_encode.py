@@ -250,3 +250,30 @@ def test_a_publishing_trainer_keeps_rows_for_its_publisher_out_of_the_same_budge
     hand = (1 << 30) // 8  # kept rows (twice while joined) and the publisher's queue
     assert publishing.keep_rows_bytes == hand // 4 and publishing.publish_queue_bytes == hand // 2
     assert publishing.queue_bytes == alone.queue_bytes - hand
+
+
+def test_a_shard_of_many_pieces_is_byte_identical_and_its_metas_hold_no_python_trees():
+    import gc
+
+    dtype, dim = DType.FLOAT32, 8
+    rng = np.random.default_rng(3)
+    chunks = [_rows(rng, 40 + 7 * i, 1000 * i, dim, dtype) for i in range(20)]
+    pieces = [encode_piece(c, dtype, dim) for c in chunks]
+    metas = [p.meta() for p in pieces]
+    # bytes and arrays only: nothing per row group or column the collector has to walk
+    assert not any(gc.is_tracked(v) for m in metas for v in vars(m).values())
+    footer = stitched_footer(metas)
+    stitched = MAGIC + b"".join(bytes(p.body) for p in pieces) + footer + footer_tail(footer)
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(
+        sink,
+        codec.shard_schema(dtype, dim),
+        compression="none",
+        use_dictionary=False,
+        write_statistics=[codec.KEY, codec.STEP],
+    ) as w:
+        for c in chunks:
+            w.write_table(codec.to_arrow(c.keys, c.embedding, c.ops, c.steps, dtype))
+    assert stitched == sink.getvalue().to_pybytes()  # 20 row groups: the long list header
+    meta = pq.ParquetFile(pa.BufferReader(stitched)).metadata
+    assert meta.num_row_groups == 20 and meta.row_group(19).column(0).statistics.min == 19000

@@ -10,16 +10,20 @@ offsets shifted to where the piece's body lands, and the summed row count. Pages
 absolute offsets, so the result is the file pyarrow would have written with one
 ``write_table`` per chunk (SPEC §3: same schema, same encodings, same statistics).
 
-Only the fields that hold file offsets are rewritten; every other field is re-encoded as it
-was read (the thrift reader/writer here is generic and round-trips Arrow's footers exactly).
+The footer is never decoded into Python objects. :meth:`Piece.parse` scans it once, on the
+encoding thread, and keeps its bytes with the positions of the few varints that hold file
+offsets or row-group ordinals (:class:`PieceMeta`: bytes only, no container that the garbage
+collector tracks besides the meta itself); :func:`stitched_footer` copies
+the bytes between those positions and writes the shifted values. Every other byte of every
+row group is copied as pyarrow wrote it.
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,176 +41,203 @@ _CC_FILE_OFFSET, _CC_META = 2, 3
 _CC_OFFSET_INDEX, _CC_COLUMN_INDEX = 4, 6
 _CMD_OFFSETS = (9, 10, 11, 14)  # data page, index page, dictionary page, bloom filter
 
+# what a cut (a varint taken out of a piece's row groups) becomes in the shard
+_SHIFT, _ORDINAL = 0, 1
+
 
 class StitchError(ValueError):
     """A piece is not a parquet file this module can stitch (names what is wrong)."""
 
 
-Field = list[Any]
-"""A decoded struct field: ``[field id, element type, value]``."""
+def _varint(d: bytes, p: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = d[p]
+        p += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, p
+        shift += 7
 
 
-class _Reader:
-    def __init__(self, data: memoryview) -> None:
-        self.data = data
-        self.pos = 0
-
-    def byte(self) -> int:
-        b = self.data[self.pos]
-        self.pos += 1
-        return int(b)
-
-    def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def value(self, ttype: int) -> Any:
-        if ttype in (_TRUE, _FALSE):  # only inside lists: one byte
-            return self.byte() == _TRUE
-        if ttype == _BYTE:
-            return self.byte()
-        if ttype in (_I16, _I32, _I64):
-            return self.zigzag()
-        if ttype == _DOUBLE:
-            v = bytes(self.data[self.pos : self.pos + 8])
-            self.pos += 8
-            return v
-        if ttype == _BINARY:
-            n = self.varint()
-            v = bytes(self.data[self.pos : self.pos + n])
-            self.pos += n
-            return v
-        if ttype in (_LIST, _SET):
-            head = self.byte()
-            size, etype = head >> 4, head & 0x0F
-            if size == 15:
-                size = self.varint()
-            return (etype, [self.value(etype) for _ in range(size)])
-        if ttype == _MAP:
-            size = self.varint()
-            if size == 0:
-                return (0, 0, [])
-            kv = self.byte()
-            kt, vt = kv >> 4, kv & 0x0F
-            return (kt, vt, [(self.value(kt), self.value(vt)) for _ in range(size)])
-        if ttype == _STRUCT:
-            return self.struct()
-        raise StitchError(f"unknown thrift compact type {ttype} at byte {self.pos}")
-
-    def struct(self) -> list[Field]:
-        fields: list[Field] = []
-        last = 0
-        while True:
-            head = self.byte()
-            if head == _STOP:
-                return fields
-            ttype, delta = head & 0x0F, head >> 4
-            fid = last + delta if delta else self.zigzag()
-            if ttype in (_TRUE, _FALSE):
-                fields.append([fid, ttype, ttype == _TRUE])
-            else:
-                fields.append([fid, ttype, self.value(ttype)])
-            last = fid
+def _skip(d: bytes, p: int, t: int) -> int:
+    """Position after one compact-protocol value of type ``t`` at ``p``."""
+    if t in (_I16, _I32, _I64):
+        while d[p] & 0x80:
+            p += 1
+        return p + 1
+    if t in (_TRUE, _FALSE, _BYTE):  # a bool is one byte only inside containers
+        return p + 1
+    if t == _BINARY:
+        n, p = _varint(d, p)
+        return p + n
+    if t == _STRUCT:
+        return _skip_struct(d, p)
+    if t in (_LIST, _SET):
+        head = d[p]
+        p += 1
+        size, et = head >> 4, head & 0x0F
+        if size == 15:
+            size, p = _varint(d, p)
+        if et in (_TRUE, _FALSE, _BYTE):
+            return p + size
+        if et == _DOUBLE:
+            return p + 8 * size
+        for _ in range(size):
+            p = _skip(d, p, et)
+        return p
+    if t == _DOUBLE:
+        return p + 8
+    if t == _MAP:
+        size, p = _varint(d, p)
+        if size == 0:
+            return p
+        kv = d[p]
+        p += 1
+        for _ in range(size):
+            p = _skip(d, _skip(d, p, kv >> 4), kv & 0x0F)
+        return p
+    raise StitchError(f"unknown thrift compact type {t} at byte {p}")
 
 
-class _Writer:
+def _field(d: bytes, p: int, last: int) -> tuple[int, int, int]:
+    """``(field id, type, position of the value)`` of the field header at ``p`` (id 0: stop)."""
+    head = d[p]
+    p += 1
+    if head == _STOP:
+        return 0, _STOP, p
+    t, delta = head & 0x0F, head >> 4
+    if delta:
+        return last + delta, t, p
+    n, p = _varint(d, p)
+    return (n >> 1) ^ -(n & 1), t, p
+
+
+def _skip_struct(d: bytes, p: int) -> int:
+    last = 0
+    while True:
+        fid, t, p = _field(d, p, last)
+        if t == _STOP:
+            return p
+        if t not in (_TRUE, _FALSE):
+            p = _skip(d, p, t)
+        last = fid
+
+
+class _Cuts:
+    """Varints taken out of a piece's row groups: ``(start, end, kind, value)`` quadruples."""
+
     def __init__(self) -> None:
-        self.out = bytearray()
+        self.flat = array("q")
 
-    def varint(self, n: int) -> None:
-        while True:
-            if n < 0x80:
-                self.out.append(n)
-                return
-            self.out.append((n & 0x7F) | 0x80)
-            n >>= 7
-
-    def zigzag(self, n: int) -> None:
-        self.varint((n << 1) ^ (n >> 63))
-
-    def value(self, ttype: int, v: Any) -> None:
-        if ttype in (_TRUE, _FALSE):
-            self.out.append(_TRUE if v else _FALSE)
-        elif ttype == _BYTE:
-            self.out.append(v)
-        elif ttype in (_I16, _I32, _I64):
-            self.zigzag(v)
-        elif ttype == _DOUBLE:
-            self.out += v
-        elif ttype == _BINARY:
-            self.varint(len(v))
-            self.out += v
-        elif ttype in (_LIST, _SET):
-            etype, items = v
-            if len(items) < 15:
-                self.out.append((len(items) << 4) | etype)
-            else:
-                self.out.append(0xF0 | etype)
-                self.varint(len(items))
-            for item in items:
-                self.value(etype, item)
-        elif ttype == _MAP:
-            kt, vt, items = v
-            self.varint(len(items))
-            if items:
-                self.out.append((kt << 4) | vt)
-                for k, x in items:
-                    self.value(kt, k)
-                    self.value(vt, x)
-        elif ttype == _STRUCT:
-            self.struct(v)
-        else:
-            raise StitchError(f"unknown thrift compact type {ttype}")
-
-    def struct(self, fields: Sequence[Field]) -> None:
-        last = 0
-        for fid, ttype, v in fields:
-            if ttype in (_TRUE, _FALSE):
-                ttype = _TRUE if v else _FALSE
-            if 0 < fid - last <= 15:
-                self.out.append(((fid - last) << 4) | ttype)
-            else:
-                self.out.append(ttype)
-                self.zigzag(fid)
-            if ttype not in (_TRUE, _FALSE):
-                self.value(ttype, v)
-            last = fid
-        self.out.append(_STOP)
+    def take(self, d: bytes, p: int, kind: int) -> int:
+        n, end = _varint(d, p)
+        self.flat.extend((p, end, kind, (n >> 1) ^ -(n & 1)))
+        return end
 
 
-def decode_footer(data: bytes | memoryview) -> list[Field]:
-    """Parse a thrift compact ``FileMetaData`` into nested ``[id, type, value]`` fields."""
-    return _Reader(memoryview(data).cast("B")).struct()
+def _scan_row_group(d: bytes, p: int, cuts: _Cuts, ordinal: int) -> int:
+    last = 0
+    while True:
+        fid, t, p = _field(d, p, last)
+        if t == _STOP:
+            return p
+        if fid == _RG_FILE_OFFSET:
+            p = cuts.take(d, p, _SHIFT)
+        elif fid == _RG_ORDINAL:
+            _, end = _varint(d, p)
+            cuts.flat.extend((p, end, _ORDINAL, ordinal))
+            p = end
+        elif fid == _RG_COLUMNS and t == _LIST:
+            head = d[p]
+            p += 1
+            size = head >> 4
+            if size == 15:
+                size, p = _varint(d, p)
+            for _ in range(size):
+                p = _scan_column_chunk(d, p, cuts)
+        elif t not in (_TRUE, _FALSE):
+            p = _skip(d, p, t)
+        last = fid
 
 
-def encode_footer(fields: Sequence[Field]) -> bytes:
-    """Serialize fields parsed by :func:`decode_footer` (exact inverse for Arrow's footers)."""
-    w = _Writer()
-    w.struct(fields)
-    return bytes(w.out)
+def _scan_column_chunk(d: bytes, p: int, cuts: _Cuts) -> int:
+    last = 0
+    while True:
+        fid, t, p = _field(d, p, last)
+        if t == _STOP:
+            return p
+        if fid == _CC_FILE_OFFSET:
+            n, end = _varint(d, p)
+            if (n >> 1) ^ -(n & 1) > 0:
+                cuts.take(d, p, _SHIFT)
+            p = end
+        elif fid in (_CC_OFFSET_INDEX, _CC_COLUMN_INDEX):
+            raise StitchError("pieces with page indexes cannot be stitched")
+        elif fid == _CC_META and t == _STRUCT:
+            p = _scan_column_meta(d, p, cuts)
+        elif t not in (_TRUE, _FALSE):
+            p = _skip(d, p, t)
+        last = fid
 
 
-def _get(fields: Sequence[Field], fid: int) -> Field | None:
-    for f in fields:
-        if f[0] == fid:
-            return f
-    return None
+def _scan_column_meta(d: bytes, p: int, cuts: _Cuts) -> int:
+    last = 0
+    while True:
+        fid, t, p = _field(d, p, last)
+        if t == _STOP:
+            return p
+        if fid in _CMD_OFFSETS:
+            p = cuts.take(d, p, _SHIFT)
+        elif t not in (_TRUE, _FALSE):
+            p = _skip(d, p, t)
+        last = fid
+
+
+def _zigzag_varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _list_head(size: int, etype: int) -> bytes:
+    if size < 15:
+        return bytes(((size << 4) | etype,))
+    n, out = size, bytearray((0xF0 | etype,))
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 @dataclass
 class PieceMeta:
-    """A written piece: its parsed footer, body size and rows."""
+    """What the shard's footer needs of a written piece (its footer's bytes, no buffers).
 
-    footer: list[Field]
+    Attributes:
+        before_rows: the footer's bytes up to the ``num_rows`` value.
+        before_groups: from after ``num_rows`` to the ``row_groups`` list's header.
+        groups: the row groups' bytes (the list's elements).
+        after_groups: the rest of the footer (key-value metadata, created_by, ...).
+        cuts: ``(start, end, kind, value)`` per varint of ``groups`` to rewrite (a file
+            offset, shifted by where the body lands, or a row group's ordinal), as native
+            int64 bytes: no container for the garbage collector to track.
+        group_count: row groups in the piece.
+        body_size: bytes of the piece's body.
+        rows: rows in the piece.
+    """
+
+    before_rows: bytes
+    before_groups: bytes
+    groups: bytes
+    after_groups: bytes
+    cuts: bytes
+    group_count: int
     body_size: int
     rows: int
 
@@ -218,14 +249,14 @@ class Piece:
     Attributes:
         buffer: the whole file as pyarrow wrote it.
         body: ``buffer[4:footer_start]``: the column chunks, copied into the shard as is.
-        footer: the parsed ``FileMetaData``.
         rows: rows in the piece.
+        footer_meta: what the shard's footer needs of it (:meth:`meta`).
     """
 
     buffer: pa.Buffer
     body: memoryview
-    footer: list[Field]
     rows: int
+    footer_meta: PieceMeta
     memory: np.ndarray | None = None
     """The reusable buffer ``buffer`` lies in (see :class:`~deltarec.dump.encode.PieceArena`)."""
 
@@ -236,14 +267,14 @@ class Piece:
 
     def meta(self) -> PieceMeta:
         """What the footer needs of this piece once its body is written (no buffers)."""
-        return PieceMeta(self.footer, len(self.body), self.rows)
+        return self.footer_meta
 
     @classmethod
     def parse(cls, buffer: pa.Buffer) -> Piece:
         """Split a parquet file written by pyarrow (no encryption) into body and footer.
 
         Raises:
-            StitchError: not a plain parquet file.
+            StitchError: not a plain parquet file, or one with page indexes.
         """
         view = memoryview(buffer).cast("B")  # pyarrow exports signed bytes ("b")
         size = len(view)
@@ -253,32 +284,59 @@ class Piece:
         start = size - 8 - flen
         if start < 4:
             raise StitchError(f"footer length {flen} does not fit a file of {size} bytes")
-        footer = decode_footer(view[start : size - 8])
-        rows = _get(footer, _FMD_NUM_ROWS)
-        if rows is None or _get(footer, _FMD_ROW_GROUPS) is None:
-            raise StitchError("footer without num_rows or row_groups")
-        return cls(buffer, view[4:start], footer, int(rows[2]))
+        meta = _scan_footer(bytes(view[start : size - 8]), start - 4)
+        return cls(buffer, view[4:start], meta.rows, meta)
 
 
-def _shift_row_group(rg: list[Field], delta: int, ordinal: int) -> None:
-    for f in rg:
-        if f[0] == _RG_FILE_OFFSET:
-            f[2] += delta
-        elif f[0] == _RG_ORDINAL:
-            f[2] = ordinal
-    columns = _get(rg, _RG_COLUMNS)
-    if columns is None:
-        raise StitchError("row group without columns")
-    for chunk in columns[2][1]:
-        for f in chunk:
-            if f[0] == _CC_FILE_OFFSET and f[2] > 0:
-                f[2] += delta
-            elif f[0] in (_CC_OFFSET_INDEX, _CC_COLUMN_INDEX):
-                raise StitchError("pieces with page indexes cannot be stitched")
-            elif f[0] == _CC_META:
-                for m in f[2]:
-                    if m[0] in _CMD_OFFSETS:
-                        m[2] += delta
+def _scan_footer(d: bytes, body_size: int) -> PieceMeta:
+    """Scan a ``FileMetaData``: where ``num_rows`` and the row groups are, and their cuts."""
+    try:
+        last, p = 0, 0
+        rows_at = rows_end = groups_at = groups_end = -1
+        rows, count, groups_start = 0, 0, -1
+        cuts = _Cuts()
+        while True:
+            fid, t, at = _field(d, p, last)
+            if t == _STOP:
+                break
+            if fid == _FMD_NUM_ROWS:
+                n, p = _varint(d, at)
+                rows, rows_at, rows_end = (n >> 1) ^ -(n & 1), at, p
+            elif fid == _FMD_ROW_GROUPS and t == _LIST:
+                groups_at = at
+                head = d[at]
+                p = at + 1
+                count = head >> 4
+                if count == 15:
+                    count, p = _varint(d, p)
+                groups_start = p
+                for i in range(count):
+                    p = _scan_row_group(d, p, cuts, i)
+                groups_end = p
+            elif t in (_TRUE, _FALSE):
+                p = at
+            else:
+                p = _skip(d, at, t)
+            last = fid
+    except IndexError:
+        raise StitchError(f"footer of {len(d)} bytes ends inside a value") from None
+    if rows_at < 0 or groups_at < 0 or not rows_end <= groups_at:
+        raise StitchError("footer without num_rows before row_groups")
+    # cut positions relative to the row groups' bytes
+    flat = cuts.flat
+    for i in range(0, len(flat), 4):
+        flat[i] -= groups_start
+        flat[i + 1] -= groups_start
+    return PieceMeta(
+        before_rows=d[:rows_at],
+        before_groups=d[rows_end:groups_at],
+        groups=d[groups_start:groups_end],
+        after_groups=d[groups_end:],
+        cuts=flat.tobytes(),
+        group_count=count,
+        body_size=body_size,
+        rows=rows,
+    )
 
 
 def stitched_footer(pieces: Sequence[PieceMeta]) -> bytes:
@@ -288,36 +346,26 @@ def stitched_footer(pieces: Sequence[PieceMeta]) -> bytes:
     (which count from its own ``PAR1``) are shifted by the same amount minus 4.
 
     Raises:
-        StitchError: no pieces, or pieces with page indexes.
+        StitchError: no pieces.
     """
     if not pieces:
         raise StitchError("no pieces to stitch")
-    head = [list(f) for f in pieces[0].footer]
-    groups: list[Any] = []
-    at = 4
+    first = pieces[0]
+    out = [first.before_rows, _zigzag_varint(sum(p.rows for p in pieces)), first.before_groups]
+    out.append(_list_head(sum(p.group_count for p in pieces), _STRUCT))
+    delta = ordinal = 0
     for p in pieces:
-        rgs = _get(p.footer, _FMD_ROW_GROUPS)
-        assert rgs is not None
-        for rg in rgs[2][1]:
-            rg = _deep_copy(rg)
-            _shift_row_group(rg, at - 4, len(groups))
-            groups.append(rg)
-        at += p.body_size
-    rows = sum(p.rows for p in pieces)
-    for f in head:
-        if f[0] == _FMD_NUM_ROWS:
-            f[2] = rows
-        elif f[0] == _FMD_ROW_GROUPS:
-            f[2] = (f[2][0], groups)
-    return encode_footer(head)
-
-
-def _deep_copy(v: Any) -> Any:
-    if isinstance(v, list):
-        return [_deep_copy(x) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_deep_copy(x) for x in v)
-    return v
+        groups, flat, prev = p.groups, array("q", p.cuts), 0
+        for i in range(0, len(flat), 4):
+            start, end, kind, value = flat[i], flat[i + 1], flat[i + 2], flat[i + 3]
+            out.append(groups[prev:start])
+            out.append(_zigzag_varint(value + delta if kind == _SHIFT else value + ordinal))
+            prev = end
+        out.append(groups[prev:])
+        delta += p.body_size
+        ordinal += p.group_count
+    out.append(first.after_groups)
+    return b"".join(out)
 
 
 def footer_tail(footer: bytes) -> bytes:
