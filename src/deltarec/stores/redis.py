@@ -74,7 +74,7 @@ from deltarec.stores.types import (
 )
 
 _SCAN_CHUNK = 1000
-_READ_CHUNK = 10000
+_READ_CHUNK = 4000  # fields per read script: LUA_READ unpacks them, Lua allows ~8000 values
 _ERRORS = DriverErrors(
     redis_lib.RedisError,
     lambda e: isinstance(e, (redis_lib.ConnectionError, redis_lib.TimeoutError)),
