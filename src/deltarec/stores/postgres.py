@@ -417,21 +417,10 @@ class PostgresStore(RelationalStore):
     def scan_rows(
         self, table: str, batch_rows: int = 65536
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:
-        """Every row of a live view, ascending, in keyset-paged reads (one transaction each).
-
-        The ``bytea`` layout reads each page as one binary ``COPY`` of fixed-size records,
-        parsed with one numpy record type (no Python object per row); ``float4[]`` pages are
-        plain ``SELECT``s.
-
-        Raises:
-            StoreError: a row's embedding is not one encoded row long (a corrupted view).
-        """
+        """Every row of a live view, ascending, in keyset-paged ``SELECT``s (one read each)."""
         view = self._view(table)
         element = codec.element_type(view.dtype)
         width = codec.encoded_width(view.dtype, view.dim)
-        if self.layout == "bytea":
-            yield from self._copy_pages(view, width, element, batch_rows)
-            return
         for rows in self._pages(view.name, "key, embedding, version", batch_rows):
             n = len(rows)
             keys = np.fromiter((r[0] for r in rows), np.int64, n)
@@ -442,55 +431,6 @@ class PostgresStore(RelationalStore):
                 emb = emb.astype(element)
             versions = np.fromiter((r[2] for r in rows), np.int64, n)
             yield keys, ReadResult(np.ones(n, bool), versions, emb)
-
-    def _copy_pages(
-        self, view: ViewInfo, width: int, element: np.dtype, batch_rows: int
-    ) -> Iterator[tuple[np.ndarray, ReadResult]]:
-        """:meth:`scan_rows` of a ``bytea`` view: ``COPY (SELECT ... LIMIT n) TO STDOUT``."""
-        nbytes = width * element.itemsize
-        # A binary COPY tuple: field count, then each field's length and bytes (big-endian).
-        record = np.dtype(
-            [
-                ("fields", ">i2"),
-                ("key_len", ">i4"),
-                ("key", ">i8"),
-                ("emb_len", ">i4"),
-                ("emb", np.void, nbytes),
-                ("ver_len", ">i4"),
-                ("version", ">i8"),
-            ]
-        )
-        last: int | None = None
-        while True:
-            after = "" if last is None else f"WHERE key > {int(last)} "
-            sql = (
-                f"COPY (SELECT key, embedding, version FROM {quote(view.name)} {after}"
-                f"ORDER BY key LIMIT {int(batch_rows)}) TO STDOUT (FORMAT binary)"
-            )
-            with self._tx(write=False) as cur, cur.copy(sql) as copy:
-                data = b"".join(copy)
-            # header: 11-byte signature, flags, extension length (+ extension); trailer: -1
-            body = memoryview(data)[19 + int.from_bytes(data[15:19], "big") : len(data) - 2]
-            n = len(body) // record.itemsize
-            rows = np.frombuffer(body, record, n)
-            if len(body) != n * record.itemsize or not (
-                (rows["fields"] == 3).all()
-                and (rows["key_len"] == 8).all()
-                and (rows["emb_len"] == nbytes).all()
-                and (rows["ver_len"] == 8).all()
-            ):
-                raise StoreError(
-                    f"{self.describe()} view {view.name!r}: a row's embedding is not one "
-                    f"encoded row ({nbytes} bytes) after key {last}"
-                )
-            if n == 0:
-                return
-            keys = rows["key"].astype(np.int64)
-            emb = np.frombuffer(rows["emb"].tobytes(), element).reshape(n, width)
-            yield keys, ReadResult(np.ones(n, bool), rows["version"].astype(np.int64), emb)
-            if n < batch_rows:
-                return
-            last = int(keys[-1])
 
     # ---- snapshot / staging --------------------------------------------------------------
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
