@@ -76,9 +76,7 @@ def test_a_bad_row_in_a_later_read_chunk_aborts_the_transaction_and_applies_noth
     store.close()
 
 
-def test_a_part_over_several_transactions_is_checked_whole_before_the_first(
-    url, tmp_path, reads
-):
+def test_a_part_over_several_transactions_is_checked_whole_before_the_first(url, tmp_path, reads):
     root, manifest, rows = _dump(tmp_path, bad_key=290)
     store = open_store(url, run="r")
     publisher = DumpPublisher(store, root, "r", batch_bytes=100 * 64)  # 3 transactions
