@@ -59,9 +59,15 @@ def test_the_compiled_kfp_pipeline_mounts_every_credential_in_every_step_that_op
         assert secret["secretName"] == DEFAULT_SECRET and secret["optional"] is True
         mounted = {(k["secretKey"], k["envVar"]) for k in secret["keyToEnv"]}
         assert mounted == {(k, k) for k in CREDENTIAL_ENV}, name
-    # the train step hands the Secret's name to the pods of a multi-node job
-    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
-    assert train["credentials_secret"]["runtimeValue"]["constant"] == DEFAULT_SECRET
+    # the train steps (one node, or the launcher of several) hand the Secret's name to the pods
+    dags = [spec["root"], *spec["components"].values()]
+    handed = {
+        name: task["inputs"]["parameters"]["credentials_secret"]["runtimeValue"]["constant"]
+        for d in dags
+        for name, task in d.get("dag", {}).get("tasks", {}).items()
+        if "credentials_secret" in task.get("inputs", {}).get("parameters", {})
+    }
+    assert handed == {"train": DEFAULT_SECRET, "train-launcher": DEFAULT_SECRET}
     assert "test-secret" not in text and "password=" not in text  # names only
 
 
