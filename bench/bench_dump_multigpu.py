@@ -60,7 +60,7 @@ import torch.distributed as dist
 from deltarec.artifacts import ArtifactRoot, TableKind, TableSpec, codec, read_shard
 from deltarec.dump import DumperConfig
 from deltarec.dump.hook import DumpHook
-from deltarec.testing.multiprocess import free_port
+from deltarec.ports import free_port
 from deltarec.tracking.plain import RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import deltarec
 
 LAYERS = [
-    {"__init__", "errors", "ids", "_lazy", "stats"},
+    {"__init__", "errors", "ids", "_lazy", "stats", "faults", "ports"},
     {"artifacts"},
     {"stores", "tracking"},
-    {"testing", "verify", "model", "serving"},
+    {"verify", "model", "serving"},
     {"publish"},
     {"dump", "promote"},
     {"train", "api"},
+    {"testing"},
     {"orchestrate"},
     {"demo"},
     {"cli"},

@@ -14,10 +14,10 @@ from deltarec.dump import Dumper, DumperConfig, make_train_hook
 from deltarec.dump.encode import ParallelShardWriter
 from deltarec.dump.env import TrainSettings
 from deltarec.dump.hook import DumpHook
+from deltarec.ports import free_port
 from deltarec.publish import BackgroundPublisher, PublishMetrics
 from deltarec.stats import quantile
 from deltarec.stores import open_store
-from deltarec.testing.servers import free_port
 from deltarec.tracking.staging import DeviceBudget
 
 

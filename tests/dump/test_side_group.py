@@ -222,10 +222,10 @@ def test_beside_a_non_gloo_training_group_every_dump_and_the_republish_hold_the_
 
 def _killed(rank: int, world_size: int, tmp: str, where: str) -> dict:
     """Rank 1 dies by SIGKILL; rank 0 trains on until deltarec stops it."""
+    from deltarec import faults
     from deltarec.artifacts import ArtifactRoot
     from deltarec.dump import Dumper, DumperConfig
     from deltarec.errors import DeltarecError
-    from deltarec.testing import faults
 
     tables = _tables(rank)
     cfg = DumperConfig(

@@ -13,10 +13,10 @@ from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import InvalidRowError, StoreUnavailableError
 from deltarec.ids import make_version
+from deltarec.ports import free_port
 from deltarec.publish import BackgroundPublisher, PublishMetrics, RetryPolicy
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
-from deltarec.testing.servers import free_port
 
 T = "sparse.ebc.item_id"
 TABLES = {T: TableSpec(dim=8, dtype=DType.FLOAT16, num_embeddings=1000)}

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from tests._helpers.campaign import Campaign, Trainer
 
 from deltarec.artifacts import ArtifactRoot, parse_time
-from deltarec.testing.campaign import Campaign, Trainer
-from deltarec.testing.faults import POINTS
+from deltarec.faults import POINTS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
 

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from tests._helpers.campaign import alive
 
 from deltarec.orchestrate import pytorchjob as pj
 from deltarec.orchestrate.types import TrainJobFailedError
-from deltarec.testing.campaign import alive
 
 
 def test_a_process_that_calls_exit_with_parent_ends_within_a_second_of_its_parent(tmp_path):

@@ -38,7 +38,7 @@ from deltarec.artifacts.shards import ShardRows, ShardTarget
 from deltarec.artifacts.types import DType, ShardInfo
 from deltarec.dump.staging import ARENA_MAX
 from deltarec.dump.stitch import MAGIC, Piece, PieceMeta, footer_tail, stitched_footer
-from deltarec.testing.faults import failpoint
+from deltarec.faults import failpoint
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.dump.staging import ARENA_MAX
 from deltarec.errors import DumpError
-from deltarec.testing.faults import failpoint
+from deltarec.faults import failpoint
 from deltarec.tracking.assemble import Assembly, Part
 from deltarec.tracking.gather import DeviceRows, HostRows
 

@@ -31,6 +31,7 @@ from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.shards import ShardRows, iter_shard
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec, parse_time
 from deltarec.errors import BadInputError, ConfigError
+from deltarec.faults import failpoint
 from deltarec.ids import validate_run
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.readahead import read_ahead
@@ -41,7 +42,6 @@ from deltarec.stores.base import Store
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
-from deltarec.testing.faults import failpoint
 
 log = logging.getLogger(__name__)
 

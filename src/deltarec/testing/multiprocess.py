@@ -45,7 +45,6 @@ import importlib.util
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -54,6 +53,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from deltarec.ports import free_port
 
 __all__ = [
     "RankOutcome",
@@ -111,13 +112,6 @@ class RanksFailedError(Exception):
         for o in failed:
             parts.append(f"--- rank {o.rank}: {o.error!r}\n{o.traceback.rstrip()}")
         return "\n".join(parts)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_on_ranks(

