@@ -158,7 +158,7 @@ def _bench_rank(rank: int, world_size: int, args: dict[str, int], workdir: str) 
     from deltarec.dump import Dumper, DumperConfig
     from deltarec.tracking.discovery import discover_sources
     from deltarec.tracking.zch import discover_zch_sources
-    from deltarec.tracking.zch_cpu import prepare_zch_for_training
+    from deltarec.tracking.zch.cpu import prepare_zch_for_training
 
     slots, touched, dim = args["slots"], args["touched"], args["dim"]
     dmp = _build(slots, dim)

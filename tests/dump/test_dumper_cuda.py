@@ -13,8 +13,9 @@ from tests._helpers.dump import read_dump
 
 from deltarec.artifacts import ArtifactRoot, TableKind, TableSpec
 from deltarec.artifacts.lineage import expected_state
-from deltarec.dump import Dumper, DumperConfig, gather_to_host
+from deltarec.dump import Dumper, DumperConfig
 from deltarec.testing.multiprocess import run_on_ranks
+from deltarec.tracking.gather import gather_to_host
 from deltarec.tracking.plain import ColumnShard, ColumnShardSource, ReplicatedSource, RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
 

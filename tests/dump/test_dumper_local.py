@@ -273,7 +273,7 @@ def test_bad_configuration_is_rejected_with_a_clear_error(tmp_path):
 
 
 def test_gather_to_host_yields_chunks_with_offset_keys():
-    from deltarec.dump import dedup_ids, gather_to_host
+    from deltarec.tracking.gather import dedup_ids, gather_to_host
 
     w = torch.arange(40, dtype=torch.float32).reshape(10, 4)
     ids = dedup_ids(torch.tensor([7, 1, 7, 3, 1]))

@@ -20,7 +20,7 @@ from deltarec.dump import make_train_hook
 from deltarec.publish import DumpPublisher, RetryPolicy
 from deltarec.stores import open_store
 from deltarec.tracking.zch import discover_zch_sources
-from deltarec.tracking.zch_cpu import presize_zch_history
+from deltarec.tracking.zch.cpu import presize_zch_history
 from deltarec.verify import RowClass, verify
 
 RUN = "z"

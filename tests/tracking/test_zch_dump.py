@@ -22,7 +22,7 @@ from deltarec.artifacts.lineage import expected_state
 from deltarec.dump import Dumper, DumperConfig
 from deltarec.testing.multiprocess import run_on_ranks
 from deltarec.tracking.discovery import discover_sources
-from deltarec.tracking.zch_cpu import prepare_zch_for_training
+from deltarec.tracking.zch.cpu import prepare_zch_for_training
 
 pytestmark = pytest.mark.multiprocess
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from tests._helpers.zch import ZchModel, kjts, model_state
 
-from deltarec.tracking import zch_recorder
 from deltarec.tracking.types import SourceOptions, TouchedRows
 from deltarec.tracking.zch import ZchTableSource, discover_zch_sources
-from deltarec.tracking.zch_cpu import presize_zch_history
+from deltarec.tracking.zch import recorder as zch_recorder
+from deltarec.tracking.zch.cpu import presize_zch_history
 
 
 def _train(model: ZchModel, opt: torch.optim.Optimizer, ids: list[int]) -> None:

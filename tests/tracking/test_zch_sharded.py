@@ -26,7 +26,7 @@ from deltarec.tracking.zch import (
     discover_zch_sources,
     zch_embedding_fqns,
 )
-from deltarec.tracking.zch_cpu import prepare_zch_for_training
+from deltarec.tracking.zch.cpu import prepare_zch_for_training
 
 pytestmark = pytest.mark.multiprocess
 

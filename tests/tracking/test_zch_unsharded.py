@@ -23,7 +23,7 @@ from deltarec.tracking.zch import (
     discover_zch_sources,
     zch_embedding_fqns,
 )
-from deltarec.tracking.zch_cpu import presize_zch_history
+from deltarec.tracking.zch.cpu import presize_zch_history
 
 
 def _train(model: ZchModel, opt: torch.optim.Optimizer, ids: list[int]) -> None:

@@ -5,16 +5,13 @@ The training loop drives a :class:`Dumper` (directly, or through the :class:`Dum
 to host memory asynchronously, and encoded, written and committed by a background worker; a
 queue bounded in bytes makes training wait instead of growing memory.
 
-Exports (loaded lazily, so the plain-torch gather core, which lives in
-``deltarec.tracking.gather``, runs on a CUDA machine without the rest of the stack):
+Exports (loaded lazily; the plain-torch gather core is :mod:`deltarec.tracking.gather`):
     Dumper, DumperConfig: the engine and its configuration.
     DumpHook, make_train_hook: the training-hook adapter and its factory.
     hook_from_env, TrainSettings: the hook from the pipeline's ``DELTAREC_*`` environment.
     DataMismatchError: ranks reached the final dump at different steps.
     RankLostError: an exchange on the dumper's gloo side groups failed (a rank is gone).
     ByteBoundedQueue: the bounded queue.
-    dedup_ids, gather_to_host, rows_to_host, HostRows: the plain-torch gather core
-        (re-exported from :mod:`deltarec.tracking.gather`).
 """
 
 from __future__ import annotations
@@ -30,17 +27,12 @@ if TYPE_CHECKING:
     from deltarec.dump.exchange import RankLostError
     from deltarec.dump.hook import DumpHook, hook_from_env, make_train_hook
     from deltarec.dump.queue import ByteBoundedQueue
-    from deltarec.tracking.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
 
 _LAZY = {
     "DumperConfig": "deltarec.dump.config",
     "DataMismatchError": "deltarec.dump.dumper",
     "Dumper": "deltarec.dump.dumper",
     "RankLostError": "deltarec.dump.exchange",
-    "HostRows": "deltarec.tracking.gather",
-    "dedup_ids": "deltarec.tracking.gather",
-    "gather_to_host": "deltarec.tracking.gather",
-    "rows_to_host": "deltarec.tracking.gather",
     "DumpHook": "deltarec.dump.hook",
     "make_train_hook": "deltarec.dump.hook",
     "hook_from_env": "deltarec.dump.hook",
@@ -54,14 +46,10 @@ __all__ = [
     "DumpHook",
     "Dumper",
     "DumperConfig",
-    "HostRows",
     "RankLostError",
     "TrainSettings",
-    "dedup_ids",
-    "gather_to_host",
     "hook_from_env",
     "make_train_hook",
-    "rows_to_host",
 ]
 
 

@@ -123,7 +123,7 @@ class ModelConfig(_Strict):
     """Learning rate of the dense optimizer (Adagrad), also for data-parallel tables."""
     zch_optimizer: Literal["adagrad", "sgd", "rowwise_adagrad"] = "adagrad"
     """Fused optimizer of the ZCH table. For ``rowwise_adagrad`` on CPU, ``build_sharded_model``
-    installs :func:`deltarec.tracking.zch_cpu.install_cpu_eviction_reset` (fbgemm's
+    installs :func:`deltarec.tracking.zch.cpu.install_cpu_eviction_reset` (fbgemm's
     ``reset_weight_momentum``, called at each MCH admission, has no CPU kernel)."""
 
     @model_validator(mode="after")

@@ -50,7 +50,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from deltarec.model.click_model import HISTORY, ZCH_TABLE, ClickModel
 from deltarec.model.config import ModelConfig, ShardingName
 from deltarec.model.tables import TableInfo, model_tables
-from deltarec.tracking.zch_cpu import install_cpu_eviction_reset
+from deltarec.tracking.zch.cpu import install_cpu_eviction_reset
 
 
 @dataclass

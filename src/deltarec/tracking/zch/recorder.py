@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from deltarec.artifacts.types import FALLBACK_KEY
-from deltarec.tracking.zch_errors import ZchRowRangeError, ZchTrackingError
+from deltarec.tracking.zch.errors import ZchRowRangeError, ZchTrackingError
 
 EMPTY_ID = torch.iinfo(torch.int64).max
 """The value ``MCHManagedCollisionModule`` keeps in ``_mch_sorted_raw_ids`` for an empty slot."""

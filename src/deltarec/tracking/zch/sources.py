@@ -26,7 +26,7 @@ recorded (looked-up, admitted, evicted) ids plus reading their rows: the mapping
 and nothing scans it except :meth:`ZchTableSource.snapshot`.
 
 Tracking installs instance-level wrappers on each MCH module (see
-:mod:`deltarec.tracking.zch_recorder`); :meth:`ZchTableSource.close` removes them. No torchrec
+:mod:`deltarec.tracking.zch.recorder`); :meth:`ZchTableSource.close` removes them. No torchrec
 class is patched.
 
 Exports:
@@ -48,14 +48,14 @@ import torch.distributed as dist
 from deltarec.artifacts.types import FALLBACK_KEY, DType, TableKind, TableSpec
 from deltarec.ids import table_id
 from deltarec.tracking.types import SourceOptions, TableSource, TouchedRows
-from deltarec.tracking.zch_errors import (
+from deltarec.tracking.zch.errors import (
     ZchError,
     ZchKeyCollisionError,
     ZchRowRangeError,
     ZchTrackingError,
     ZchUnsupportedError,
 )
-from deltarec.tracking.zch_recorder import EMPTY_ID, MchRecorder
+from deltarec.tracking.zch.recorder import EMPTY_ID, MchRecorder
 
 __all__ = [
     "ZchError",
