@@ -30,6 +30,7 @@ HOOK_METHODS = {
     "before_eval": "(self) -> 'None'",
     "after_eval": "(self) -> 'None'",
     "on_end": "(self, step: 'int') -> 'None'",
+    "before_checkpoint": "(self) -> 'None'",
     "close": "(self) -> 'None'",
     "state_dict": "(self) -> 'dict[str, Any]'",
     "load_state_dict": "(self, state: 'dict[str, Any]') -> 'None'",

@@ -81,6 +81,9 @@ class _Oracle:
     def close(self) -> None:
         pass
 
+    def before_checkpoint(self) -> None:
+        pass
+
     def state_dict(self):
         return {}
 

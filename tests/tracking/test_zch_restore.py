@@ -57,6 +57,9 @@ class _Probe:
     def close(self) -> None:
         pass
 
+    def before_checkpoint(self) -> None:
+        pass
+
     def state_dict(self) -> dict:
         return {}
 

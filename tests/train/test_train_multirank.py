@@ -73,6 +73,9 @@ class _RecordingHook:
     def close(self) -> None:
         self.closed = True
 
+    def before_checkpoint(self) -> None:
+        pass
+
     def state_dict(self) -> dict[str, Any]:
         return dict(self.state)
 
@@ -233,6 +236,7 @@ class _CountingHook:
 
     def before_eval(self) -> None: ...
     def after_eval(self) -> None: ...
+    def before_checkpoint(self) -> None: ...
     def on_end(self, step: int) -> None: ...
     def close(self) -> None:
         self.closed = True

@@ -41,6 +41,14 @@ class TrainHook(Protocol):
         rank ran out of data at the same step (``step`` is then below the configured steps).
         """
 
+    def before_checkpoint(self) -> None:
+        """A checkpoint of this step is about to be written; raise to veto it.
+
+        Called on every rank before :meth:`state_dict`. The dump hook waits here until every
+        queued dump is committed and raises when a newer trainer owns the run, so a superseded
+        trainer writes no checkpoint. Hooks with nothing to do return at once.
+        """
+
     def close(self) -> None:
         """Release everything; called on every exit path, also after an exception."""
 

@@ -11,7 +11,7 @@ that under torchrun; tests do it through :mod:`deltarec.testing.multiprocess`). 
 3. ``hook.after_step(step)`` for every hook (steps count from 1);
 4. every ``eval_every`` steps an evaluation (hooks' ``before_eval``/``after_eval`` around it),
    every ``checkpoint_every`` steps a checkpoint (including every hook's ``state_dict``),
-   preceded by every hook's optional ``before_checkpoint()``, which may raise to veto it (the
+   preceded by every hook's ``before_checkpoint()``, which may raise to veto it (the
    dump hook does when a newer trainer owns the run).
 
 At the end: a checkpoint (``checkpoint_at_end``), ``hook.on_end(step)``, then the table
@@ -256,9 +256,7 @@ def _save(
     result: TrainResult,
 ) -> None:
     for h in hooks:  # a hook may veto the checkpoint (a superseded trainer writes none)
-        before = getattr(h, "before_checkpoint", None)
-        if before is not None:
-            before()
+        h.before_checkpoint()
     progress = Progress(
         step=result.step,
         world_size=dist.get_world_size(),
