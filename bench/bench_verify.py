@@ -39,7 +39,7 @@ from deltarec.artifacts import (
 )
 from deltarec.publish import DumpPublisher
 from deltarec.stores import open_store
-from deltarec.verify import verify
+from deltarec.verify import VerifyOptions, verify
 
 TABLE = "sparse.ebc.item_id"
 RUN = "bench"
@@ -118,7 +118,7 @@ def main() -> None:
             t_base, c_base, n_base = bare_select(db, view)
             load_before = os.getloadavg()[0]
             t, c = time.perf_counter(), time.process_time()
-            result = verify(root, RUN, store, sample=None)
+            result = verify(root, RUN, store, options=VerifyOptions(sample=None))
             t_verify, c_verify = time.perf_counter() - t, time.process_time() - c
         assert result.passed, result.failure_summary()
         assert result.checked == rows and n_base == rows

@@ -16,7 +16,7 @@ from deltarec.serving.http import ReplicaServer
 from deltarec.serving.replica import Replica
 from deltarec.stores import open_store
 from deltarec.stores.types import ServingPointer
-from deltarec.verify import RowClass, verify
+from deltarec.verify import RowClass, VerifyOptions, verify
 
 from .conftest import RUN, T_EMB, T_ZCH
 
@@ -33,7 +33,14 @@ def served(outbox):
 def test_verify_all_reads_every_row_back_from_a_running_replica_and_passes(outbox, served):
     g, _, server = served
     with open_store(server.url, run=RUN) as store:
-        result = verify(outbox.root, RUN, store, generation=g, sample=None, store_url=server.url)
+        result = verify(
+            outbox.root,
+            RUN,
+            store,
+            generation=g,
+            store_url=server.url,
+            options=VerifyOptions(sample=None),
+        )
     assert result.passed, result.failure_summary()
     emb = result.tables[T_EMB]
     assert emb.counts[RowClass.MATCH.value] == 50 and emb.store_keys_scanned == 50
@@ -45,7 +52,9 @@ def test_verify_fails_when_the_replica_does_not_hold_the_point(outbox, served):
     outbox.dump(g, 2, {T_EMB: (np.array([1, 2]), 7.0)})  # committed, not applied (pinned)
     follower.options = type(follower.options)(follow=False)
     with open_store(server.url, run=RUN) as store:
-        result = verify(outbox.root, RUN, store, generation=g, through_seq=2, sample=None)
+        result = verify(
+            outbox.root, RUN, store, generation=g, through_seq=2, options=VerifyOptions(sample=None)
+        )
     assert not result.passed
     assert result.tables[T_EMB].counts[RowClass.DIFFERENT.value] == 2
 

@@ -24,7 +24,7 @@ from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
 from deltarec.stores import open_store, parse_store_url
 from deltarec.stores.featurestore import FeatureStoreStore
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
-from deltarec.verify import RowClass, verify
+from deltarec.verify import RowClass, VerifyOptions, verify
 
 FS_PROJECT, FS_VIEW, FS_VERSION = fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION
 T = "sparse.ebc.user_id"
@@ -83,16 +83,16 @@ def first_rows():
 def test_a_published_generation_verifies_by_value_and_a_tampered_row_fails(tmp_path, state):
     with open_store(url(tmp_path), run="r") as store:
         root = publish(tmp_path, store, first_rows())
-        sampled = verify(root, "r", store, sample=1000)
+        sampled = verify(root, "r", store, options=VerifyOptions(sample=1000))
         assert sampled.passed, sampled.failure_summary()
         assert sampled.tables[T].counts[RowClass.MATCH] == 50
         assert sampled.tables[Z].counts[RowClass.MATCH] == 3  # evicted id 5 holds the fallback row
-        every = verify(root, "r", store, sample=None)
+        every = verify(root, "r", store, options=VerifyOptions(sample=None))
         assert every.passed and every.tables[T].store_keys_scanned is None
         assert any("cannot list its keys" in n for n in every.notes)
         fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, T, 7, [9.0, 9.0, 9.0, 9.0])
         fs_state.set_row(state, FS_PROJECT, FS_VIEW, FS_VERSION, Z, 5, [1.0, 2.0, 3.0, 4.0])
-        bad = verify(root, "r", store, sample=None)
+        bad = verify(root, "r", store, options=VerifyOptions(sample=None))
     assert not bad.passed
     assert [m.key for m in bad.tables[T].mismatches] == [7]
     assert bad.tables[T].mismatches[0].row_class is RowClass.DIFFERENT
@@ -228,7 +228,7 @@ def test_tzrec_contract_names_tables_and_writes_int8_as_uint8_rows(tmp_path, sta
     rows = random_rows([-1, 5, 9], spec, 2, ops=np.array([0, 1, 0], np.int8))
     with open_store(url(tmp_path, contract="tzrec"), run="r") as store:
         root = publish(tmp_path, store, {z: rows}, {z: spec})
-        checked = verify(root, "r", store, sample=None)
+        checked = verify(root, "r", store, options=VerifyOptions(sample=None))
         assert checked.passed and checked.tables[z].checked == 2
         assert any("does not hold key -1" in n for n in checked.notes)
     stored = fs_state.stored_rows(state, FS_PROJECT, FS_VIEW, FS_VERSION)

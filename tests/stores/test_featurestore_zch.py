@@ -21,7 +21,7 @@ from deltarec.publish import DumpPublisher, RetryPolicy
 from deltarec.stores import open_store
 from deltarec.tracking.zch import discover_zch_sources
 from deltarec.tracking.zch.cpu import presize_zch_history
-from deltarec.verify import RowClass, verify
+from deltarec.verify import RowClass, VerifyOptions, verify
 
 RUN = "z"
 TABLES = ("mc_ebc.bag", "mc_ec.seq")
@@ -88,13 +88,13 @@ def test_ids_never_admitted_hold_the_fallback_row_on_featurestore_and_verify_pas
 
     root = ArtifactRoot(art)
     with open_store(STORE, art, run=RUN) as store:
-        checked = verify(root, RUN, store, sample=None)
+        checked = verify(root, RUN, store, options=VerifyOptions(sample=None))
         assert checked.passed, checked.failure_summary()
         assert all(checked.tables[t].counts[RowClass.MATCH] == 5 for t in TABLES)
         bag = TZREC_NAMES["mc_ebc.bag"]
         tampered = [float(v) + 0.5 for v in stored[(bag, 9)]]
         fs_state.set_row(state, fs_state.PROJECT, fs_state.VIEW, fs_state.VERSION, bag, 9, tampered)
-        bad = verify(root, RUN, store, sample=None)
+        bad = verify(root, RUN, store, options=VerifyOptions(sample=None))
     assert not bad.passed
     (mismatch,) = bad.tables["mc_ebc.bag"].mismatches
     assert mismatch.key == 9 and mismatch.row_class is RowClass.DIFFERENT
@@ -104,7 +104,7 @@ def test_ids_never_admitted_hold_the_fallback_row_on_featurestore_and_verify_pas
     sqlite = f"sqlite:///{tmp_path}/emb.db"
     with open_store(sqlite, run=RUN) as store:
         DumpPublisher(store, root, RUN, retry=RetryPolicy(deadline_s=10)).publish_generation(1)
-        on_sqlite = verify(root, RUN, store, sample=None)
+        on_sqlite = verify(root, RUN, store, options=VerifyOptions(sample=None))
         assert on_sqlite.passed, on_sqlite.failure_summary()
         held = store.read("mc_ebc.bag", np.array(sorted({-1, 1, 2, 3} | NEVER_ADMITTED)))
     assert held.found.tolist() == [True, True, True, True, False, False]

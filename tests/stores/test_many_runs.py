@@ -18,7 +18,7 @@ from deltarec.errors import BadInputError, ConfigError
 from deltarec.publish import DumpPublisher
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
-from deltarec.verify import verify
+from deltarec.verify import VerifyOptions, verify
 from deltarec.verify.types import RowClass
 
 T = "sparse.ebc.user_id"
@@ -62,7 +62,7 @@ def _assert_holds(store, root, run, generation):
 
 def _check_verify(url, root, run):
     with open_store(url, run=run) as store:
-        result = verify(root, run, store, sample=None)
+        result = verify(root, run, store, options=VerifyOptions(sample=None))
     totals = result.totals()
     assert result.passed, result.failure_summary()
     assert totals[RowClass.MATCH] == result.checked > 0
@@ -136,7 +136,7 @@ def test_verify_names_a_newer_version_no_dump_of_the_run_wrote(backend, tmp_path
         store.write(
             T, np.array([key]), np.ones((1, 8), np.float32), np.zeros(1, np.int8), [foreign]
         )
-        result = verify(root, "one", store, sample=None)
+        result = verify(root, "one", store, options=VerifyOptions(sample=None))
     assert not result.passed
     (bad,) = [m for m in result.tables[T].mismatches if m.key == key]
     assert bad.row_class is RowClass.DIFFERENT and bad.store_version == foreign
@@ -154,7 +154,7 @@ def test_a_verify_that_matched_no_key_fails_though_no_class_fails(backend, tmp_p
     _publish(backend.url, root, "one", old)
     _publish(backend.url, root, "one", new)
     with open_store(backend.url, run="one") as store:
-        result = verify(root, "one", store, generation=1, sample=None)
+        result = verify(root, "one", store, generation=1, options=VerifyOptions(sample=None))
     assert result.totals()[RowClass.SUPERSEDED] == 50 and result.totals()[RowClass.MATCH] == 0
     assert not result.passed
     assert "no key matched" in result.failure_summary()

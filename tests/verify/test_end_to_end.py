@@ -19,7 +19,7 @@ from deltarec.artifacts.lineage import expected_state
 from deltarec.promote import promote, rollback
 from deltarec.stores import open_store
 from deltarec.testing.multiprocess import run_on_ranks
-from deltarec.verify import RowClass, verify, write_record
+from deltarec.verify import RowClass, VerifyOptions, verify, write_record
 
 pytestmark = pytest.mark.multiprocess
 
@@ -64,7 +64,9 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     assert root.list_generations(RUN) == [1]
 
     with open_store(store_url, run=RUN) as store:
-        first = verify(root, RUN, store, sample=None, store_url=store.describe())
+        first = verify(
+            root, RUN, store, store_url=store.describe(), options=VerifyOptions(sample=None)
+        )
         assert first.passed, first.failure_summary()
         assert first.checked > 500 and first.totals()[RowClass.MATCH] == first.checked
         assert len(first.tables) >= 6 and first.dumps[0].kind == "snapshot"
@@ -82,7 +84,7 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
         row[0, 0] += 0.5
         bad.write(table, np.array([key_a]), row, np.zeros(1, np.int8), [version_a])
         bad.delete(table, np.array([key_b]), version_a)
-        tampered = verify(root, RUN, bad, sample=None)
+        tampered = verify(root, RUN, bad, options=VerifyOptions(sample=None))
     counts = tampered.tables[table].counts
     assert not tampered.passed
     assert (counts[RowClass.DIFFERENT], counts[RowClass.MISSING]) == (1, 1)
@@ -97,7 +99,7 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     flipped[len(flipped) // 2] ^= 0x01
     shard.write_bytes(bytes(flipped))
     with open_store(store_url, run=RUN) as store:
-        corrupt = verify(root, RUN, store, sample=200)
+        corrupt = verify(root, RUN, store, options=VerifyOptions(sample=200))
         assert not corrupt.passed
         (failure,) = corrupt.shard_failures
         assert failure.path.endswith(f"gen-000001/dump-000001/{table}/rank-00001.parquet")
@@ -111,14 +113,14 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     assert run_on_ranks(_train, 2, args=(str(tmp_path), store_url, CKPT)) == [STEPS, STEPS]
     assert root.read_generation(RUN, 2).parent.checkpoint_step == CKPT
     with open_store(store_url, run=RUN) as store:
-        second = verify(root, RUN, store, sample=None)
+        second = verify(root, RUN, store, options=VerifyOptions(sample=None))
         assert second.generation == 2 and second.passed, second.failure_summary()
-        moved_on = verify(root, RUN, store, generation=1, sample=None)
+        moved_on = verify(root, RUN, store, generation=1, options=VerifyOptions(sample=None))
         assert moved_on.totals()[RowClass.SUPERSEDED] > 0
 
         result = rollback(root, RUN, store, 1)
         assert result.generation == 3 and sum(result.restored.values()) > 0
-        back = verify(root, RUN, store, generation=1, sample=None)
+        back = verify(root, RUN, store, generation=1, options=VerifyOptions(sample=None))
         assert back.passed, back.failure_summary()
         assert back.rollback_generations == [3]
         assert back.totals()[RowClass.SUPERSEDED] == 0

@@ -9,7 +9,7 @@ import pytest
 from deltarec.artifacts import DType, DumpKind, codec
 from deltarec.cli import main
 from deltarec.ids import make_version
-from deltarec.verify import RowClass, kfp_metrics, render_html, to_json, verify
+from deltarec.verify import RowClass, VerifyOptions, kfp_metrics, render_html, to_json, verify
 from deltarec.verify.compare import CODE, ExpectedBatch, StoreBatch, classify
 
 V = make_version(2, 3)
@@ -121,7 +121,9 @@ DUMP_KEYS = [
 def test_json_schema_is_frozen(lineage, sqlite_store):
     g = _published(lineage, sqlite_store)
     sqlite_store.delete(lineage.T_EMB, np.array([7]), make_version(g, 0))
-    doc = to_json(verify(lineage.root, lineage.run, sqlite_store, sample=None))
+    doc = to_json(
+        verify(lineage.root, lineage.run, sqlite_store, options=VerifyOptions(sample=None))
+    )
     assert list(doc) == JSON_KEYS
     assert doc["schema"] == "deltarec.verify" and doc["schema_version"] == 1
     assert list(doc["totals"]) == ["checked", *[c.value for c in RowClass]]
@@ -136,7 +138,9 @@ def test_json_schema_is_frozen(lineage, sqlite_store):
 
 def test_kfp_metrics_are_plain_numbers(lineage, sqlite_store):
     _published(lineage, sqlite_store)
-    metrics = kfp_metrics(verify(lineage.root, lineage.run, sqlite_store, sample=None))
+    metrics = kfp_metrics(
+        verify(lineage.root, lineage.run, sqlite_store, options=VerifyOptions(sample=None))
+    )
     assert all(isinstance(v, float) for v in metrics.values())
     assert metrics["passed"] == 1.0 and metrics["keys_checked"] == 50.0
     assert metrics["keys_match"] == 50.0 and metrics["match_rate"] == 1.0
@@ -146,7 +150,9 @@ def test_kfp_metrics_are_plain_numbers(lineage, sqlite_store):
 def test_html_report_is_self_contained_with_counts_mismatches_and_plot(lineage, sqlite_store):
     g = _published(lineage, sqlite_store)
     sqlite_store.delete(lineage.T_EMB, np.array([7]), make_version(g, 0))
-    page = render_html(verify(lineage.root, lineage.run, sqlite_store, sample=None))
+    page = render_html(
+        verify(lineage.root, lineage.run, sqlite_store, options=VerifyOptions(sample=None))
+    )
     assert page.startswith("<!DOCTYPE html>") and "FAILED" in page
     assert not re.search(r"<script|<link|src=|@import|url\(", page)
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
@@ -244,4 +250,9 @@ def test_a_store_failing_during_the_scan_fails_the_verification_loudly(lineage, 
 
     _published(lineage, sqlite_store)
     with pytest.raises(StoreUnavailableError, match="connection reset"):
-        verify(lineage.root, lineage.run, _FailingScan(sqlite_store), sample=None)
+        verify(
+            lineage.root,
+            lineage.run,
+            _FailingScan(sqlite_store),
+            options=VerifyOptions(sample=None),
+        )

@@ -6,7 +6,7 @@ import pytest
 from deltarec.artifacts import DumpKind
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
-from deltarec.verify import verify
+from deltarec.verify import VerifyOptions, verify
 from deltarec.verify.partition import Partition, combine, partition_json, result_from_json
 
 ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
@@ -59,7 +59,12 @@ def _keyed(result):
 
 def _parts(lineage, store, n, **kw):
     return [
-        verify(lineage.root, lineage.run, store, sample=None, partition=Partition(i, n), **kw)
+        verify(
+            lineage.root,
+            lineage.run,
+            store,
+            options=VerifyOptions(sample=None, partition=Partition(i, n), **kw),
+        )
         for i in range(n)
     ]
 
@@ -70,7 +75,9 @@ def test_combined_partitions_equal_a_single_verify_all_key_for_key(lineage, stor
     g = _base(lineage, store)
     if tampered:
         _tamper(lineage, store, g)
-    whole = verify(lineage.root, lineage.run, store, sample=None, max_mismatches=100)
+    whole = verify(
+        lineage.root, lineage.run, store, options=VerifyOptions(sample=None, max_mismatches=100)
+    )
     combined = combine(_parts(lineage, store, n, max_mismatches=100), max_mismatches=100)
     assert _keyed(combined) == _keyed(whole)
     assert combined.passed == whole.passed == (not tampered)
@@ -134,10 +141,12 @@ def test_the_gate_refuses_partitions_that_do_not_cover_one_verification(lineage,
         combine([parts[0], parts[2]])
     with pytest.raises(BadInputError, match=r"twice \[0\]"):
         combine([parts[0], parts[0], parts[1], parts[2]])
-    whole = verify(lineage.root, lineage.run, store, sample=None)
+    whole = verify(lineage.root, lineage.run, store, options=VerifyOptions(sample=None))
     with pytest.raises(BadInputError, match="not a partition"):
         combine([whole])
-    other = verify(lineage.root, lineage.run, store, sample=5, partition=Partition(1, 3))
+    other = verify(
+        lineage.root, lineage.run, store, options=VerifyOptions(sample=5, partition=Partition(1, 3))
+    )
     with pytest.raises(BadInputError, match=r"differ in \['mode', 'sample'\]"):
         combine([parts[0], other, parts[2]])
     with pytest.raises(BadInputError, match="no verify partition"):

@@ -8,7 +8,7 @@ from deltarec.artifacts.lineage import expected_state
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.promote import NotVerifiedError, promote, rollback
-from deltarec.verify import RowClass, read_record, verify, write_record
+from deltarec.verify import RowClass, VerifyOptions, read_record, verify, write_record
 
 ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
 
@@ -48,9 +48,15 @@ def _gen2(lineage, store, parent, staged=False):
     return g
 
 
-def _verified(lineage, store, generation, **kw):
+def _verified(lineage, store, generation, through_seq=None, **kw):
     result = verify(
-        lineage.root, lineage.run, store, generation=generation, store_url=store.describe(), **kw
+        lineage.root,
+        lineage.run,
+        store,
+        generation=generation,
+        through_seq=through_seq,
+        store_url=store.describe(),
+        options=VerifyOptions(**kw),
     )
     write_record(lineage.root, result)
     return result
@@ -118,7 +124,9 @@ def test_staged_generation_is_verified_as_merged_and_promote_makes_it_live(linea
     assert result.merged_rows >= 7
     live = store.read(lineage.T_EMB, np.array([0, 500]))
     assert live.found.all() and (live.versions == make_version(g2, 1)).all()
-    after = verify(lineage.root, lineage.run, store, generation=g2, sample=None)
+    after = verify(
+        lineage.root, lineage.run, store, generation=g2, options=VerifyOptions(sample=None)
+    )
     assert after.passed and after.staged_tables == []
     _assert_store_equals_expected(lineage, store, g2, 1)
 
@@ -130,7 +138,9 @@ def test_rollback_restores_every_key_to_the_promoted_point(lineage, store):
     g2 = _gen2(lineage, store, g1)
     assert _verified(lineage, store, g2, sample=None).passed
     promote(lineage.root, lineage.run, store, g2)
-    moved_on = verify(lineage.root, lineage.run, store, generation=g1, sample=None)
+    moved_on = verify(
+        lineage.root, lineage.run, store, generation=g1, options=VerifyOptions(sample=None)
+    )
     assert moved_on.passed and moved_on.tables[lineage.T_EMB].counts[RowClass.SUPERSEDED] == 6
 
     result = rollback(lineage.root, lineage.run, store, g1)
@@ -140,12 +150,14 @@ def test_rollback_restores_every_key_to_the_promoted_point(lineage, store):
     info = lineage.root.read_generation(lineage.run, 3)
     assert info.extra["rollback"]["to_generation"] == g1 and info.parent == Parent(g1, 20)
 
-    check = verify(lineage.root, lineage.run, store, generation=g1, sample=None)
+    check = verify(
+        lineage.root, lineage.run, store, generation=g1, options=VerifyOptions(sample=None)
+    )
     assert check.passed, check.failure_summary()
     assert check.rollback_generations == [3]
     assert check.totals()[RowClass.SUPERSEDED] == 0
     _assert_store_equals_expected(lineage, store, g1, 1)
-    own = verify(lineage.root, lineage.run, store, sample=None)
+    own = verify(lineage.root, lineage.run, store, options=VerifyOptions(sample=None))
     assert own.generation == 3 and own.passed, own.failure_summary()
     pointer = store.get_serving(lineage.run)
     assert (pointer.generation, pointer.seq) == (g1, 1) and "rollback" in pointer.note
@@ -158,7 +170,9 @@ def test_rollback_row_with_other_values_is_different(lineage, store):
     r = rollback(lineage.root, lineage.run, store, g1)
     bad = lineage.expected_row(lineage.T_EMB, np.array([2]), 7.0)
     store.write(lineage.T_EMB, np.array([2]), bad, np.zeros(1, np.int8), [r.version])
-    result = verify(lineage.root, lineage.run, store, generation=g1, sample=None)
+    result = verify(
+        lineage.root, lineage.run, store, generation=g1, options=VerifyOptions(sample=None)
+    )
     (m,) = [m for m in result.tables[lineage.T_EMB].mismatches]
     assert (m.key, m.row_class, m.store_version) == (2, RowClass.DIFFERENT, r.version)
     assert "rollback" in m.reason

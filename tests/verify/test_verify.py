@@ -6,7 +6,7 @@ import pytest
 from deltarec.artifacts import DumpKind, Parent
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
-from deltarec.verify import RowClass, verify
+from deltarec.verify import RowClass, VerifyOptions, verify
 
 ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
 
@@ -39,7 +39,9 @@ def _by_class(table_result, cls):
 
 def test_published_generation_verifies_with_every_key_matching(lineage, store):
     g = _base(lineage, store)
-    result = verify(lineage.root, lineage.run, store, generation=g, sample=None)
+    result = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
+    )
     assert result.passed, result.failure_summary()
     emb = result.tables[lineage.T_EMB]
     assert emb.checked == 100 and emb.counts[RowClass.MATCH] == 100
@@ -58,7 +60,9 @@ def test_tampered_row_is_different_and_deleted_row_is_missing_naming_keys(lineag
     bad = lineage.expected_row(lineage.T_EMB, np.array([3]), 9.0)
     store.write(lineage.T_EMB, np.array([3]), bad, np.zeros(1, np.int8), np.array([v1]))
     store.delete(lineage.T_EMB, np.array([42]), make_version(g, 0))
-    result = verify(lineage.root, lineage.run, store, generation=g, sample=None)
+    result = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
+    )
     emb = result.tables[lineage.T_EMB]
     assert not result.passed
     assert emb.counts[RowClass.DIFFERENT] == 1 and emb.counts[RowClass.MISSING] == 1
@@ -76,9 +80,13 @@ def test_row_the_lineage_never_wrote_is_unexpected_only_with_all(lineage, store)
     g = _base(lineage, store)
     row = lineage.expected_row(lineage.T_EMB, np.array([5000]), 0.0)
     store.write(lineage.T_EMB, np.array([5000]), row, np.zeros(1, np.int8), [make_version(g, 0)])
-    sampled = verify(lineage.root, lineage.run, store, generation=g, sample=50, seed=1)
+    sampled = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=50, seed=1)
+    )
     assert sampled.passed and sampled.tables[lineage.T_EMB].checked == 50
-    full = verify(lineage.root, lineage.run, store, generation=g, sample=None)
+    full = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
+    )
     emb = full.tables[lineage.T_EMB]
     assert not full.passed
     assert emb.counts[RowClass.UNEXPECTED] == 1 and emb.store_keys_scanned == 101
@@ -89,7 +97,9 @@ def test_row_the_lineage_never_wrote_is_unexpected_only_with_all(lineage, store)
 def test_unpublished_dump_shows_stale_rows_and_evicted_id_still_served(lineage, store):
     g = _base(lineage, store, publish=False)
     lineage.publish(store, g, seqs=[0])
-    result = verify(lineage.root, lineage.run, store, generation=g, sample=None)
+    result = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
+    )
     emb, zch = result.tables[lineage.T_EMB], result.tables[lineage.T_ZCH]
     assert emb.counts[RowClass.DIFFERENT] == 10
     assert {m.reason for m in emb.mismatches} == {"stale version"}
@@ -104,11 +114,13 @@ def test_rows_of_a_newer_generation_are_superseded_and_do_not_fail(lineage, stor
     g2 = lineage.generation(parent=Parent(g1, lineage.step))
     lineage.dump(g2, 1, {lineage.T_EMB: (np.arange(5), 2.0), lineage.T_ZCH: (np.array([23]), 2.0)})
     lineage.publish(store, g2)
-    old = verify(lineage.root, lineage.run, store, generation=g1, sample=None)
+    old = verify(
+        lineage.root, lineage.run, store, generation=g1, options=VerifyOptions(sample=None)
+    )
     assert old.passed, old.failure_summary()
     assert old.tables[lineage.T_EMB].counts[RowClass.SUPERSEDED] == 5
     assert old.tables[lineage.T_ZCH].counts[RowClass.SUPERSEDED] == 1  # id 23, newer
-    new = verify(lineage.root, lineage.run, store, sample=None)
+    new = verify(lineage.root, lineage.run, store, options=VerifyOptions(sample=None))
     assert new.generation == g2 and new.passed, new.failure_summary()
     assert new.tables[lineage.T_EMB].counts[RowClass.MATCH] == 100
     assert [(d.generation, d.seq) for d in new.dumps] == [(g1, 0), (g1, 1), (g2, 1)]
@@ -118,7 +130,9 @@ def test_flipped_byte_in_a_shard_fails_naming_the_shard(lineage, store):
     g = _base(lineage, store)
     path = lineage.root.shard_path(lineage.run, g, 1, lineage.T_EMB, 0)
     lineage.flip_byte(path)
-    result = verify(lineage.root, lineage.run, store, generation=g, sample=None)
+    result = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
+    )
     assert not result.passed
     (failure,) = result.shard_failures
     assert failure.path.endswith("dump-000001/sparse.ebc.user_id/rank-00000.parquet")
@@ -129,12 +143,18 @@ def test_flipped_byte_in_a_shard_fails_naming_the_shard(lineage, store):
 
 def test_sample_is_seeded_per_table(lineage, store):
     g = _base(lineage, store)
-    a = verify(lineage.root, lineage.run, store, generation=g, sample=20, seed=7)
-    b = verify(lineage.root, lineage.run, store, generation=g, sample=20, seed=7)
+    a = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=20, seed=7)
+    )
+    b = verify(
+        lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=20, seed=7)
+    )
     emb_a, emb_b = a.tables[lineage.T_EMB], b.tables[lineage.T_EMB]
     assert emb_a.checked == 20 and emb_a.live_by_version == emb_b.live_by_version
     others = [
-        verify(lineage.root, lineage.run, store, generation=g, sample=20, seed=s)
+        verify(
+            lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=20, seed=s)
+        )
         .tables[lineage.T_EMB]
         .live_by_version
         for s in range(8, 12)
@@ -159,8 +179,10 @@ def test_one_pass_scan_and_lookups_by_key_agree(lineage, store):
     store.delete(lineage.T_EMB, np.array([60]), make_version(g, 0))
     stray = lineage.expected_row(lineage.T_EMB, np.array([777]), 0.0)
     store.write(lineage.T_EMB, np.array([777]), stray, np.zeros(1, np.int8), [v1])
-    by_scan = verify(lineage.root, lineage.run, store, sample=None)
-    by_key = verify(lineage.root, lineage.run, store, sample=None, full_scan_bytes=0)
+    by_scan = verify(lineage.root, lineage.run, store, options=VerifyOptions(sample=None))
+    by_key = verify(
+        lineage.root, lineage.run, store, options=VerifyOptions(sample=None, full_scan_bytes=0)
+    )
     for result in (by_scan, by_key):
         emb = result.tables[lineage.T_EMB]
         assert emb.checked == 101 and emb.store_keys_scanned == 100

@@ -23,7 +23,6 @@ import logging
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
@@ -56,7 +55,6 @@ def verify(
     store_url: str = "",
     generation: int | None = None,
     through_seq: int | None = None,
-    **option_fields: Any,
 ) -> VerifyResult:
     """Verify a store against a generation of ``run`` through dump ``through_seq``.
 
@@ -68,8 +66,6 @@ def verify(
         store_url: the store URL, for the result (pass it with credentials removed).
         generation: the generation to verify (default: the newest).
         through_seq: the last dump to include (default: the newest committed one).
-        **option_fields: fields of :class:`VerifyOptions` overriding ``options`` (``sample``,
-            ``seed``, ``batch_size``, ...).
 
     Returns:
         The result; ``result.passed`` says whether the check passed.
@@ -77,7 +73,7 @@ def verify(
     Raises:
         BadInputError: no such run/generation/dump, or bad options.
     """
-    opts = (options or VerifyOptions()).with_fields(**option_fields)
+    opts = options or VerifyOptions()
     t0 = time.monotonic()
     if generation is None:
         generation = root.latest_generation(run)

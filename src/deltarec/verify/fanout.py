@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from deltarec.artifacts import ArtifactRoot
 from deltarec.stores import open_store
 from deltarec.verify.engine import verify as verify_store
-from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn
+from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn, VerifyOptions
 from deltarec.verify.partition import Partition, combine
 from deltarec.verify.records import write_record
 from deltarec.verify.types import VerifyResult
@@ -52,12 +52,14 @@ def verify_partition(
             store_url=store.describe(),
             generation=generation,
             through_seq=through_seq,
-            sample=sample,
-            seed=seed,
-            batch_size=batch_size,
-            max_mismatches=max_mismatches,
-            progress=progress,
-            partition=partition,
+            options=VerifyOptions(
+                sample=sample,
+                seed=seed,
+                batch_size=batch_size,
+                max_mismatches=max_mismatches,
+                progress=progress,
+                partition=partition,
+            ),
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from deltarec.artifacts import ArtifactRoot
 from deltarec.stores import open_store
 from deltarec.verify.engine import verify as verify_store
+from deltarec.verify.options import VerifyOptions
 from deltarec.verify.records import write_record as write_verification
 from deltarec.verify.types import VerifyResult
 
@@ -48,11 +49,13 @@ def run_verification(
             store_url=store.describe(),
             generation=generation,
             through_seq=through_seq,
-            sample=sample,
-            seed=seed,
-            batch_size=batch_size,
-            max_mismatches=max_mismatches,
-            progress=progress,
+            options=VerifyOptions(
+                sample=sample,
+                seed=seed,
+                batch_size=batch_size,
+                max_mismatches=max_mismatches,
+                progress=progress,
+            ),
         )
     if record:
         path = write_verification(root, result)
