@@ -215,7 +215,7 @@ _SCHEMES = {
 
 def parse_config(
     obj: dict[str, Any],
-) -> SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig:
+) -> StoreConfig:
     """Validate a config mapping (``{"type": "sqlite", "path": ...}``)."""
     try:
         return _ADAPTER.validate_python(obj)  # type: ignore[no-any-return]
@@ -223,7 +223,7 @@ def parse_config(
         raise ConfigError(f"store config {_redacted(obj)}: {_errors(e)}") from e
 
 
-def parse_store_url(url: str) -> SqliteConfig | PostgresConfig | RedisConfig | FeatureStoreConfig:
+def parse_store_url(url: str) -> StoreConfig:
     """Parse a store URL into its config; raises :class:`ConfigError` naming the problem."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"store URL {url!r} is not a URL; expected one of {_examples()}")
