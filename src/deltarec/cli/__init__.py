@@ -28,7 +28,7 @@ COMMANDS: dict[str, str] = {
     "rollback": "restore serving to a promoted generation",
     "inspect": "list generations, dumps, tables, rows and bytes under an artifact root",
     "serve": "serve a run's promoted tables and dense state from memory (a replica, HTTP)",
-    "pipeline": "compile, submit or locally run the Kubeflow pipeline",
+    "pipeline": "compile, submit or locally run the pipeline on Kubeflow or Airflow",
 }
 """Command name -> one-line help. The module is ``deltarec.cli.cmd_<name>``."""
 

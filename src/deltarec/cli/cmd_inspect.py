@@ -85,7 +85,7 @@ def _generation(root: Any, run: str, g: int) -> dict[str, Any]:
 
 def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     console = Console()
     console.print(f"run [bold]{report['run']}[/bold] under {report['root']}")
@@ -102,7 +102,11 @@ def _print(report: dict[str, Any]) -> None:
             f"{len(g['tables'])} tables; {len(g['dumps'])} dumps; {g['rows']:,} rows; "
             f"{g['bytes']:,} bytes; {steps})"
         )
-        t = Table("seq", "kind", "steps", "table", "rows", "bytes", "created")
+        # a table name and a time are read whole (copied into other commands): fold the name
+        # onto more lines on a narrow terminal, never cut either with an ellipsis
+        table = Column("table", overflow="fold", min_width=12)
+        created = Column("created", overflow="fold", min_width=19)
+        t = Table("seq", "kind", "steps", table, "rows", "bytes", created)
         for d in g["dumps"]:
             t.add_row(
                 str(d["seq"]),
