@@ -12,11 +12,10 @@ import logging
 from collections.abc import Sequence
 
 from deltarec.artifacts import ArtifactRoot
-from deltarec.stores import open_store
-from deltarec.verify.engine import verify as verify_store
 from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn, VerifyOptions
 from deltarec.verify.partition import Partition, combine
 from deltarec.verify.records import write_record
+from deltarec.verify.run import verify_url
 from deltarec.verify.types import VerifyResult
 
 __all__ = ["combine_partitions", "verify_partition"]
@@ -44,23 +43,15 @@ def verify_partition(
     partition's ranges, and the store keys in them the lineage never wrote). No record is
     written: a partition proves only its share.
     """
-    with open_store(store_url, artifacts, run=run) as store:
-        return verify_store(
-            ArtifactRoot(artifacts),
-            run,
-            store,
-            store_url=store.describe(),
-            generation=generation,
-            through_seq=through_seq,
-            options=VerifyOptions(
-                sample=sample,
-                seed=seed,
-                batch_size=batch_size,
-                max_mismatches=max_mismatches,
-                progress=progress,
-                partition=partition,
-            ),
-        )
+    options = VerifyOptions(
+        sample=sample,
+        seed=seed,
+        batch_size=batch_size,
+        max_mismatches=max_mismatches,
+        progress=progress,
+        partition=partition,
+    )
+    return verify_url(ArtifactRoot(artifacts), run, store_url, options, generation, through_seq)
 
 
 def combine_partitions(

@@ -7,16 +7,15 @@ verification record promote requires. The CLI and the pipeline's verify step bot
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.stores import open_store
 from deltarec.verify.engine import verify as verify_store
-from deltarec.verify.options import VerifyOptions
+from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn, VerifyOptions
 from deltarec.verify.records import write_record as write_verification
 from deltarec.verify.types import VerifyResult
 
-__all__ = ["run_verification"]
+__all__ = ["run_verification", "verify_url"]
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +29,10 @@ def run_verification(
     through_seq: int | None = None,
     sample: int | None = None,
     seed: int = 0,
-    batch_size: int = 8192,
-    max_mismatches: int = 20,
+    batch_size: int = DEFAULT_BATCH,
+    max_mismatches: int = DEFAULT_MAX_MISMATCHES,
     record: bool = True,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> VerifyResult:
     """Verify a generation through a dump against the store; leaves the verification record.
 
@@ -41,24 +40,40 @@ def run_verification(
     The record (which promote requires) is written unless ``record`` is False.
     """
     root = ArtifactRoot(artifacts)
-    with open_store(store_url, artifacts, run=run) as store:
-        result = verify_store(
-            root,
-            run,
-            store,
-            store_url=store.describe(),
-            generation=generation,
-            through_seq=through_seq,
-            options=VerifyOptions(
-                sample=sample,
-                seed=seed,
-                batch_size=batch_size,
-                max_mismatches=max_mismatches,
-                progress=progress,
-            ),
-        )
+    options = VerifyOptions(
+        sample=sample,
+        seed=seed,
+        batch_size=batch_size,
+        max_mismatches=max_mismatches,
+        progress=progress,
+    )
+    result = verify_url(root, run, store_url, options, generation, through_seq)
     if record:
         path = write_verification(root, result)
         if path:
             log.info("verification record: %s", root.url(path))
     return result
+
+
+def verify_url(
+    root: ArtifactRoot,
+    run: str,
+    store_url: str,
+    options: VerifyOptions,
+    generation: int | None = None,
+    through_seq: int | None = None,
+) -> VerifyResult:
+    """Open the store named by ``store_url``, verify it with ``options`` and close it again.
+
+    The result names the store without credentials (``Store.describe``). No record is written.
+    """
+    with open_store(store_url, root.uri, run=run) as store:
+        return verify_store(
+            root,
+            run,
+            store,
+            options,
+            store_url=store.describe(),
+            generation=generation,
+            through_seq=through_seq,
+        )
