@@ -167,7 +167,7 @@ def test_a_failed_job_is_kept_for_its_record():
     assert api.deleted == [] and len(api.objects) == 1
 
 
-def test_the_compiled_pipeline_gives_the_train_step_its_pod_name_and_uid(tmp_path):
+def test_the_compiled_pipeline_gives_the_job_launcher_its_pod_name_and_uid(tmp_path):
     pytest.importorskip("kfp")
     import yaml
 
@@ -176,7 +176,7 @@ def test_the_compiled_pipeline_gives_the_train_step_its_pod_name_and_uid(tmp_pat
     text = Path(compile_pipeline(str(tmp_path / "p.yaml"))).read_text()
     docs = list(yaml.safe_load_all(text))
     executors = next(d for d in docs if "platforms" in d)["platforms"]["kubernetes"]
-    train = executors["deploymentSpec"]["executors"]["exec-train"]
+    train = executors["deploymentSpec"]["executors"]["exec-train-launcher"]
     assert {(f["name"], f["fieldPath"]) for f in train["fieldPathAsEnv"]} == {
         (pj.POD_NAME_ENV, "metadata.name"),
         (pj.POD_UID_ENV, "metadata.uid"),

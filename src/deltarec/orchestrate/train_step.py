@@ -193,7 +193,8 @@ def train(
     root = ArtifactRoot(params.artifact_root)
     before = set(root.list_generations(params.run_name))
     if params.nodes == 1:
-        check_entry_point(params)
+        if runner is run_process:  # the ranks start here: refuse what they cannot import
+            check_entry_point(params)
         cmd, env = torchrun_command(params)
         code = runner(cmd, env)
         if code != 0:
