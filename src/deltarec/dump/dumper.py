@@ -43,6 +43,7 @@ from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
+from deltarec.tracking.gather import PinnedRing, pinned_slot_bytes
 from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource
 
@@ -53,6 +54,16 @@ TIMINGS_KEPT = 1000
 for days dumps thousands of times)."""
 
 STATE_VERSION = 1
+
+
+def _pinned_slot_bytes(chunk_rows: int, sources: Sequence[TableSource]) -> int:
+    """A pinned ring slot: one chunk of the widest table (4-byte values), keys and ops.
+
+    0 (no ring) without CUDA.
+    """
+    if not sources or not torch.cuda.is_available():
+        return 0
+    return pinned_slot_bytes(chunk_rows, max(s.spec.dim for s in sources))
 
 
 class DataMismatchError(DumpError):
@@ -99,12 +110,18 @@ class Dumper:
             ),
             default=0,
         )
+        slot = _pinned_slot_bytes(config.chunk_rows, self.sources)
         self.plan = plan_host_budget(
-            self.host_budget, config.encode_threads(), widest, hand_off=keep_rows
+            self.host_budget, config.encode_threads(), widest, keep_rows, pinned_slot_bytes=slot
         )
         """How the host budget is shared out (:func:`~deltarec.dump.staging.plan_host_budget`)."""
         self.queue = ByteBoundedQueue(self.plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
+        self.pinned: PinnedRing | None = (
+            PinnedRing(slot, self.plan.pinned_slots) if self.plan.pinned_slots else None
+        )
+        """Pinned host memory for every device→host copy of the dumps (CUDA only), allocated
+        once, in :meth:`start`."""
         self._worker: DumpWorker | None = None
         self.lease: RunLease | None = None
         """The run's lease (rank 0 only): acquired in :meth:`start`, checked at every commit."""
@@ -169,6 +186,8 @@ class Dumper:
             parent = Parent(int(self._restored["generation"]), int(ckpt))
         self.generation = self._allocate(tables, parent)
         self._step = self._last_dump_step = step
+        if self.pinned is not None and torch.cuda.is_initialized():
+            self.pinned.allocate()  # now, before training runs: never during a dump
         self._worker = DumpWorker(
             self.root,
             self.config.run,
@@ -183,6 +202,7 @@ class Dumper:
             encode_workers=self.plan.encode_threads,
             chunk_rows=self.config.chunk_rows,
             arena_bytes=self.plan.arena_bytes,
+            pinned=self.pinned,
         )
         self._cadence = Cadence(
             self.config.every_steps,
@@ -480,7 +500,7 @@ class Dumper:
         if isinstance(gathered, LocalParts):
             self._enqueue_parts(seq, table, step, gathered)
             return
-        with device_staging(self.device_budget):
+        with device_staging(self.device_budget, self.pinned):
             for host in gathered:
                 if len(host) == 0:
                     continue

@@ -79,6 +79,12 @@ without rows (the publisher reads its shards back)."""
 SCRATCH_SHARE = 4
 """The encodings running at once take at most 1/4 of the host budget as scratch; a budget too
 small for one scratch per encoding thread runs fewer threads (one at least)."""
+PINNED_SHARE = 4
+"""CUDA tables: the pinned ring that chunks are copied into takes at most 1/4 of the host
+budget (:class:`~deltarec.tracking.gather.PinnedRing`), as a power of two of bytes (torch's
+pinned allocator rounds every allocation up to one), enough for two chunks per encoding thread
+and four more; a budget that affords fewer than two slots gets no ring (chunks are then pinned
+one by one)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class HostBudgetPlan:
         arena_bytes: the encoders' reusable piece buffers, at most.
         keep_rows_bytes: a dump's rows kept in memory for the publisher, at most (0: none).
         publish_queue_bytes: kept rows waiting in the background publisher's queue, at most.
+        pinned_slots: slots of the pinned ring (0: no ring); ``pinned_bytes``: its bytes.
     """
 
     queue_bytes: int
@@ -101,19 +108,26 @@ class HostBudgetPlan:
     arena_bytes: int
     keep_rows_bytes: int = 0
     publish_queue_bytes: int = 0
+    pinned_slots: int = 0
+    pinned_bytes: int = 0
 
 
 def plan_host_budget(
-    budget: int, encode_threads: int, scratch_per_encoding: int, hand_off: bool = False
+    budget: int,
+    encode_threads: int,
+    scratch_per_encoding: int,
+    hand_off: bool = False,
+    pinned_slot_bytes: int = 0,
 ) -> HostBudgetPlan:
-    """Share a host budget out: the queue, the scratch, the piece arena, the hand-off.
+    """Share a host budget out: the queue, the scratch, the piece arena, the hand-off, the ring.
 
     Every byte the dump path holds in host memory comes out of ``budget``: rows and their
     pieces through the queue, at most ``encode_threads`` encodings of ``scratch_per_encoding``
     bytes each (:func:`~deltarec.dump.encode.encode_scratch_bytes` of the widest table's
     chunk), the piece arena, and with ``hand_off`` (a publishing trainer) the rows kept for
-    its background publisher (:data:`HAND_OFF_SHARE`). Threads are cut to what 1/4 of the
-    budget affords.
+    its background publisher (:data:`HAND_OFF_SHARE`), and with ``pinned_slot_bytes`` (one
+    chunk's bytes, CUDA tables) the pinned ring (:data:`PINNED_SHARE`). Threads are cut to
+    what 1/4 of the budget affords.
     """
     hand = budget // HAND_OFF_SHARE if hand_off else 0
     arena = min(ARENA_MAX, budget // ARENA_SHARE)
@@ -121,11 +135,20 @@ def plan_host_budget(
     if scratch_per_encoding > 0:
         threads = max(1, min(threads, budget // SCRATCH_SHARE // scratch_per_encoding))
     scratch = threads * max(0, scratch_per_encoding)
+    slots = ring = 0
+    if pinned_slot_bytes > 0:
+        want = min((2 * threads + 4) * pinned_slot_bytes, budget // PINNED_SHARE)
+        ring = 1 << (want.bit_length() - 1) if want > 0 else 0  # a power of two, <= want
+        slots = ring // pinned_slot_bytes
+        if slots < 2:
+            slots = ring = 0
     return HostBudgetPlan(
-        queue_bytes=max(1, budget - arena - scratch - hand),
+        queue_bytes=max(1, budget - arena - scratch - hand - ring),
         encode_threads=threads,
         scratch_bytes=scratch,
         arena_bytes=arena,
         keep_rows_bytes=hand // 4,
         publish_queue_bytes=hand // 2,
+        pinned_slots=slots,
+        pinned_bytes=ring,
     )

@@ -49,7 +49,7 @@ from deltarec.dump.staging import ARENA_MAX
 from deltarec.errors import DumpError
 from deltarec.faults import failpoint
 from deltarec.tracking.assemble import Assembly, Part
-from deltarec.tracking.gather import DeviceRows, HostRows
+from deltarec.tracking.gather import DeviceRows, HostRows, PinnedRing
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,12 @@ OnCommit = Callable[[Manifest, "dict[str, ShardRows] | None"], None]
 
 
 class _Release:
-    """Gives an item's budget bytes back to the queue exactly once."""
+    """Gives an item's budget bytes back to the queue, and its pinned slot, exactly once."""
 
-    def __init__(self, queue: ByteBoundedQueue, nbytes: int) -> None:
+    def __init__(self, queue: ByteBoundedQueue, nbytes: int, host: HostRows | None = None) -> None:
         self.queue = queue
         self.nbytes = nbytes
+        self.host = host  # its ring slot is given back with the bytes
         self.taken = False  # a writer releases it later
         self._lock = threading.Lock()
         self._done = False
@@ -111,6 +112,9 @@ class _Release:
             if self._done:
                 return
             self._done = True
+        if self.host is not None:
+            self.host.free()
+            self.host = None
         self.queue.release(self.nbytes)
 
 
@@ -132,6 +136,9 @@ class DumpWorker:
         encode_workers: threads that encode chunks (see
             :func:`~deltarec.dump.staging.default_encode_workers`).
         chunk_rows: rows per host chunk copied from a device staging buffer.
+        arena_bytes: the encoders' reusable piece buffers, at most.
+        pinned: the ring that chunks copied out of device staging buffers lie in (None:
+            pinned one by one).
     """
 
     def __init__(
@@ -149,8 +156,10 @@ class DumpWorker:
         encode_workers: int = 1,
         chunk_rows: int = 65536,
         arena_bytes: int = ARENA_MAX,
+        pinned: PinnedRing | None = None,
     ) -> None:
         self.root = root
+        self.pinned = pinned
         self.fence = fence
         self.run = run
         self.generation = generation
@@ -221,7 +230,8 @@ class DumpWorker:
             if isinstance(item, _Stop):
                 self.queue.release(nbytes)
                 return
-            release = _Release(self.queue, nbytes)
+            host = item.rows if isinstance(item, (Chunk, Part)) else None
+            release = _Release(self.queue, nbytes, host if isinstance(host, HostRows) else None)
             try:
                 if self.failure is None:
                     self._handle(item, release)
@@ -231,7 +241,7 @@ class DumpWorker:
             finally:
                 if isinstance(item, Chunk) and isinstance(item.rows, DeviceRows):
                     item.rows.release()
-                item = None  # drop the host rows before their bytes are released
+                item = host = None  # drop the host rows before their bytes are released
                 if not release.taken:
                     release()
                 with self._cond:
@@ -274,11 +284,11 @@ class DumpWorker:
         last: HostRows | None = None
         for start in range(0, len(staged), self.chunk_rows):
             stop = min(start + self.chunk_rows, len(staged))
-            nbytes = staged.host_bytes(start, stop)
+            nbytes = staged.host_bytes(start, stop, self.pinned)
             self.queue.reserve(nbytes)
             release = _Release(self.queue, nbytes)
             try:
-                last = staged.to_host(start, stop)
+                last = release.host = staged.to_host(start, stop, self.pinned)
                 self._submit(state, chunk.table, chunk.step, last, release)
             except BaseException:
                 release()

@@ -6,6 +6,13 @@ stream: the gather of chunk ``k + 1`` overlaps the copy of chunk ``k``, and each
 carries an event the background worker waits on before it reads the bytes. On CPU the gather
 already produces a host tensor and no copy is made.
 
+Inside the dumper the pinned memory is a :class:`PinnedRing`: slots allocated once, when the
+dumper starts, and reused (a chunk's slot is given back once its bytes are written). Pinned
+memory is never allocated while training runs: ``cudaHostAlloc`` holds the GIL and the CUDA
+driver's lock for 17-56 ms per 32 MiB chunk on an H200 host, which stalled the training
+thread's kernel launches for as long. Outside a ring (direct calls) chunks are pinned one by
+one through torch's caching host allocator, as before.
+
 Inside a :func:`~deltarec.tracking.staging.device_staging` block (the dumper's), a CUDA table's
 rows are instead gathered at once into a device staging buffer (:class:`DeviceRows`) when the
 block's budget has room: the training thread then waits only for the device, and the dump
@@ -20,14 +27,18 @@ Typical use (training thread)::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from deltarec.tracking.staging import DeviceBudget, current_budget
+from deltarec.tracking.staging import DeviceBudget, current_budget, current_ring
 
+log = logging.getLogger(__name__)
 _BITMAP_PER_ID = 16
 _BITMAP_MIN_ROWS = 1 << 16
 
@@ -68,6 +79,8 @@ class HostRows:
         ops: int8 ``[n]``.
         event: CUDA event recorded after the copy; None for CPU tables.
         keepalive: device tensors that must outlive the asynchronous copy.
+        slot: the :class:`PinnedRing` slot the tensors lie in (None: memory of their own);
+            given back by :meth:`free`, after which the tensors must not be read.
     """
 
     keys: torch.Tensor
@@ -75,6 +88,7 @@ class HostRows:
     ops: torch.Tensor
     event: torch.cuda.Event | None = None
     keepalive: tuple[torch.Tensor, ...] = ()
+    slot: PinnedSlot | None = None
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -85,9 +99,20 @@ class HostRows:
 
         The rows, keys and ops, and their encoded copy (the parquet piece: at most the rows
         again, key, op and step, an int8 row's scale and bias, a repetition level bit per
-        value).
+        value). Rows in a :class:`PinnedRing` slot count only their encoded copy: the ring's
+        memory is taken out of the budget once, when the dumper plans it.
         """
-        return _budget_bytes(self.rows)
+        return _budget_bytes(self.rows, self.slot is not None)
+
+    def free(self) -> None:
+        """Give the chunk's ring slot back (idempotent; no-op without one).
+
+        Call it once nothing reads the host tensors any more (the worker does, when the
+        chunk's bytes are written and hashed).
+        """
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            slot.give_back()
 
     def wait(self) -> None:
         """Block until the device→host copy has finished (no-op on CPU)."""
@@ -101,9 +126,10 @@ class HostRows:
         return self.keys.numpy(), self.rows.numpy(), self.ops.numpy()
 
 
-def _budget_bytes(rows: torch.Tensor) -> int:
+def _budget_bytes(rows: torch.Tensor, pinned: bool = False) -> int:
     n, dim = int(rows.shape[0]), int(rows.shape[1]) if rows.dim() > 1 else 1
-    return 2 * n * dim * rows.element_size() + n * (50 + (dim + 7) // 8)
+    copies = 1 if pinned else 2  # the rows' host copy lies in the ring's memory
+    return copies * n * dim * rows.element_size() + n * (50 + (dim + 7) // 8)
 
 
 @dataclass
@@ -130,22 +156,28 @@ class DeviceRows(HostRows):
         """No host bytes: the buffer is charged to the device budget."""
         return 0
 
-    def host_bytes(self, start: int, stop: int) -> int:
-        """Host bytes rows ``start:stop`` take once copied (as :attr:`HostRows.nbytes`)."""
-        return _budget_bytes(self.rows[start:stop])
+    def host_bytes(self, start: int, stop: int, ring: PinnedRing | None = None) -> int:
+        """Host bytes rows ``start:stop`` take once copied (as :attr:`HostRows.nbytes`).
 
-    def to_host(self, start: int, stop: int) -> HostRows:
-        """Start copying rows ``start:stop`` into pinned host memory.
+        With ``ring``: as copied into one of its slots, when they fit one.
+        """
+        rows = self.rows[start:stop]
+        pinned = ring is not None and ring.fits(_slot_bytes(self.keys[start:stop], rows))
+        return _budget_bytes(rows, pinned)
+
+    def to_host(self, start: int, stop: int, ring: PinnedRing | None = None) -> HostRows:
+        """Start copying rows ``start:stop`` into pinned host memory (a slot of ``ring``).
 
         The copy stream first waits for the gather; :meth:`HostRows.wait` completes the copy.
+        Taking a slot waits until one is free (the dump worker calls this).
         """
         eng = _engine(self.rows.device)
         assert eng.stream is not None and self.gathered is not None
         eng.stream.wait_event(self.gathered)
         keys, rows = self.keys[start:stop], self.rows[start:stop]
         ops = torch.zeros(int(keys.shape[0]), dtype=torch.int8)
-        (hkeys, hrows), event = eng.to_host(keys, rows, wait_current=False)
-        return HostRows(hkeys, hrows, ops, event)
+        (hkeys, hrows), event, slot = eng.to_host(keys, rows, wait_current=False, ring=ring)
+        return HostRows(hkeys, hrows, ops, event, slot=slot)
 
     def wait(self) -> None:
         """Copy the whole buffer to host memory now (for callers that take it as host rows)."""
@@ -167,8 +199,150 @@ class DeviceRows(HostRows):
             self.device_bytes = 0
 
 
+_ALIGN = 64
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _slot_bytes(*tensors: torch.Tensor) -> int:
+    """Bytes of a ring slot that ``tensors`` take, each at a 64-byte boundary."""
+    return sum(_aligned(t.numel() * t.element_size()) for t in tensors)
+
+
+def pinned_slot_bytes(chunk_rows: int, dim: int, value_bytes: int = 4) -> int:
+    """Bytes of a :class:`PinnedRing` slot for chunks of ``chunk_rows`` rows of ``dim`` values.
+
+    The keys (int64), rows and ops (int8), each at a 64-byte boundary.
+    """
+    return (
+        _aligned(chunk_rows * 8) + _aligned(chunk_rows * dim * value_bytes) + _aligned(chunk_rows)
+    )
+
+
+class PinnedSlot:
+    """One slot of a :class:`PinnedRing` (a view of its pinned buffer), taken until given back."""
+
+    def __init__(self, ring: PinnedRing, buffer: torch.Tensor) -> None:
+        self.ring = ring
+        self.buffer = buffer
+
+    def carve(self, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Host tensors shaped and typed as ``like``, side by side in the slot."""
+        out, at = [], 0
+        for t in like:
+            n = t.numel() * t.element_size()
+            out.append(self.buffer[at : at + n].view(t.dtype).view(t.shape))
+            at += _aligned(n)
+        return out
+
+    def give_back(self) -> None:
+        """Return the slot to its ring."""
+        self.ring._give(self.buffer)
+
+
+class PinnedRing:
+    """Pinned host memory allocated once and reused for every device→host copy of a dump.
+
+    ``slots`` slots of ``slot_bytes`` each (one chunk's keys, rows and ops), in one pinned
+    buffer allocated by :meth:`allocate` (the dumper calls it when it starts, before training
+    runs) or at the first :meth:`take`. A chunk too large for a slot is pinned on its own
+    (counted in :attr:`oversize`).
+
+    Two takers share the ring: the dump worker (copies out of device staging buffers) and
+    the training thread (tables gathered straight into host memory). The training thread
+    never takes the last free slot: the chunks it takes wait in the dump queue, so they
+    could otherwise hold every slot while the worker, which alone frees them, waits for one.
+
+    Args:
+        slot_bytes: bytes per slot (rounded up to 64).
+        slots: number of slots (>= 2).
+
+    Attributes:
+        waits: takes that had to wait for a free slot; ``wait_seconds``: time they waited.
+        oversize: chunks too large for a slot.
+    """
+
+    def __init__(self, slot_bytes: int, slots: int) -> None:
+        if slots < 2 or slot_bytes < 1:
+            raise ValueError(f"a pinned ring needs >= 2 slots of >= 1 byte, got {slots}")
+        self.slot_bytes = _aligned(slot_bytes)
+        self.slots = slots
+        self._free: list[torch.Tensor] = []
+        self._buffer: torch.Tensor | None = None
+        self._cond = threading.Condition()
+        self.waits = 0
+        self.wait_seconds = 0.0
+        self.oversize = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Pinned bytes the ring holds (once allocated)."""
+        return self.slot_bytes * self.slots
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the pinned buffer exists."""
+        return self._buffer is not None
+
+    def allocate(self) -> None:
+        """Allocate the pinned buffer now (idempotent); takes the CUDA driver's lock once."""
+        with self._cond:
+            if self._buffer is not None:
+                return
+            started = time.perf_counter()
+            buf = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
+            self._buffer = buf
+            self._free = [
+                buf[i * self.slot_bytes : (i + 1) * self.slot_bytes] for i in range(self.slots)
+            ]
+            self._cond.notify_all()
+        log.info(
+            "pinned dump ring: %d slots of %.1f MiB allocated in %.3f s",
+            self.slots,
+            self.slot_bytes / 2**20,
+            time.perf_counter() - started,
+        )
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a chunk of ``nbytes`` (:func:`_slot_bytes`) fits one slot."""
+        return nbytes <= self.slot_bytes
+
+    def take(self, nbytes: int, keep_one: bool) -> PinnedSlot | None:
+        """A free slot for ``nbytes``, waiting for one; None if they do not fit a slot.
+
+        Args:
+            nbytes: the chunk's bytes in the slot.
+            keep_one: wait while fewer than two slots are free (the training thread).
+        """
+        if not self.fits(nbytes):
+            self.oversize += 1
+            return None
+        if self._buffer is None:
+            self.allocate()
+        need = 2 if keep_one else 1
+        with self._cond:
+            if len(self._free) < need:
+                started = time.perf_counter()
+                self.waits += 1
+                self._cond.wait_for(lambda: len(self._free) >= need)
+                self.wait_seconds += time.perf_counter() - started
+            return PinnedSlot(self, self._free.pop())
+
+    def _give(self, buffer: torch.Tensor) -> None:
+        with self._cond:
+            self._free.append(buffer)
+            self._cond.notify_all()
+
+    def free_slots(self) -> int:
+        """Slots free now."""
+        with self._cond:
+            return len(self._free)
+
+
 class _CopyEngine:
-    """One copy stream per device; pinned buffers come from torch's caching host allocator."""
+    """One copy stream per device; host memory from a :class:`PinnedRing` or torch's pool."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -176,28 +350,36 @@ class _CopyEngine:
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
 
     def to_host(
-        self, *tensors: torch.Tensor, wait_current: bool = True
-    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-        """Copy device tensors into fresh pinned host tensors asynchronously.
+        self,
+        *tensors: torch.Tensor,
+        wait_current: bool = True,
+        ring: PinnedRing | None = None,
+        keep_one: bool = False,
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None, PinnedSlot | None]:
+        """Copy device tensors into pinned host tensors asynchronously.
 
         With ``wait_current`` the copy stream first waits for the calling thread's current
-        stream (the producer of ``tensors``).
+        stream (the producer of ``tensors``). With ``ring`` the host tensors lie in one of its
+        slots (returned; ``keep_one`` as :meth:`PinnedRing.take`), else in fresh pinned
+        tensors of torch's caching host allocator.
         """
         if not self.cuda:
-            return list(tensors), None
+            return list(tensors), None, None
         assert self.stream is not None
+        slot = ring.take(_slot_bytes(*tensors), keep_one) if ring is not None else None
         if wait_current:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        out = []
+        if slot is not None:
+            hosts = slot.carve(tensors)
+        else:
+            hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         with torch.cuda.stream(self.stream):
-            for t in tensors:
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            for t, host in zip(tensors, hosts, strict=True):
                 host.copy_(t, non_blocking=True)
                 t.record_stream(self.stream)
-                out.append(host)
             event = torch.cuda.Event()
             event.record(self.stream)
-        return out, event
+        return hosts, event, slot
 
 
 _ENGINES: dict[torch.device, _CopyEngine] = {}
@@ -227,9 +409,9 @@ def rows_to_host(
         ops = torch.zeros(keys.shape[0], dtype=torch.int8, device=keys.device)
     eng = _engine(rows.device)
     dev = [keys.to(rows.device), rows.contiguous(), ops.to(rows.device)]
-    host, event = eng.to_host(*dev)
+    host, event, slot = eng.to_host(*dev, ring=current_ring(), keep_one=True)
     keep = tuple(dev) if event is not None else ()
-    return HostRows(keys=host[0], rows=host[1], ops=host[2], event=event, keepalive=keep)
+    return HostRows(host[0], host[1], host[2], event=event, keepalive=keep, slot=slot)
 
 
 def gather_to_host(
@@ -261,7 +443,7 @@ def gather_to_host(
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     n = int(ids.shape[0])
     eng = _engine(weight.device)
-    budget = current_budget()
+    budget, ring = current_budget(), current_ring()
     if eng.cuda and budget is not None and n > 0:
         staged = stage_on_device(weight, ids, budget, key_offset, keys)
         if staged is not None:
@@ -274,8 +456,8 @@ def gather_to_host(
         k = k.to(device=weight.device, dtype=torch.int64)
         ops = torch.zeros(idx.shape[0], dtype=torch.int8, device=weight.device)
         if eng.cuda:
-            host, event = eng.to_host(k, rows, ops)
-            yield HostRows(host[0], host[1], host[2], event, keepalive=(k, rows, ops))
+            host, event, slot = eng.to_host(k, rows, ops, ring=ring, keep_one=True)
+            yield HostRows(host[0], host[1], host[2], event, (k, rows, ops), slot)
         else:
             yield HostRows(k, rows, ops)
 

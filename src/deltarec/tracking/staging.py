@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from deltarec.tracking.gather import PinnedRing
+
 log = logging.getLogger(__name__)
 
 
@@ -125,19 +127,27 @@ _SCOPE = threading.local()
 
 
 @contextmanager
-def device_staging(budget: DeviceBudget | None) -> Iterator[None]:
+def device_staging(budget: DeviceBudget | None, ring: PinnedRing | None = None) -> Iterator[None]:
     """Let :func:`~deltarec.tracking.gather.gather_to_host` stage whole tables on the device.
 
-    Applies on this thread within the block, under ``budget`` (None: never).
+    Applies on this thread within the block, under ``budget`` (None: never). Chunks copied
+    to host memory within the block lie in slots of ``ring`` (None: pinned one by one); the
+    block's consumer must :meth:`~deltarec.tracking.gather.HostRows.free` each (the dumper's
+    worker does, once a chunk is written).
     """
-    previous = getattr(_SCOPE, "budget", None)
-    _SCOPE.budget = budget
+    previous = getattr(_SCOPE, "budget", None), getattr(_SCOPE, "ring", None)
+    _SCOPE.budget, _SCOPE.ring = budget, ring
     try:
         yield
     finally:
-        _SCOPE.budget = previous
+        _SCOPE.budget, _SCOPE.ring = previous
 
 
 def current_budget() -> DeviceBudget | None:
     """The device budget of the enclosing :func:`device_staging` block on this thread."""
     return getattr(_SCOPE, "budget", None)
+
+
+def current_ring() -> PinnedRing | None:
+    """The pinned ring of the enclosing :func:`device_staging` block on this thread."""
+    return getattr(_SCOPE, "ring", None)
