@@ -8,9 +8,9 @@ import typing
 import deltarec.api as api
 
 NAMES = [
-    "DType", "DumpHook", "DumperConfig", "ENV_PREFIX", "TableKind", "TableSource", "TableSpec",
-    "TouchedRows", "TrainHook", "TrainSettings", "discover_sources", "hook_from_env",
-    "make_train_hook",
+    "DType", "DumpHook", "DumperConfig", "ENV_PREFIX", "ManualTracker", "RowShardSource",
+    "TableKind", "TableSource", "TableSpec", "TouchedRows", "TrackerHub", "TrainHook",
+    "TrainSettings", "discover_sources", "hook_from_env", "make_train_hook",
 ]  # fmt: skip
 
 SIGNATURES = {
@@ -190,3 +190,54 @@ def test_the_lazy_exports_resolve_to_their_modules_and_refuse_other_names():
             assert getattr(package, export) is getattr(importlib.import_module(module), export)
         with pytest.raises(AttributeError, match=f"module '{name}' has no attribute 'nothing'"):
             package.nothing  # noqa: B018
+
+
+PLAIN_TABLE_SIGNATURES = {
+    "RowShardSource": "(table_id: 'str', spec: 'TableSpec', hub: 'TrackerHub | None', fqn: "
+    "'str', weight: 'torch.Tensor | None', row_offset: 'int') -> 'None'",
+    "TrackerHub": "(tracker: 'Any', fqns: 'set[str]', *, recorders: 'Iterable[Any]' = (), "
+    "tracker_fqns: 'Iterable[str] | None' = None, ignored: 'Iterable[str]' = (), explain: "
+    "'Callable[[str], list[str]] | None' = None, checks: 'Iterable[Callable[[], None]]' = ()) "
+    "-> 'None'",
+}
+
+
+def test_a_plain_torch_table_is_dumped_through_the_public_api_as_docs_api_md_shows(tmp_path):
+    import numpy as np
+    import torch
+
+    from deltarec.artifacts import ArtifactRoot, read_shard
+
+    for name, signature in PLAIN_TABLE_SIGNATURES.items():
+        assert str(inspect.signature(getattr(api, name).__init__))[7:] == signature[1:], name
+    assert str(inspect.signature(api.ManualTracker.record)) == (
+        "(self, fqn: 'str', ids: 'torch.Tensor') -> 'None'"
+    )
+    table = torch.nn.Parameter(torch.randn(1000, 8))
+    tracker = api.ManualTracker()
+    hub = api.TrackerHub(tracker, {"user"})
+    spec = api.TableSpec(dim=8, kind=api.TableKind.PLAIN, num_embeddings=1000)
+    env = api.TrainSettings(artifacts=str(tmp_path), run="r", dump_every_steps=2).to_env()
+    hook = api.hook_from_env(
+        environ=env,
+        sources=lambda model: [api.RowShardSource("model.user", spec, hub, "user", table, 0)],
+    )
+    hook.on_start(torch.nn.Module(), step=0, restored_from=None)
+    touched: set[int] = set()
+    try:
+        for step in range(1, 3):
+            ids = torch.randint(0, 1000, (64,))
+            tracker.record("user", ids)  # after each lookup
+            with torch.no_grad():
+                table.index_add_(0, ids, torch.ones(64, 8))
+            touched |= set(ids.tolist())
+            hook.after_step(step)
+        hook.on_end(2)
+    finally:
+        hook.close()
+    root = ArtifactRoot(str(tmp_path))
+    manifest = root.read_manifest("r", 1, 1)
+    (shard,) = manifest.shards
+    rows = read_shard(root, root.dump_dir("r", 1, 1), shard, api.DType.FLOAT32)
+    assert sorted(rows.keys.tolist()) == sorted(touched)
+    assert np.array_equal(rows.embedding, table.detach()[torch.from_numpy(rows.keys)].numpy())

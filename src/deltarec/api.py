@@ -24,6 +24,9 @@ Exports:
     DumperConfig: the further dump options ``hook_from_env(**options)`` accepts.
     TableSource, TouchedRows: the table-source protocol, for tables outside
         ``DistributedModelParallel`` (``hook_from_env(sources=...)``).
+    RowShardSource, ManualTracker, TrackerHub: a ready source for a plain ``torch`` table
+        (a CUDA or CPU tensor, or this rank's block of rows of one), fed by recording the
+        looked-up ids by hand (docs/api.md shows it).
     TableSpec, DType, TableKind: how a table is described (GENERATION.json).
     discover_sources: the default source factory (the tables of a DMP model).
 
@@ -37,6 +40,8 @@ from deltarec.dump.config import DumperConfig
 from deltarec.dump.env import ENV_PREFIX, TrainSettings
 from deltarec.dump.hook import DumpHook, hook_from_env, make_train_hook
 from deltarec.tracking.discovery import discover_sources
+from deltarec.tracking.plain import RowShardSource
+from deltarec.tracking.tracker import ManualTracker, TrackerHub
 from deltarec.tracking.types import TableSource, TouchedRows
 from deltarec.train.hooks import TrainHook
 
@@ -45,10 +50,13 @@ __all__ = [
     "DType",
     "DumpHook",
     "DumperConfig",
+    "ManualTracker",
+    "RowShardSource",
     "TableKind",
     "TableSource",
     "TableSpec",
     "TouchedRows",
+    "TrackerHub",
     "TrainHook",
     "TrainSettings",
     "discover_sources",

@@ -282,3 +282,22 @@ def test_gather_to_host_yields_chunks_with_offset_keys():
     assert torch.equal(torch.cat([c.rows for c in chunks]), w[[1, 3, 7]])
     w[1] = -1  # the gathered rows are a copy taken at gather time
     assert chunks[0].rows[0, 0].item() == 4.0
+
+
+def test_tables_larger_than_snapshot_max_bytes_get_no_snapshot_and_deltas_still_commit(tmp_path):
+    tables = HandTables()
+    share = sum(s.spec.num_embeddings * s.spec.dim * 4 for s in tables.sources())
+    d = Dumper(_config(tmp_path, snapshot_max_bytes=share - 1), tables.sources())
+    d.start(step=0)
+    for step in range(1, 4):
+        tables.step(step)
+        d.maybe_dump(step)
+    d.final_dump(3)
+    d.close()
+    root = ArtifactRoot(str(tmp_path))
+    assert root.list_dumps("r", 1) == [1, 2]  # no dump 0: the rows exceed the limit
+    d2 = Dumper(_config(tmp_path, run="s", snapshot_max_bytes=share), HandTables().sources())
+    d2.start(step=0)
+    d2.final_dump(0)
+    d2.close()
+    assert root.list_dumps("s", 1)[0] == 0 and root.read_manifest("s", 1, 0).kind.value == "snapshot"

@@ -31,7 +31,15 @@ class DumperConfig(BaseModel):
     """Dump when this many minutes have passed since the previous dump (see docs/dump.md for
     how ranks agree on the step without a per-step collective)."""
     snapshot: bool = True
-    """Write dump 0 with every row when a generation starts without a parent."""
+    """Write dump 0 with every row when a generation starts without a parent, if the tables
+    fit ``snapshot_max_bytes`` (else no snapshot is written, and a warning says so)."""
+    snapshot_max_bytes: int | None = Field(default=None, ge=0)
+    """The largest snapshot written: a rank's share of the tables' rows in bytes (rows x dim x
+    4 summed over the tables, over the world size), checked against every rank's limit; if it
+    exceeds any, no rank writes dump 0. None:
+    this rank's host budget (:meth:`host_budget_bytes`), so a snapshot never makes the
+    training thread wait for the writer (it would otherwise stall ``on_start`` for as long as
+    writing every row takes: 36 GB at about 2 GB/s). 0: no limit."""
     default_dtype: DType = DType.FLOAT32
     """Encoding of tables not named in ``table_dtypes``."""
     table_dtypes: dict[str, DType] = Field(default_factory=dict)

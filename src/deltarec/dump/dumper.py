@@ -21,6 +21,7 @@ A failure there is raised on the training thread at the next call, naming dump a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -136,9 +137,12 @@ class Dumper:
         self._closed = False
         self.dumps_taken = 0
         """Dumps taken since :meth:`start` (this process)."""
-        self.dump_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
-        """Training-thread seconds of the latest dumps (gather and enqueue; writing is
-        background)."""
+        self._dump_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self._holds_pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self._hold_lock = threading.Lock()
+        self.dump_host_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        """Wall seconds the training thread spent in the latest dumps, waits for the
+        device included (see :attr:`dump_seconds`)."""
         self.dump_cpu_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
         """Training-thread CPU seconds of the latest dumps (``time.thread_time``)."""
         self.dump_timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
@@ -147,6 +151,26 @@ class Dumper:
         """Training-thread seconds per table of the latest dump."""
 
     # ---- lifecycle -----------------------------------------------------------------------
+    @property
+    def dump_seconds(self) -> deque[float]:
+        """The hold of the latest dumps: what each cost the training thread, in seconds.
+
+        With CUDA, the time between two events on the training stream, recorded as the dump
+        began and as its last device work was queued: the dump's own gather, its
+        deduplication and the wait for its one host synchronization (docs/dump.md), not the
+        work that the steps before it had queued. Without CUDA, the thread's wall time in the
+        dump (gather and enqueue; writing is background). A dump's figure appears once its
+        device work has run (the next call reads it).
+        """
+        self._resolve_holds()
+        return self._dump_seconds
+
+    def _resolve_holds(self) -> None:
+        with self._hold_lock:  # the metrics thread reads them too
+            while self._holds_pending and self._holds_pending[0][1].query():
+                begin, end = self._holds_pending.popleft()
+                self._dump_seconds.append(begin.elapsed_time(end) / 1e3)
+
     @property
     def rank(self) -> int:
         """This rank within the dumper's groups (0 when not distributed)."""
@@ -213,11 +237,35 @@ class Dumper:
         self._discard_pending()
         if parent is not None:
             self._republish(step, parent)
-        elif self.config.snapshot:
+        elif self.config.snapshot and self._snapshot_fits():
             self._dump(step, DumpKind.SNAPSHOT, seq=0)
         self._seq = max(self._seq, 0)
         self._cadence.start(step)
         return self.generation
+
+    def _snapshot_fits(self) -> bool:
+        """Collective: whether every rank's rows fit ``snapshot_max_bytes`` (logs if not)."""
+        assert self._train_x is not None
+        limit = self.config.snapshot_max_bytes
+        if limit is None:
+            limit = self.host_budget
+        # a rank's share of every table's rows (4-byte values)
+        share = sum(s.spec.num_embeddings * s.spec.dim * 4 for s in self.sources)
+        share //= self._train_x.world_size
+        fits = limit == 0 or share <= limit
+        if all(self._train_x.all_gather(fits, what="the snapshot's size check")):
+            return True
+        log.warning(
+            "no snapshot (dump 0) for generation %s: a rank's share of the tables' rows is "
+            "%.1f GiB, over snapshot_max_bytes %.1f GiB (default: the host budget) on this or "
+            "another rank, and writing them would stall the training thread until they are "
+            "written; serving gets the rows the deltas touch. Raise snapshot_max_bytes (0: no "
+            "limit) to write it anyway.",
+            self.generation.generation if self.generation else "?",
+            share / 2**30,
+            limit / 2**30,
+        )
+        return False
 
     def _table_specs(self) -> dict[str, TableSpec]:
         tables = {
@@ -469,6 +517,11 @@ class Dumper:
         first = min(first, step)
         taken_at = time.time()  # the freshness of this dump's rows counts from here
         started, cpu = time.perf_counter(), time.thread_time()
+        events = None
+        if torch.cuda.is_initialized():
+            self._resolve_holds()
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         timing = {}
         for source in self.sources:
             t0 = time.perf_counter()
@@ -481,7 +534,13 @@ class Dumper:
             timing[source.table_id] = time.perf_counter() - t0
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dumps_taken += 1
-        self.dump_seconds.append(time.perf_counter() - started)
+        self.dump_host_seconds.append(time.perf_counter() - started)
+        if events is not None:
+            events[1].record()
+            with self._hold_lock:
+                self._holds_pending.append(events)
+        else:
+            self._dump_seconds.append(time.perf_counter() - started)
         self.dump_cpu_seconds.append(time.thread_time() - cpu)
         self.dump_timings.append(timing)
         self.last_dump_timing = timing

@@ -408,7 +408,7 @@ def rows_to_host(
     if ops is None:
         ops = torch.zeros(keys.shape[0], dtype=torch.int8, device=keys.device)
     eng = _engine(rows.device)
-    dev = [keys.to(rows.device), rows.contiguous(), ops.to(rows.device)]
+    dev = [keys.to(rows.device), rows.detach().contiguous(), ops.to(rows.device)]
     host, event, slot = eng.to_host(*dev, ring=current_ring(), keep_one=True)
     keep = tuple(dev) if event is not None else ()
     return HostRows(host[0], host[1], host[2], event=event, keepalive=keep, slot=slot)
@@ -441,6 +441,7 @@ def gather_to_host(
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    weight = weight.detach()  # a live nn.Parameter: read its values, record no autograd graph
     n = int(ids.shape[0])
     eng = _engine(weight.device)
     budget, ring = current_budget(), current_ring()
@@ -474,6 +475,7 @@ def stage_on_device(
     Returns None (nothing taken) when the rows do not fit the budget or the device has no
     memory left for them; the caller then gathers into host memory as before.
     """
+    weight = weight.detach()
     n = int(ids.shape[0])
     nbytes = n * (int(weight.shape[1]) * weight.element_size() + 8)
     device = weight.device
