@@ -137,3 +137,37 @@ def test_data_parallel_and_column_wise_cuda_tables_on_two_ranks(tmp_path):
     assert np.array_equal(rows[np.argsort(keys)], full[:250])
     m = root.read_manifest("cr", 1, res[0]["seq"])
     assert {s.rank for s in m.shards} == {0}  # one writer per table
+
+
+@pytest.mark.parametrize("staging_share", [0.25, 0.0])  # device staging, or straight to host
+def test_copies_to_host_reuse_the_pinned_ring_and_every_slot_is_back_after_the_commit(
+    tmp_path, staging_share
+):
+    tracker = ManualTracker()
+    hub = TrackerHub(tracker, {"a", "b"})
+    ws = {"a": torch.randn(30_000, 16, device="cuda"), "b": torch.randn(5_000, 8, device="cuda")}
+    specs = {k: TableSpec(dim=w.shape[1], kind=TableKind.PLAIN, num_embeddings=w.shape[0])
+             for k, w in ws.items()}  # fmt: skip
+    srcs = [RowShardSource(f"m.{k}", specs[k], hub, k, w, 0) for k, w in ws.items()]
+    cfg = DumperConfig(artifacts=str(tmp_path), run="p", every_steps=2, chunk_rows=256,
+                       device_staging_share=staging_share, queue_bytes=64 << 20)  # fmt: skip
+    d = Dumper(cfg, srcs)
+    d.start(step=0)
+    ring = d.pinned
+    assert ring is not None and ring.allocated and ring.slots >= 2
+    want = {}
+    for step in range(1, 7):
+        for k, w in ws.items():
+            ids = torch.randint(0, w.shape[0], (4000,), device="cuda")
+            tracker.record(k, ids)
+            w.index_add_(0, ids, torch.ones(4000, w.shape[1], device="cuda"))
+        if d.maybe_dump(step) is not None:
+            want[d._seq] = {f"m.{k}": w.cpu().numpy().copy() for k, w in ws.items()}
+    d.wait_idle()
+    assert ring.free_slots() == ring.slots and ring.oversize == 0
+    root = ArtifactRoot(str(tmp_path))
+    for seq, tables in want.items():
+        for table, (keys, rows, _, _) in read_dump(root, "p", 1, seq).items():
+            assert len(keys) > ring.slots * 256  # more chunks than slots: slots were reused
+            assert np.array_equal(rows, tables[table][keys])
+    d.close()

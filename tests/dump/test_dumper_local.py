@@ -300,4 +300,6 @@ def test_tables_larger_than_snapshot_max_bytes_get_no_snapshot_and_deltas_still_
     d2.start(step=0)
     d2.final_dump(0)
     d2.close()
-    assert root.list_dumps("s", 1)[0] == 0 and root.read_manifest("s", 1, 0).kind.value == "snapshot"
+    assert (
+        root.list_dumps("s", 1)[0] == 0 and root.read_manifest("s", 1, 0).kind.value == "snapshot"
+    )

@@ -1,0 +1,448 @@
+"""A GPU training loop with deltarec's hook, against the same loop without it, in one process.
+
+The loop a user of plain CUDA tables runs: three fp32 tables (default 50M x 128, 20M x 64,
+10M x 128) as plain tensors, a bf16 MLP over the sum-pooled lookups, sparse SGD on the tables
+by ``index_add_``, dense SGD on the MLP, and the step's loss read on the host every step (as a
+loop that logs it does; that read is where the step's time ends). The hook is attached as
+docs/api.md shows (``hook_from_env`` with one ``RowShardSource`` per table behind a
+``ManualTracker`` / ``TrackerHub``, a dump every 50 steps, the default host budget).
+
+Blocks of steps without the hook (no ids recorded, no ``after_step``) and with it alternate in
+the same process, for each loop (``--loops``: ``20ms``, a ~20 ms step; ``2ms``, a ~2 ms step
+of a smaller batch and MLP; the MLP's depth is calibrated to the step time) and each id
+distribution (``--ids``: ``hot``, Zipf s=1.1 over each table, scattered; ``uniform``).
+Reported per loop and ids: mean / median / p99 / max step time without and with the hook
+(the dump steps apart), the dump step's time, the hold (``Dumper.dump_seconds``: CUDA events),
+each dump's commit latency (MANIFEST.json's mtime minus the dump's ``taken_at``), the garbage
+collections seen per block kind, and per dump whether every committed row equals the table
+at the dump step (rows gathered by the benchmark itself at that step, outside the timed
+steps, compared bit for bit with the shards; the keys must be exactly the rows touched).
+
+After each block with the hook the dumper is drained (``wait_idle``, untimed and reported)
+and its dumps are checked, so a block without the hook never runs beside dump work.
+
+    python bench/bench_train_loop_gpu.py [--tables 50000000x128,20000000x64,10000000x128]
+        [--loops 20ms,2ms] [--ids hot,uniform] [--rounds 2] [--dir /tmp] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from deltarec.api import (
+    ManualTracker,
+    RowShardSource,
+    TableKind,
+    TableSpec,
+    TrackerHub,
+    TrainSettings,
+    hook_from_env,
+)
+from deltarec.artifacts import ArtifactRoot
+
+LOOPS = {  # batch, ids per sample per table, MLP width, target step ms, steps per block
+    "20ms": (4096, 16, 4096, 20.0, 300),
+    "2ms": (256, 4, 1024, 2.0, 1000),
+}
+EVERY = 50
+SCRAMBLE = 2654435761  # odd and not a multiple of 5: a bijection mod 2^a 5^b rows
+
+
+@dataclass
+class Loop:
+    """The model and its step, for one loop preset."""
+
+    tables: dict[str, torch.Tensor]
+    batch: int
+    bag: int
+    mlp: torch.nn.Sequential
+    dev: torch.device
+    lr: float = 1e-3
+
+    def ids(self, kind: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, w in self.tables.items():
+            rows, n = w.shape[0], self.batch * self.bag
+            if kind == "uniform":
+                out[name] = torch.randint(0, rows, (n,), device=self.dev, generator=gen)
+                continue
+            u = torch.rand(n, device=self.dev, generator=gen, dtype=torch.float64)
+            s = 1.1  # Zipf over [1, rows]: inverse CDF of p(r) ~ r^-s
+            r = (1 + u * (rows ** (1 - s) - 1)) ** (1 / (1 - s))
+            out[name] = (r.long() - 1) * SCRAMBLE % rows
+        return out
+
+    def step(self, ids: dict[str, torch.Tensor]) -> float:
+        leaves, pooled = [], []
+        for name, w in self.tables.items():
+            rows = w.index_select(0, ids[name]).requires_grad_()
+            leaves.append(rows)
+            pooled.append(rows.view(self.batch, self.bag, -1).sum(1))
+        x = torch.cat(pooled, 1).to(torch.bfloat16)
+        loss = self.mlp(x).float().square().mean()
+        loss.backward()
+        with torch.no_grad():
+            for (name, w), leaf in zip(self.tables.items(), leaves, strict=True):
+                assert leaf.grad is not None
+                w.index_add_(0, ids[name], leaf.grad, alpha=-self.lr)
+            for p in self.mlp.parameters():
+                assert p.grad is not None
+                p.add_(p.grad, alpha=-self.lr)
+                p.grad = None
+        return float(loss.item())  # the host reads the loss: the step ends here
+
+
+def make_mlp(width: int, layers: int, inp: int, dev: torch.device) -> torch.nn.Sequential:
+    mods: list[torch.nn.Module] = [torch.nn.Linear(inp, width), torch.nn.ReLU()]
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    mods.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*mods).to(dev, torch.bfloat16)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_steps(loop: Loop, kind: str, n: int, gen: torch.Generator) -> float:
+    sync(loop.dev)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        loop.step(loop.ids(kind, gen))
+    return (time.perf_counter() - t0) / n
+
+
+def calibrate(tables: dict[str, torch.Tensor], preset: str, dev: torch.device) -> Loop:
+    """The loop of ``preset`` with as many MLP layers as make its target step time."""
+    batch, bag, width, target_ms, _ = LOOPS[preset]
+    inp = sum(w.shape[1] for w in tables.values())
+    gen = torch.Generator(device=dev).manual_seed(1)
+    per = {}
+    for layers in (1, 5):
+        loop = Loop(tables, batch, bag, make_mlp(width, layers, inp, dev), dev)
+        time_steps(loop, "uniform", 5, gen)
+        per[layers] = time_steps(loop, "uniform", 20, gen) * 1e3
+    slope = max((per[5] - per[1]) / 4, 1e-3)
+    layers = max(1, round(1 + (target_ms - per[1]) / slope))
+    return Loop(tables, batch, bag, make_mlp(width, layers, inp, dev), dev)
+
+
+class GcLog:
+    """Garbage collections while enabled: (generation, seconds), from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seen.append((info["generation"], time.perf_counter() - self._t0))
+
+    def take(self) -> list[tuple[int, float]]:
+        out, self.seen = self.seen, []
+        return out
+
+
+def stats(ms: list[float]) -> dict[str, float]:
+    if not ms:
+        return {}
+    a = np.asarray(ms)
+    return {
+        "n": len(ms),
+        "mean": float(a.mean()),
+        "median": float(np.median(a)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+class Bench:
+    """One process: the tables, the hook attached once, blocks run on demand."""
+
+    def __init__(self, a: argparse.Namespace, dev: torch.device, work: str) -> None:
+        self.dev = dev
+        self.work = work
+        torch.manual_seed(0)
+        self.tables: dict[str, torch.Tensor] = {}
+        for i, spec in enumerate(a.tables.split(",")):
+            rows, dim = (int(x) for x in spec.split("x"))
+            w = torch.empty(rows, dim, dtype=torch.float32, device=dev).uniform_(-0.05, 0.05)
+            self.tables[f"t{i}"] = w
+        self.tracker = ManualTracker()
+        hub = TrackerHub(self.tracker, set(self.tables))
+
+        def sources(model: Any) -> list[RowShardSource]:
+            return [
+                RowShardSource(
+                    f"model.{name}",
+                    TableSpec(dim=w.shape[1], kind=TableKind.PLAIN, num_embeddings=w.shape[0]),
+                    hub,
+                    name,
+                    w,
+                    row_offset=0,
+                )
+                for name, w in self.tables.items()
+            ]
+
+        env = TrainSettings(artifacts=work, run="bench", dump_every_steps=EVERY).to_env()
+        self.hook = hook_from_env(sources=sources, environ=env)
+        t0 = time.perf_counter()
+        self.hook.on_start(torch.nn.Module(), step=0, restored_from=None)
+        self.start_s = time.perf_counter() - t0
+        self.hook_step = 0
+        self.gc = GcLog()
+        self.touched = {
+            n: torch.zeros(w.shape[0], dtype=torch.bool, device=dev) for n, w in self.tables.items()
+        }
+        self.root = ArtifactRoot(work)
+
+    @property
+    def dumper(self) -> Any:
+        return self.hook.dumper
+
+    def block(self, loop: Loop, kind: str, n: int, hooked: bool, gen: torch.Generator) -> dict:
+        steps, dump_steps, refs = [], [], {}
+        d = self.dumper
+        for _ in range(n):
+            ids = loop.ids(kind, gen)
+            sync(self.dev)
+            t0 = time.perf_counter()
+            if hooked:
+                for name, x in ids.items():
+                    self.tracker.record(name, x)
+            loop.step(ids)
+            taken = d.dumps_taken
+            if hooked:
+                self.hook_step += 1
+                self.hook.after_step(self.hook_step)
+            sync(self.dev)
+            ms = (time.perf_counter() - t0) * 1e3
+            if hooked:
+                for name, x in ids.items():
+                    self.touched[name][x] = True
+            if d.dumps_taken > taken:
+                dump_steps.append(ms)
+                refs[d._seq] = self._reference()  # untimed: the rows at the dump step
+            else:
+                steps.append(ms)
+        out = {"steps": steps, "dump_steps": dump_steps, "gc": self.gc.take()}
+        if hooked:
+            t0 = time.perf_counter()
+            d.wait_idle()
+            out["drain_s"] = time.perf_counter() - t0
+            out["checks"] = [self._check(seq, ref) for seq, ref in refs.items()]
+        return out
+
+    def _reference(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        ref = {}
+        for name, w in self.tables.items():
+            ids = self.touched[name].nonzero().reshape(-1)
+            ref[name] = (ids, w.index_select(0, ids))
+            self.touched[name].zero_()
+        sync(self.dev)
+        return ref
+
+    def _check(self, seq: int, ref: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        gen = self.dumper.generation.generation
+        m = self.root.read_manifest("bench", gen, seq)
+        dump_dir = self.root.dump_dir("bench", gen, seq)
+        latency = os.stat(os.path.join(dump_dir, "MANIFEST.json")).st_mtime - _taken_at(m)
+        ok, rows = True, 0
+        for name, (ids, want) in ref.items():
+            shards = [s for s in m.shards if s.table == f"model.{name}"]
+            keys_l, emb_l = [], []
+            for s in shards:
+                t = pq.read_table(os.path.join(dump_dir, s.path), columns=["key", "embedding"])
+                keys_l.append(t.column("key").to_numpy())
+                flat = t.column("embedding").combine_chunks().flatten().to_numpy()
+                emb_l.append(flat.reshape(len(keys_l[-1]), -1))
+            keys = np.concatenate(keys_l) if keys_l else np.empty(0, np.int64)
+            emb = np.concatenate(emb_l) if emb_l else np.empty((0, want.shape[1]), np.float32)
+            order = np.argsort(keys, kind="stable")
+            k = torch.from_numpy(keys[order]).to(self.dev)
+            e = torch.from_numpy(np.ascontiguousarray(emb[order])).to(self.dev)
+            same = k.shape == ids.shape and bool((k == ids).all()) and torch.equal(e, want)
+            ok = ok and same
+            rows += len(keys)
+        shutil.rmtree(dump_dir)  # keep the disk from filling; the manifest was read
+        return {"seq": seq, "rows": rows, "ok": ok, "commit_s": latency}
+
+
+def _taken_at(m: Any) -> float:
+    text = m.extra["taken_at"]
+    when = datetime.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%S.%fZ")
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
+    base = [x for r in runs if not r["hooked"] for x in r["steps"]]
+    hooked = [x for r in runs if r["hooked"] for x in r["steps"]]
+    dumps = [x for r in runs if r["hooked"] for x in r["dump_steps"]]
+    with_all = hooked + dumps
+    checks = [c for r in runs if r["hooked"] for c in r["checks"]]
+    b, h, w = stats(base), stats(hooked), stats(with_all)
+    over = [x for x in hooked if x > 2 * b["median"]]
+    gcs = {
+        k: [g for r in runs if r["hooked"] == (k == "with") for g in r["gc"]]
+        for k in ("with", "without")
+    }
+    return {
+        "without": b,
+        "with_normal": h,
+        "with_all": w,
+        "dump_steps": stats(dumps),
+        "mean_ratio": w["mean"] / b["mean"],
+        "p99_ratio": w["p99"] / b["p99"],
+        "steps_over_2x_median": len(over),
+        "worst_normal_over_median": max(hooked) / b["median"],
+        "dump_step_over_normal": max(dumps) / h["median"] if dumps else None,
+        "hold_ms": stats([x * 1e3 for x in holds]),
+        "commit_s": stats([c["commit_s"] for c in checks]),
+        "rows_per_dump": stats([float(c["rows"]) for c in checks]),
+        "dumps_checked": len(checks),
+        "dumps_ok": sum(c["ok"] for c in checks),
+        "drain_s": [r["drain_s"] for r in runs if r["hooked"]],
+        "gc": {
+            k: {
+                "count": len(v),
+                "gen2": sum(g == 2 for g, _ in v),
+                "max_ms": max((s * 1e3 for _, s in v), default=0.0),
+            }
+            for k, v in gcs.items()
+        },
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", default="50000000x128,20000000x64,10000000x128")
+    p.add_argument("--loops", default="20ms,2ms")
+    p.add_argument("--ids", default="hot,uniform")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=None, help="steps per block (default: preset)")
+    p.add_argument("--dir", default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--time-budget-s", type=float, default=540.0)
+    a = p.parse_args()
+    began = time.perf_counter()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
+    res: dict[str, Any] = {
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        "machine": f"{platform.node()} ({os.cpu_count()} cores), "
+        + (torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "tables": a.tables,
+        "results": {},
+    }
+    bench = Bench(a, dev, work)
+    d = bench.dumper
+    res["on_start_s"] = bench.start_s
+    res["host_budget"] = d.host_budget
+    res["plan"] = vars(d.plan) if hasattr(d.plan, "__dict__") else str(d.plan)
+    res["pinned"] = d.pinned.nbytes if d.pinned is not None else 0
+    res["snapshot_written"] = bool(bench.root.list_dumps("bench", d.generation.generation))
+    print(
+        f"on_start {bench.start_s:.2f} s, host budget {d.host_budget / 2**30:.2f} GiB, "
+        f"pinned ring {res['pinned'] / 2**20:.0f} MiB, snapshot: {res['snapshot_written']}",
+        flush=True,
+    )
+    try:
+        for preset in a.loops.split(","):
+            loop = calibrate(bench.tables, preset, dev)
+            layers = (len(loop.mlp) - 3) // 2
+            n = a.steps or LOOPS[preset][4]
+            gen = torch.Generator(device=dev).manual_seed(2)
+            time_steps(loop, "uniform", 20, gen)  # warm-up
+            for kind in a.ids.split(","):
+                runs, holds = [], []
+                for rnd in range(a.rounds):
+                    if time.perf_counter() - began > a.time_budget_s:
+                        print(f"time budget reached: {preset}/{kind} round {rnd} skipped")
+                        break
+                    for hooked in (False, True):
+                        before = len(d.dump_seconds)
+                        r = bench.block(loop, kind, n, hooked, gen)
+                        r["hooked"] = hooked
+                        runs.append(r)
+                        holds += list(d.dump_seconds)[before:]
+                if not any(r["hooked"] for r in runs):
+                    continue
+                s = summarize(runs, holds)
+                s["mlp_layers"] = layers
+                s["steps_per_block"] = n
+                res["results"][f"{preset}/{kind}"] = s
+                report(f"{preset}/{kind}", s)
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump(res, f, indent=1, default=str)
+        bench.hook.on_end(bench.hook_step)
+    finally:
+        bench.hook.close()
+        shutil.rmtree(work, ignore_errors=True)
+    res["total_s"] = time.perf_counter() - began
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+
+
+def report(name: str, s: dict[str, Any]) -> None:
+    b, w, h, dm = s["without"], s["with_all"], s["with_normal"], s["dump_steps"]
+    print(f"== {name}: MLP {s['mlp_layers']} layers, {s['steps_per_block']} steps a block")
+    print(
+        f"  without hook   mean {b['mean']:6.2f}  median {b['median']:6.2f}  "
+        f"p99 {b['p99']:6.2f}  max {b['max']:6.2f} ms  ({b['n']} steps)"
+    )
+    print(
+        f"  with hook      mean {w['mean']:6.2f}  median {w['median']:6.2f}  "
+        f"p99 {w['p99']:6.2f}  max {w['max']:6.2f} ms  ({w['n']} steps, dump steps in)"
+    )
+    print(
+        f"  normal steps   mean {h['mean']:6.2f}  median {h['median']:6.2f}  "
+        f"p99 {h['p99']:6.2f}  max {h['max']:6.2f} ms"
+    )
+    print(
+        f"  dump steps     mean {dm['mean']:6.2f}  median {dm['median']:6.2f}  "
+        f"max {dm['max']:6.2f} ms  ({dm['n']} dumps); hold (CUDA events) "
+        f"median {s['hold_ms'].get('median', 0):.2f} max {s['hold_ms'].get('max', 0):.2f} ms"
+    )
+    print(
+        f"  ratios         mean {s['mean_ratio']:.3f} (<= 1.03)  p99 {s['p99_ratio']:.3f} "
+        f"(<= 1.10)  steps > 2x median {s['steps_over_2x_median']} (0)  worst normal "
+        f"{s['worst_normal_over_median']:.2f}x median  dump step "
+        f"{s['dump_step_over_normal']:.2f}x normal (<= 1.5)"
+    )
+    c, r = s["commit_s"], s["rows_per_dump"]
+    print(
+        f"  commit latency median {c['median']:.2f} max {c['max']:.2f} s; rows per dump "
+        f"median {r['median']:,.0f}; dumps bit-exact {s['dumps_ok']}/{s['dumps_checked']}; "
+        f"drain {[round(x, 2) for x in s['drain_s']]} s; gc {s['gc']}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
