@@ -345,7 +345,12 @@ def main() -> None:
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--time-budget-s", type=float, default=540.0)
+    p.add_argument(
+        "--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (GIL)"
+    )
     a = p.parse_args()
+    if a.switch_interval_ms is not None:
+        sys.setswitchinterval(a.switch_interval_ms / 1e3)
     began = time.perf_counter()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
@@ -355,6 +360,7 @@ def main() -> None:
         + (torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"),
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "switch_interval_s": sys.getswitchinterval(),
         "tables": a.tables,
         "results": {},
     }

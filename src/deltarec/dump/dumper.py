@@ -20,6 +20,7 @@ A failure there is raised on the training thread at the next call, naming dump a
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -34,10 +35,11 @@ import torch
 from deltarec.artifacts.lease import LeaseHeldError, LeaseLostError, RunLease
 from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
+from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig, check_row_encoding
-from deltarec.dump.encode import encode_scratch_bytes
+from deltarec.dump.encode import encode_piece, encode_scratch_bytes
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.staging import plan_host_budget
@@ -55,6 +57,19 @@ TIMINGS_KEPT = 1000
 for days dumps thousands of times)."""
 
 STATE_VERSION = 1
+
+
+def _warm_up_encoding(tables: dict[str, TableSpec]) -> None:
+    """Encode one empty piece per encoding now, then collect the garbage once.
+
+    The first encoding imports pyarrow's parquet modules and builds their types; on the
+    worker's threads, during the first dump, that held the GIL (and its objects set off a
+    full garbage collection) while the training thread waited: 117 ms and a 261 ms step on
+    an H200 host. Done here, before training, the objects of the start-up are old ones too.
+    """
+    for dtype in {spec.dtype for spec in tables.values()}:
+        encode_piece(ShardRows.empty(dtype, 1), dtype, 1)
+    gc.collect()
 
 
 def _pinned_slot_bytes(chunk_rows: int, sources: Sequence[TableSource]) -> int:
@@ -212,6 +227,7 @@ class Dumper:
         self._step = self._last_dump_step = step
         if self.pinned is not None and torch.cuda.is_initialized():
             self.pinned.allocate()  # now, before training runs: never during a dump
+        _warm_up_encoding(tables)
         self._worker = DumpWorker(
             self.root,
             self.config.run,
