@@ -110,7 +110,8 @@ class DumpCollector(Collector):
         held = d.dump_seconds
         yield gauge(
             "deltarec_dump_last_hold_seconds",
-            "Seconds the training thread spent in the last dump",
+            "What the last dump cost the training thread, in seconds (with CUDA: CUDA-event "
+            "time of the dump's own work on the training stream)",
             held[-1] if held else 0.0,
         )
         yield counter("deltarec_dumps", "Dumps taken by this rank", d.dumps_taken)
