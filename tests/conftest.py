@@ -17,7 +17,7 @@ import pytest
 from deltarec.testing.servers import PostgresServer, RedisServer, SeaweedServer
 
 SERVER_FIXTURES = frozenset({"postgres_server", "redis_server", "s3_server", "s3_uri", "s3_root"})
-"""Fixtures that start a real server (PostgreSQL, Redis, an S3-compatible server)."""
+"""Fixtures that start a real server (PostgreSQL, Redis, an S3-compatible SeaweedFS server)."""
 SERVER_PARAMS = frozenset({"postgres", "redis"})
 """Backend parameters (``backend``, ``any_backend``, ``store_url``, ...) served by a real server."""
 
