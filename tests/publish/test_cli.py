@@ -32,7 +32,7 @@ def test_provision_then_publish_only_what_the_store_lacks(tmp_path, capsys):
     assert main(["provision", *_args(root, url), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["views"][T] == {
-        "view": "emb_sparse_ebc_user_id",
+        "view": "emb_ctr__sparse_ebc_user_id",
         "dim": 4,
         "dtype": "float32",
         "staging_view": None,
@@ -62,7 +62,7 @@ def test_provision_with_another_dim_fails_naming_both(tmp_path, capsys):
     new_generation(root, "ctr", {T: TableSpec(dim=8)}, world_size=1)
     assert main(["provision", *_args(root, url)]) == 2
     err = capsys.readouterr().err
-    assert "emb_sparse_ebc_user_id" in err and "dim=4" in err and "dim=8" in err
+    assert "emb_ctr__sparse_ebc_user_id" in err and "dim=4" in err and "dim=8" in err
 
 
 def test_publish_rejects_bad_rows_and_bad_flags_with_exit_2(tmp_path, capsys):

@@ -121,6 +121,7 @@ def test_two_rank_row_wise_collects_replay_to_each_rank_state_with_raw_ids() -> 
         "num_embeddings": SHARDED_ZCH,
         "zch_size": SHARDED_ZCH,
         "sharding": "row_wise",
+        "module_type": "EmbeddingBagCollection",
     }
     assert r0["specs"] == r1["specs"]
     assert r0["fqns"] == r1["fqns"] and "mc_ebc._embedding_module.embedding_bags.bag" in r0["fqns"]

@@ -217,7 +217,7 @@ def test_cli_options_are_frozen():
     assert _options("verify") == sorted(
         ["--artifacts", "--run", "--store", "--generation", "--through-seq", "--sample", "--all",
          "--seed", "--json", "--report", "--metrics", "--batch-size", "--max-mismatches",
-         "--no-record"]
+         "--no-record", "--partition", "--combine"]
     )  # fmt: skip
     assert _options("promote") == sorted(
         ["--artifacts", "--run", "--store", "--generation", "--through-seq", "--force"]
