@@ -18,8 +18,9 @@ SIGNATURES = {
     "'Mapping[str, str] | None' = None, **options: 'Any') -> 'DumpHook'",
     "make_train_hook": "(*, artifacts: 'str', run: 'str', every_steps: 'int | None' = None, "
     "every_minutes: 'float | None' = None, snapshot: 'bool' = True, store: 'str | None' = "
-    "None, publish_mode: 'str' = 'direct', metrics_port: 'int | None' = None, "
-    "dense_every: 'int | None' = None, **options: 'Any') -> 'DumpHook'",
+    "None, publish_mode: 'PublishMode | str' = <PublishMode.DIRECT: 'direct'>, "
+    "metrics_port: 'int | None' = None, dense_every: 'int | None' = None, "
+    "**options: 'Any') -> 'DumpHook'",
     "discover_sources": "(model: 'nn.Module') -> 'list[TableSource]'",
 }
 
@@ -42,7 +43,7 @@ SETTINGS = {
     "dump_every_steps": ("DELTAREC_DUMP_EVERY_STEPS", "int | None"),
     "dump_every_minutes": ("DELTAREC_DUMP_EVERY_MINUTES", "float | None"),
     "store": ("DELTAREC_STORE", "str | None"),
-    "publish_mode": ("DELTAREC_PUBLISH_MODE", "Literal['direct', 'staged']"),
+    "publish_mode": ("DELTAREC_PUBLISH_MODE", "deltarec.publish.types.PublishMode"),
     "steps": ("DELTAREC_STEPS", "int | None"),
     "checkpoint_dir": ("DELTAREC_CHECKPOINT_DIR", "str | None"),
     "row_encodings": ("DELTAREC_ROW_ENCODINGS", "str | None"),

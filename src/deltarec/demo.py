@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO, cast
 
 from deltarec.errors import BadInputError
+from deltarec.publish.types import PublishMode
 
 DEMO_RUN = "demo"
 DEMO_RANKS = 2
@@ -204,7 +205,7 @@ def run_demo(
         store_url=store,
         steps=steps,
         dump_every_steps=dump_cadence(steps),
-        publish_mode="direct",
+        publish_mode=PublishMode.DIRECT,
         sample_size=0,
         ranks_per_node=DEMO_RANKS,
         nodes=1,

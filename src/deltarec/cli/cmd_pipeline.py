@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from enum import Enum
 from typing import Any, Literal, get_args, get_origin
 
 from deltarec.errors import BadInputError, CheckFailedError
@@ -167,10 +168,12 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
             kwargs["type"] = info.annotation
         if get_origin(info.annotation) is Literal:
             kwargs["choices"] = list(get_args(info.annotation))
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, Enum):
+            kwargs["choices"] = [member.value for member in info.annotation]
         if info.is_required():
             kwargs["required"] = True
         else:
-            kwargs["default"] = info.default
+            kwargs["default"] = getattr(info.default, "value", info.default)
         g.add_argument(flag, **kwargs)
 
 

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=PublishMode.names(),
-        default="direct",
+        default=PublishMode.DIRECT.value,
         help="direct: into the live views; staged: into the generation's staging views, made "
         "live by promote (default: direct)",
     )

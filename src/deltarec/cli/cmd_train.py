@@ -190,7 +190,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--publish-mode",
         choices=PublishMode.names(),
-        default="direct",
+        default=PublishMode.DIRECT.value,
         help="publish into the live view (direct) or a per-generation staging view",
     )
 
@@ -281,7 +281,7 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--artifacts needs --run NAME")
     if args.lease_ttl is not None and args.lease_ttl <= 0:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
-    from deltarec.stores.config import check_publish_mode
+    from deltarec.publish.types import check_publish_mode
     from deltarec.stores.featurestore import require_sdk
 
     check_publish_mode(args.store, args.publish_mode)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deltarec.errors import ConfigError, validation_problems
+from deltarec.publish.types import PublishMode
 
 ENV_PREFIX = "DELTAREC_"
 """Prefix of every variable; the rest is the :class:`TrainSettings` field name upper-cased."""
@@ -43,7 +44,7 @@ class TrainSettings(BaseModel):
     """Dump every M minutes; None: no time cadence."""
     store: str | None = None
     """Store URL to publish to while training; None: artifacts only."""
-    publish_mode: Literal["direct", "staged"] = "direct"
+    publish_mode: PublishMode = PublishMode.DIRECT
     """``direct`` (live views) or ``staged`` (per-generation staging views)."""
     steps: int | None = Field(default=None, ge=1)
     """Training steps the pipeline asks for (the program's own loop reads it)."""

@@ -62,17 +62,15 @@ class DumpHook:
         self,
         config: DumperConfig,
         store: str | None = None,
-        publish_mode: str = "direct",
+        publish_mode: PublishMode | str = PublishMode.DIRECT,
         sources: SourceFactory = _default_sources,
         metrics_port: int | None = None,
         dense_every: int | None = None,
         dense_state: DenseStateFn | None = None,
     ) -> None:
-        if publish_mode not in PublishMode.names():
-            raise ConfigError(f"publish_mode must be 'direct' or 'staged', got {publish_mode!r}")
         self.config = config
         self.store = store
-        self.publish_mode = publish_mode
+        self.publish_mode = PublishMode.parse(publish_mode, "publish_mode")
         self._sources = sources
         self.metrics_port = metrics_port
         self.dumper: Dumper | None = None
@@ -273,7 +271,7 @@ def make_train_hook(
     every_minutes: float | None = None,
     snapshot: bool = True,
     store: str | None = None,
-    publish_mode: str = "direct",
+    publish_mode: PublishMode | str = PublishMode.DIRECT,
     metrics_port: int | None = None,
     dense_every: int | None = None,
     **options: Any,

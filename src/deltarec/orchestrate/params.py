@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from deltarec.errors import BadInputError, ConfigError, validation_problems
 from deltarec.ids import validate_run
-from deltarec.stores.config import check_publish_mode
+from deltarec.publish.types import PublishMode, check_publish_mode
 
 _SECRET_WORDS = ("password", "passwd", "secret", "token", "access_key", "accesskey", "credential")
 
@@ -41,7 +41,7 @@ class PipelineParams(BaseModel):
     """Dump cadence in steps; 0 turns the step trigger off."""
     dump_every_minutes: float = Field(0.0, ge=0.0)
     """Dump cadence in minutes; 0 turns the time trigger off."""
-    publish_mode: Literal["direct", "staged"] = "direct"
+    publish_mode: PublishMode = PublishMode.DIRECT
     """``direct`` publishes into the live views, ``staged`` into staging views made live by
     promote."""
     sample_size: int = Field(10000, ge=0)
@@ -114,7 +114,7 @@ class PipelineParams(BaseModel):
 
     def arguments(self) -> dict[str, Any]:
         """The pipeline arguments (every field, by parameter name)."""
-        return self.model_dump()
+        return self.model_dump(mode="json")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -126,7 +126,7 @@ class PipelineParams(BaseModel):
         """Every parameter's type as an engine declares it: ``int``, ``float``, else ``str``.
 
         The KFP pipeline's signature and the ``params`` component's inputs use it (a
-        ``Literal`` of strings is a ``str`` parameter).
+        ``Literal`` of strings or a ``str`` enum is a ``str`` parameter).
         """
         numbers: dict[Any, type] = {int: int, float: float}
         return {name: numbers.get(info.annotation, str) for name, info in cls.model_fields.items()}
@@ -225,11 +225,6 @@ def table_specs(text: str) -> dict[str, Any]:
         except (BadInputError, ValueError) as e:
             raise ValueError(f"tables[{table!r}]: {e}") from e
     return out
-
-
-def publish_modes() -> tuple[str, ...]:
-    """The values of ``publish_mode``."""
-    return get_args(PipelineParams.model_fields["publish_mode"].annotation)
 
 
 def check_no_credentials(name: str, url: str) -> None:

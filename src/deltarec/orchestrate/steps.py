@@ -58,6 +58,7 @@ from deltarec.promote import PromoteResult, RollbackResult, is_staged
 from deltarec.promote import rollback as rollback_store
 from deltarec.promote.run import promote_generation
 from deltarec.promote.run import rollback as rollback_generation
+from deltarec.publish.types import PublishMode
 from deltarec.stores import open_store
 from deltarec.stores.provision import ProvisionResult, provision_generation, provision_tables
 from deltarec.verify import VerifyResult, dumps_json, kfp_metrics, render_html
@@ -413,7 +414,7 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
     rolled_back_to: int | None = None
     dropped = 0
     with open_store(params.store_url, params.artifact_root, run=run) as store:
-        if params.publish_mode == "staged" or is_staged(store, run, gen):
+        if params.publish_mode is PublishMode.STAGED or is_staged(store, run, gen):
             dropped = store.drop_staging(run, gen)
             action = "dropped-staging"
         else:
@@ -429,7 +430,7 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
         "through_seq": outcome.through_seq,
         "verdict": outcome.verdict,
         "failure": outcome.failure,
-        "publish_mode": params.publish_mode,
+        "publish_mode": params.publish_mode.value,
         "action": action,
         "rolled_back_to": rolled_back_to,
         "report": outcome.report_path,

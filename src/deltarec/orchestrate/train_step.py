@@ -55,7 +55,7 @@ def train_args(params: PipelineParams) -> list[str]:
     if params.dump_every_minutes > 0:
         args += ["--dump-every-minutes", f"{params.dump_every_minutes:g}"]
     if params.store_url:
-        args += ["--store", params.store_url, "--publish-mode", params.publish_mode]
+        args += ["--store", params.store_url, "--publish-mode", params.publish_mode.value]
     if params.checkpoint_dir:
         args += ["--workdir", params.checkpoint_dir]
     if params.row_encodings:

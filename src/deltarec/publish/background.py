@@ -23,6 +23,7 @@ from deltarec.errors import DeltarecError, StoreError
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
+from deltarec.publish.types import PublishMode
 from deltarec.stores.base import Store
 from deltarec.stores.registry import open_store
 
@@ -69,7 +70,7 @@ class BackgroundPublisher:
         run: str,
         rank: int,
         world_size: int,
-        mode: str = "direct",
+        mode: PublishMode | str = PublishMode.DIRECT,
         *,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         batch_bytes: int | None = None,
@@ -84,7 +85,7 @@ class BackgroundPublisher:
         self.run = run
         self.rank = rank
         self.world_size = world_size
-        self.mode = mode
+        self.mode = PublishMode.parse(mode)
         self.max_queue_bytes = max_queue_bytes
         self.batch_bytes = batch_bytes
         self.retry = retry or RetryPolicy()

@@ -45,7 +45,6 @@ from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 
 log = logging.getLogger(__name__)
 
-MODES = tuple(PublishMode.names())
 READ_BYTES = 8 << 20
 """Rows read from the artifacts (and handed to the store) at a time."""
 
@@ -112,7 +111,7 @@ class DumpPublisher:
         store: Store,
         root: ArtifactRoot,
         run: str,
-        mode: str = "direct",
+        mode: PublishMode | str = PublishMode.DIRECT,
         batch_bytes: int | None = None,
         retry: RetryPolicy | None = None,
         metrics: PublishMetrics | None = None,
@@ -120,9 +119,8 @@ class DumpPublisher:
     ) -> None:
         if batch_bytes is None:
             batch_bytes = default_batch_bytes(store)
-        if mode not in MODES:
-            raise ConfigError(f"publish mode {mode!r}: expected one of {MODES}")
-        if mode == "staged" and not store.capabilities.staging:
+        mode = PublishMode.parse(mode)
+        if mode is PublishMode.STAGED and not store.capabilities.staging:
             raise ConfigError(f"the {store.kind} store has no staging views; use mode=direct")
         if batch_bytes <= 0:
             raise ConfigError(f"batch_bytes must be positive, got {batch_bytes}")
@@ -156,7 +154,7 @@ class DumpPublisher:
             return
         tables = self.generation_info(generation).tables
         self._call(lambda: self.store.provision(tables), f"provision generation {generation}")
-        if self.mode == "staged":
+        if self.mode is PublishMode.STAGED:
             self._call(
                 lambda: self.store.provision(tables, staging_generation=generation),
                 f"provision staging views of generation {generation}",
@@ -214,7 +212,7 @@ class DumpPublisher:
             self._finish_snapshot(manifest)
         self._record_freshness(manifest, rank, result)
         result.seconds = time.monotonic() - start
-        self.metrics.dumps.labels(self.mode).inc()
+        self.metrics.dumps.labels(self.mode.value).inc()
         self.metrics.version.set(manifest.version)
         return result
 
@@ -380,7 +378,7 @@ class DumpPublisher:
         With ``check`` (where the rows come from, for the message), each shard's sha256 and
         every row are checked as they are read (see :meth:`_checked_while_written`).
         """
-        stage = manifest.generation if self.mode == "staged" else None
+        stage = manifest.generation if self.mode is PublishMode.STAGED else None
         if memory is not None and table in memory:
             skip = 0  # rows in memory are replayed whole: their order need not match the shard
         total = self._part_rows(manifest, rank, table, memory)
@@ -412,8 +410,8 @@ class DumpPublisher:
             nbytes = n * codec.row_bytes(spec.dtype, spec.dim)
             result.rows += n
             result.bytes += nbytes
-            self.metrics.rows.labels(table, self.mode).inc(n)
-            self.metrics.bytes.labels(table, self.mode).inc(nbytes)
+            self.metrics.rows.labels(table, self.mode.value).inc(n)
+            self.metrics.bytes.labels(table, self.mode.value).inc(nbytes)
             if self.after_batch is not None:
                 self.after_batch(mark, n)
             done = end
@@ -444,7 +442,7 @@ class DumpPublisher:
         )
 
     def _finish_snapshot(self, manifest: Manifest) -> None:
-        stage = manifest.generation if self.mode == "staged" else None
+        stage = manifest.generation if self.mode is PublishMode.STAGED else None
         for table in sorted(manifest.tables):
             complete = self._call(
                 functools.partial(
@@ -467,7 +465,7 @@ class DumpPublisher:
         The registry's record starts at MANIFEST.json's ``taken_at`` (the moment the dump was
         taken) when the manifest has it, else at its commit (dumps written before it existed).
         """
-        if self.mode != "direct" or not manifest.created_at:
+        if self.mode is not PublishMode.DIRECT or not manifest.created_at:
             return
         committed = parse_time(manifest.created_at)
         taken = manifest.extra.get("taken_at")

@@ -249,23 +249,6 @@ def parse_store_url(url: str) -> StoreConfig:
         raise ConfigError(f"store URL {redact_url(url)!r}: {_errors(e)}") from e
 
 
-def check_publish_mode(store_url: str | None, mode: str) -> None:
-    """Refuse publish mode ``staged`` for a store that has no staging views (PAI FeatureStore).
-
-    Called where the mode is chosen (pipeline parameters, ``deltarec train``), so the refusal
-    comes once, before anything starts.
-
-    Raises:
-        ConfigError: ``mode`` is ``staged`` and ``store_url`` is a ``featurestore://`` URL.
-    """
-    if mode == "staged" and (store_url or "").strip().lower().startswith("featurestore:"):
-        raise ConfigError(
-            "publish mode 'staged' needs staging views, which PAI FeatureStore does not have "
-            f"({redact_url(store_url or '')}): publish with mode 'direct' (verify still checks "
-            "every row in the view before promote)"
-        )
-
-
 def redact_url(url: str) -> str:
     """``url`` with any password replaced by ``***``."""
     try:
