@@ -24,8 +24,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from enum import Enum
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 from deltarec.errors import BadInputError, CheckFailedError
 
@@ -154,6 +153,7 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
     The flag's ``dest`` is the field's name. A field without an entry in ``_PARAM_FLAGS``
     (or an entry without a field) is a programming error, raised when the parser is built.
     """
+    from deltarec.cli.fields import argument_options
     from deltarec.orchestrate.params import PipelineParams
 
     fields = PipelineParams.model_fields
@@ -162,19 +162,8 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
         raise RuntimeError(f"_PARAM_FLAGS and PipelineParams differ in {unflagged}")
     g = p.add_argument_group("pipeline parameters")
     for name, (flag, metavar, help_text) in _PARAM_FLAGS.items():
-        info = fields[name]
-        kwargs: dict[str, Any] = {"dest": name, "metavar": metavar, "help": help_text}
-        if info.annotation in (int, float):
-            kwargs["type"] = info.annotation
-        if get_origin(info.annotation) is Literal:
-            kwargs["choices"] = list(get_args(info.annotation))
-        elif isinstance(info.annotation, type) and issubclass(info.annotation, Enum):
-            kwargs["choices"] = [member.value for member in info.annotation]
-        if info.is_required():
-            kwargs["required"] = True
-        else:
-            kwargs["default"] = getattr(info.default, "value", info.default)
-        g.add_argument(flag, **kwargs)
+        options = argument_options(fields[name])
+        g.add_argument(flag, dest=name, metavar=metavar, help=help_text, **options)
 
 
 def _param_names() -> tuple[str, ...]:

@@ -8,216 +8,126 @@ delta dumper is attached through ``deltarec.dump.make_train_hook``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from deltarec.cli.fields import FieldFlag, add_flags
 from deltarec.errors import ConfigError, validation_problems
-from deltarec.publish.types import PublishMode
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 log = logging.getLogger("deltarec.train")
 
 
+@functools.cache
+def _groups() -> tuple[tuple[str, tuple[FieldFlag, ...]], ...]:
+    """The flags derived from model fields, by ``--help`` group, in order.
+
+    Training flags set :class:`~deltarec.train.config.TrainConfig` (and its ``data``); the dump
+    flags set :class:`~deltarec.dump.config.DumperConfig` and the hook's
+    :class:`~deltarec.dump.env.TrainSettings` fields, each by the keyword
+    :func:`deltarec.dump.make_train_hook` takes. The dump flags but ``--publish-mode`` are
+    ``optional``: they are passed on only when given, and need ``--artifacts``.
+    """
+    from deltarec.dump.config import DumperConfig
+    from deltarec.dump.env import TrainSettings
+    from deltarec.model.config import DataConfig
+    from deltarec.train.config import TrainConfig
+
+    def dump(
+        flag: str, model: type[BaseModel], field: str, metavar: str | None = None
+    ) -> FieldFlag:
+        return FieldFlag(flag, model, field, metavar, optional=True)
+
+    return (
+        (
+            "training",
+            (
+                FieldFlag("--device", TrainConfig, "device"),
+                FieldFlag("--steps", TrainConfig, "steps", "N"),
+                FieldFlag("--batch-size", TrainConfig, "batch_size", "B"),
+                FieldFlag("--seed", TrainConfig, "seed"),
+                FieldFlag("--batches-per-rank", DataConfig, "batches_per_rank", "N"),
+                FieldFlag("--model-config", TrainConfig, "model", "FILE"),
+                FieldFlag("--eval-every", TrainConfig, "eval_every", "K"),
+                FieldFlag("--eval-batches", TrainConfig, "eval_batches", "N"),
+                FieldFlag("--log-every", TrainConfig, "log_every", "N"),
+            ),
+        ),
+        (
+            "checkpoints and export",
+            (
+                FieldFlag("--workdir", TrainConfig, "workdir", "DIR"),
+                FieldFlag("--checkpoint-every", TrainConfig, "checkpoint_every", "C"),
+                FieldFlag("--no-final-checkpoint", TrainConfig, "checkpoint_at_end"),
+                FieldFlag("--no-resume", TrainConfig, "resume"),
+                FieldFlag("--resume-step", TrainConfig, "resume_step", "N"),
+                FieldFlag("--export-tables", TrainConfig, "export_tables", "DIR"),
+            ),
+        ),
+        (
+            "delta dumps and publishing (with --artifacts)",
+            (
+                dump("--artifacts", DumperConfig, "artifacts", "ROOT"),
+                dump("--run", DumperConfig, "run", "NAME"),
+                dump("--dump-every-steps", DumperConfig, "every_steps", "N"),
+                dump("--dump-every-minutes", DumperConfig, "every_minutes", "M"),
+                dump("--no-snapshot", DumperConfig, "snapshot"),
+                dump("--store", TrainSettings, "store", "URL"),
+                dump("--lease-ttl", DumperConfig, "lease_ttl_s", "S"),
+                dump("--metrics-port", TrainSettings, "metrics_port", "PORT"),
+                dump("--row-encodings", TrainSettings, "row_encodings", "SPEC"),
+                dump("--zch-misses", DumperConfig, "zch_misses"),
+                FieldFlag("--publish-mode", TrainSettings, "publish_mode"),
+            ),
+        ),
+    )
+
+
+def _flags(model: type[BaseModel] | None = None) -> list[FieldFlag]:
+    """Every flag derived from a field (of ``model`` only, if given), in ``--help`` order."""
+    flags = [flag for _, group in _groups() for flag in group]
+    return [f for f in flags if model is None or f.model is model]
+
+
+def _dump_flags() -> tuple[FieldFlag, ...]:
+    return _groups()[-1][1]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``train`` flags."""
-    g = parser.add_argument_group("training")
-    g.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        default="cpu",
-        help="cpu (gloo) or cuda (nccl, one GPU per rank) (default: cpu)",
-    )
-    g.add_argument(
-        "--steps",
-        type=int,
-        default=300,
-        metavar="N",
-        help="train until global step N; a resumed run continues up to N (default: 300)",
-    )
-    g.add_argument(
-        "--batch-size",
-        type=int,
-        default=128,
-        metavar="B",
-        help="samples per rank per step, the same on every rank (default: 128)",
-    )
-    g.add_argument(
-        "--seed", type=int, default=0, help="seed of the data and dense init (default: 0)"
-    )
-    g.add_argument(
-        "--batches-per-rank",
-        type=int,
-        default=None,
-        metavar="N",
-        help="finite synthetic data: N batches per rank (default: endless)",
-    )
-    g.add_argument(
-        "--model-config",
-        default=None,
-        metavar="FILE",
-        help="JSON file with the model configuration (deltarec.model.ModelConfig)",
-    )
-    g.add_argument(
-        "--eval-every",
-        type=int,
-        default=None,
-        metavar="K",
-        help="evaluate every K steps (no gradient, no MCH admission)",
-    )
-    g.add_argument(
-        "--eval-batches",
-        type=int,
-        default=4,
-        metavar="N",
-        help="batches per evaluation per rank (default: 4)",
-    )
-    g.add_argument(
-        "--log-every",
-        type=int,
-        default=50,
-        metavar="N",
-        help="log loss and steps/s on rank 0 every N steps (default: 50)",
-    )
-    g.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=None,
-        metavar="N",
-        help="start torchrun with N local ranks (not needed under torchrun)",
-    )
-    c = parser.add_argument_group("checkpoints and export")
-    c.add_argument(
-        "--workdir",
-        default=None,
-        metavar="DIR",
-        help="checkpoints go to DIR/checkpoints/step-<N>/; resume from the newest",
-    )
-    c.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=None,
-        metavar="C",
-        help="save a checkpoint every C steps (needs --workdir)",
-    )
-    c.add_argument(
-        "--no-final-checkpoint",
-        action="store_true",
-        help="do not save a checkpoint after the last step",
-    )
-    c.add_argument(
-        "--no-resume",
-        action="store_true",
-        help="start fresh even if DIR/checkpoints holds a complete checkpoint",
-    )
-    c.add_argument(
-        "--resume-step",
-        type=int,
-        default=None,
-        metavar="N",
-        help="resume from the checkpoint of step N instead of the newest",
-    )
-    c.add_argument(
-        "--export-tables",
-        default=None,
-        metavar="DIR",
-        help="at the end write every table as DIR/<table id>.parquet (key, embedding)",
-    )
-    d = parser.add_argument_group("delta dumps and publishing")
-    d.add_argument(
-        "--artifacts",
-        default=None,
-        metavar="ROOT",
-        help="artifact root (local path or fsspec URI); enables delta dumps",
-    )
-    d.add_argument("--run", default=None, metavar="NAME", help="run name (needs --artifacts)")
-    d.add_argument(
-        "--dump-every-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="dump the changed rows every N steps",
-    )
-    d.add_argument(
-        "--dump-every-minutes",
-        type=float,
-        default=None,
-        metavar="M",
-        help="dump the changed rows every M minutes",
-    )
-    d.add_argument(
-        "--no-snapshot",
-        action="store_true",
-        help="do not write the snapshot dump (seq 0) at the start of a generation",
-    )
-    d.add_argument(
-        "--store",
-        default=None,
-        metavar="URL",
-        help="publish every committed dump to this store while training",
-    )
-    d.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=None,
-        metavar="S",
-        help="the run's lease expires S seconds after its last renewal; a second trainer of "
-        "the run refuses to start while it is held (default: 60)",
-    )
-    d.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="serve the dumper's and publisher's Prometheus metrics on PORT + local rank",
-    )
-    d.add_argument(
-        "--row-encodings",
-        default=None,
-        metavar="SPEC",
-        help="how dumped rows are encoded: a default and/or TABLE=ENCODING entries, comma "
-        "separated, of float32 | float16 | int8_rowwise (e.g. 'int8_rowwise,"
-        "sparse.ebc.geo=float16'; default: float32)",
-    )
-    d.add_argument(
-        "--zch-misses",
-        action="store_true",
-        help="also dump ZCH ids looked up but never admitted (op 1, the fallback row), as "
-        "TorchEasyRec publishes them; on by itself with a featurestore://...?contract=tzrec "
-        "--store",
-    )
-    d.add_argument(
-        "--publish-mode",
-        choices=PublishMode.names(),
-        default=PublishMode.DIRECT.value,
-        help="publish into the live view (direct) or a per-generation staging view",
-    )
-
-
-_NOT_FORWARDED = frozenset({"--nproc-per-node"})
-"""The flags of the launching process only; every other ``train`` flag reaches each rank."""
+    """Add the ``train`` flags: one per :func:`_groups` entry, and ``--nproc-per-node``."""
+    for title, flags in _groups():
+        group = parser.add_argument_group(title)
+        add_flags(group, flags)
+        if title == "training":
+            group.add_argument(
+                "--nproc-per-node",
+                type=int,
+                default=None,
+                metavar="N",
+                help="start torchrun with N local ranks (not needed under torchrun)",
+            )
 
 
 def forwarded_argv(args: argparse.Namespace) -> list[str]:
     """The ``train`` flags of ``args`` without ``--nproc-per-node`` (what each rank gets).
 
-    Derived from :func:`add_arguments`: a flag that takes a value is passed when its value is
-    set (not None), a switch when it is on, so a new flag is forwarded without an edit here.
+    Derived from :func:`_groups`: a flag that takes a value is passed when its value is set
+    (not None), a switch when it is on, so a new flag is forwarded without an edit here.
     """
-    parser = argparse.ArgumentParser(add_help=False)
-    add_arguments(parser)
     argv: list[str] = []
-    for action in parser._actions:
-        flag = action.option_strings[-1]
-        if flag in _NOT_FORWARDED:
-            continue
-        value = getattr(args, action.dest)
-        if action.nargs == 0:  # a switch: given only when it differs from its default
-            if value != action.default:
-                argv.append(flag)
+    for flag in _flags():
+        value = getattr(args, flag.dest)
+        if flag.is_switch:
+            if value:
+                argv.append(flag.flag)
         elif value is not None:
-            argv += [flag, str(value)]
+            argv += [flag.flag, str(value)]
     return argv
 
 
@@ -240,41 +150,16 @@ def build_config(args: argparse.Namespace) -> Any:
                 model = ModelConfig.model_validate(json.loads(path.read_text()))
             except (OSError, json.JSONDecodeError) as e:
                 raise ConfigError(f"--model-config {path}: {e}") from e
-        return TrainConfig(
-            model=model,
-            data=DataConfig(batches_per_rank=args.batches_per_rank),
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            device=args.device,
-            workdir=args.workdir,
-            checkpoint_every=args.checkpoint_every,
-            checkpoint_at_end=not args.no_final_checkpoint,
-            resume=not args.no_resume,
-            resume_step=args.resume_step,
-            eval_every=args.eval_every,
-            eval_batches=args.eval_batches,
-            export_tables=args.export_tables,
-            log_every=args.log_every,
-        )
+        values = {f.field: f.value(args) for f in _flags(TrainConfig) if not f.is_file}
+        data = DataConfig(**{f.field: f.value(args) for f in _flags(DataConfig)})
+        return TrainConfig(model=model, data=data, **values)
     except ValidationError as e:
         raise ConfigError(f"invalid training configuration: {validation_problems(e)}") from e
 
 
 def _check_dump_flags(args: argparse.Namespace) -> None:
-    dump_flags = {
-        "--run": args.run,
-        "--dump-every-steps": args.dump_every_steps,
-        "--dump-every-minutes": args.dump_every_minutes,
-        "--store": args.store,
-        "--no-snapshot": args.no_snapshot or None,
-        "--lease-ttl": args.lease_ttl,
-        "--metrics-port": args.metrics_port,
-        "--row-encodings": args.row_encodings,
-        "--zch-misses": args.zch_misses or None,
-    }
     if args.artifacts is None:
-        given = [flag for flag, value in dump_flags.items() if value is not None]
+        given = [f.flag for f in _dump_flags() if f.optional and f.given(args)]
         if given:
             raise ConfigError(f"{', '.join(given)} need(s) --artifacts ROOT")
     elif not args.run:
@@ -309,34 +194,19 @@ def _check_row_encodings(args: argparse.Namespace, config: Any) -> None:
 
 
 def _hooks(args: argparse.Namespace) -> list[Any]:
+    """The dump hook of the dump flags given: each sets the keyword of its field."""
     if args.artifacts is None:
         return []
     from deltarec.dump import make_train_hook  # type: ignore[attr-defined,unused-ignore]
     from deltarec.dump.config import parse_row_encodings
 
-    options: dict[str, Any] = {}
-    if args.lease_ttl is not None:
-        options["lease_ttl_s"] = args.lease_ttl
-    if args.zch_misses:
-        options["zch_misses"] = True
-    if args.row_encodings:
-        default, tables = parse_row_encodings(args.row_encodings)
+    options = {f.field: f.value(args) for f in _dump_flags() if f.given(args)}
+    if "row_encodings" in options:
+        default, tables = parse_row_encodings(options.pop("row_encodings"))
         options["table_dtypes"] = tables
         if default is not None:
             options["default_dtype"] = default
-    return [
-        make_train_hook(
-            artifacts=args.artifacts,
-            run=args.run,
-            every_steps=args.dump_every_steps,
-            every_minutes=args.dump_every_minutes,
-            snapshot=not args.no_snapshot,
-            store=args.store,
-            publish_mode=args.publish_mode,
-            metrics_port=args.metrics_port,
-            **options,
-        )
-    ]
+    return [make_train_hook(**options)]
 
 
 def _refuse_if_leased(args: argparse.Namespace) -> None:

@@ -15,7 +15,8 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: ModelConfig = ModelConfig()
-    """The example model (tables, dims, ZCH)."""
+    """The example model: its tables, their dims and sharding, and the ZCH table
+    (:class:`~deltarec.model.config.ModelConfig`)."""
     data: DataConfig = DataConfig()
     """The synthetic stream's length per rank."""
     steps: int = Field(default=300, ge=0)
