@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -67,6 +67,13 @@ class DumperConfig(BaseModel):
     encode_workers: int | None = Field(default=None, ge=1)
     """Threads that encode and checksum chunks in parallel. None: the cores the training
     processes leave free (:func:`~deltarec.dump.staging.default_encode_workers`)."""
+    encoder: Literal["auto", "thread", "process"] = "auto"
+    """Where chunks are encoded and shards written. ``process``: in a child process of the
+    training process, fed through a shared (on CUDA also pinned) memory ring, so that the
+    encoding's Python work never holds the training process's GIL; ``thread``: on threads of
+    the training process. ``auto``: ``process`` where CUDA is available (the tables are taken
+    to be on the GPU), ``thread`` otherwise (on few CPU cores the child costs more than it
+    saves)."""
     fsync: bool = True
     """fsync shards and manifests on local disks before renaming them into place."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
