@@ -405,8 +405,8 @@ class SqliteStore(RelationalStore):
         the page's blobs), instead of one Python tuple, int and bytes object per row: most of
         the cost of a plain ``SELECT`` in Python. A page whose keys are one run ``lo..hi`` (the
         key is the unique rowid, so ``count = hi - lo + 1`` proves it) and whose rows share one
-        version needs nothing else. Other pages list their keys and versions as fixed-width
-        hex, concatenated by the same aggregate step as the blobs, so keys and rows pair up
+        version needs nothing else. Other pages list their keys and versions as decimal text,
+        concatenated by the same aggregate step as the blobs, so keys and rows pair up
         whatever order SQLite visits them in. A page is read as a run first while the pages
         before it were runs, and listed first otherwise; a run page that turns out otherwise
         is listed again in the same read transaction.
@@ -459,19 +459,23 @@ class SqliteStore(RelationalStore):
     def _listed_page(
         self, cur: Any, view: ViewInfo, start: int, limit: int
     ) -> tuple[np.ndarray, np.ndarray, bytes]:
-        """The page from ``start`` with every key and version (hex, decoded here)."""
+        """The page from ``start`` with every key and version.
+
+        Keys and versions come as two comma-separated decimal lists, concatenated by the same
+        aggregate step as the blobs (so they pair up whatever order SQLite visits the rows
+        in) and parsed by numpy in C: about half the cost of a ``printf`` per row.
+        """
         cur.execute(
             "SELECT count(*), min(key), max(key), max(length(embedding)), "
-            "group_concat(printf('%016x%016x', key, version), ''), "
+            "group_concat(key, ','), group_concat(version, ','), "
             f"CAST(group_concat(embedding, '') AS BLOB) FROM ({_page_sql(view)})",
             (start, limit),
         )
-        n, lo, hi, longest, pairs, blob = cur.fetchone()
+        n, lo, hi, longest, keys, versions, blob = cur.fetchone()
         if not n:
             return _EMPTY
         self._check_lengths(view, n, longest, len(blob), lo, hi)
-        values = np.frombuffer(bytes.fromhex(pairs), dtype=">i8").astype(np.int64).reshape(n, 2)
-        return values[:, 0].copy(), values[:, 1].copy(), blob
+        return _integers(keys, n), _integers(versions, n), blob
 
     def _check_lengths(
         self, view: ViewInfo, n: int, longest: int, total: int, lo: int, hi: int
@@ -524,6 +528,14 @@ def _page_sql(view: ViewInfo) -> str:
         f"SELECT key, embedding, version FROM {quote(view.name)} WHERE key >= ?1 "
         "ORDER BY key LIMIT ?2"
     )
+
+
+def _integers(text: str, n: int) -> np.ndarray:
+    """``n`` int64 values from SQLite's comma-separated decimal list ``text``."""
+    values = np.fromstring(text, dtype=np.int64, sep=",")  # text mode: exact int64 parsing
+    if values.shape != (n,):
+        raise StoreError(f"a listed page held {values.shape[0]} values where {n} were expected")
+    return values
 
 
 def _one_run(keys: np.ndarray, versions: np.ndarray) -> bool:
