@@ -26,6 +26,7 @@ from deltarec.errors import ConfigError
 from deltarec.orchestrate.airflow_dag import DAG_ID, DEFAULT_DAG_FILE, write_dag_file
 from deltarec.orchestrate.local import LocalRunResult
 from deltarec.orchestrate.params import PipelineParams
+from deltarec.orchestrate.trainjob_local import BACKEND_ENV, check_launcher
 from deltarec.orchestrate.types import GenerationRecord, StepFailedError
 
 
@@ -73,7 +74,8 @@ def run_airflow_local(
     result_path = os.path.join(workdir, f"result-{time.time_ns()}.json")
     cmd = [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--workdir", workdir,
            "--conf", json.dumps(params.arguments()), "--result", result_path]  # fmt: skip
-    env = {**os.environ, **airflow_env(workdir)}
+    check_launcher(params)
+    env = {**os.environ, **airflow_env(workdir), BACKEND_ENV: "local"}
     target = output if output is not None else sys.stdout
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -87,6 +87,7 @@ def run_local(
     from kfp import local
 
     from deltarec.orchestrate.pipeline import build_pipeline
+    from deltarec.orchestrate.trainjob_local import local_backend
 
     os.makedirs(pipeline_root, exist_ok=True)
     before = set(os.listdir(pipeline_root))
@@ -97,7 +98,7 @@ def run_local(
     )
     pipeline = build_pipeline(secrets=(), accelerators=False)
     failure = ""
-    with warnings.catch_warnings(), _route_output(output):
+    with warnings.catch_warnings(), _route_output(output), local_backend(params):
         # The runner warns that base images and accelerators are ignored locally: expected.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="kfp")
         warnings.filterwarnings("ignore", category=UserWarning, module="kfp")

@@ -5,7 +5,9 @@ The program is deltarec's example model (``deltarec train``) or a team's entry p
 dump, publish and store settings as ``DELTAREC_*`` environment variables
 (:class:`deltarec.dump.env.TrainSettings`). One node: torchrun in this container. Several
 nodes: a Kubeflow Trainer v2 TrainJob (:mod:`deltarec.orchestrate.trainjob`, the default) or a
-Training Operator PyTorchJob (:mod:`deltarec.orchestrate.pytorchjob`). The only step
+Training Operator PyTorchJob (:mod:`deltarec.orchestrate.pytorchjob`); in a local pipeline run
+the TrainJob runs through the Kubeflow SDK's local process backend
+(:mod:`deltarec.orchestrate.trainjob_local`). The only step
 that crosses a process boundary; :mod:`deltarec.orchestrate.steps` re-exports its functions.
 """
 
@@ -209,7 +211,7 @@ def train(
 
 
 def _train_on_cluster(params: PipelineParams, job_id: str, secrets: Sequence[str]) -> None:
-    from deltarec.orchestrate import pytorchjob, trainjob
+    from deltarec.orchestrate import pytorchjob, trainjob, trainjob_local
     from deltarec.orchestrate.images import TRAINER_IMAGE
 
     prog, args, env = program(params)
@@ -226,7 +228,11 @@ def _train_on_cluster(params: PipelineParams, job_id: str, secrets: Sequence[str
         program=tuple(prog),
         env=tuple(sorted(env.items())),
     )
-    if params.launcher == "pytorchjob":
+    if trainjob_local.local_backend_requested():  # a local pipeline run: no cluster
+        trainjob_local.check_launcher(params)
+        check_entry_point(params)  # its ranks start here too
+        trainjob_local.run_local_train_job(spec)
+    elif params.launcher == "pytorchjob":
         pytorchjob.run_train_job(spec)
     else:
         trainjob.run_train_job(spec, trainjob.TrainJobSettings(runtime=params.training_runtime))
