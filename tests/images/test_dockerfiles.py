@@ -37,9 +37,31 @@ def test_dockerfile_runs_as_non_root_and_its_tag_is_the_pinned_one(name, pinned)
     text = (IMAGES / name / "Dockerfile").read_text()
     assert re.search(r"^USER 10001$", text, re.M)
     assert f"-t {pinned} ." in text  # the build command documented in the file
-    assert "kfp==2.17.3" in text  # the version the compiled components expect
     for line in re.findall(r"^\s+([a-z][\w.\-\[\]\"]*)\s*\\?$", text, re.M):
         pytest.fail(f"unpinned package line in {name}/Dockerfile: {line!r}")
+
+
+def _requirements():
+    lines = (IMAGES / "requirements.txt").read_text().splitlines()
+    return [line for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_the_shared_requirements_pin_every_package_kfp_to_the_components_version():
+    requirements = _requirements()
+    assert "kfp==2.17.3" in requirements  # the version the compiled components expect
+    assert "alibabacloud-credentials==1.0.12" in requirements  # the credentials chain
+    for line in requirements:
+        assert re.fullmatch(r"[a-z][\w.\-]*(\[[\w,]+\])?==[\w.]+", line), f"not pinned: {line!r}"
+
+
+@pytest.mark.parametrize("name", ["trainer", "tools"])
+def test_both_images_install_the_shared_requirements_and_name_none_of_them_again(name):
+    text = (IMAGES / name / "Dockerfile").read_text()
+    assert "COPY images/requirements.txt /usr/share/deltarec/requirements.txt" in text
+    install = text.index("-r /usr/share/deltarec/requirements.txt")
+    assert text.index("COPY images/requirements.txt") < install < text.index("/wheels/deltarec-")
+    for line in _requirements():
+        assert line.split("==")[0].split("[")[0] + "==" not in text, f"{name} pins {line} again"
 
 
 def _from_lines(text):
@@ -89,9 +111,8 @@ def test_build_environment_enters_as_secrets_and_arguments_that_default_to_nothi
 
 
 @pytest.mark.parametrize("name", ["trainer", "tools"])
-def test_both_images_install_the_credentials_chain_and_the_featurestore_wheel_last(name):
+def test_both_images_install_the_featurestore_wheel_last(name):
     text = (IMAGES / name / "Dockerfile").read_text()
-    assert "alibabacloud-credentials==1.0.12" in text
     # the SDK's layer is the last RUN: builds with and without it share every other layer
     last_run = text.rindex("\nRUN ")
     assert text.index("ARG FEATURESTORE_WHEEL") < last_run
