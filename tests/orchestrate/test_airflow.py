@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("airflow") is None, reason="the airflow extra is not installed"
 )
 
-STEPS = {"params", "provision", "train", "verify_plan", "verify_partition", "verify", "branch",
-         "promote", "verify_failed"}  # fmt: skip
+STEPS = {"params", "provision", "train_route", "train", "train_launcher", "verify_plan",
+         "verify_partition", "verify", "branch", "promote", "verify_failed"}  # fmt: skip
 
 
 def check_folder(folder, tmp_path):
@@ -51,11 +51,19 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
     tasks = found["tasks"]
     assert set(tasks) == STEPS
     pods = {t: v for t, v in tasks.items() if v["operator"] == "KubernetesPodOperator"}
-    assert set(pods) == STEPS - {"params", "branch", "verify_plan", "verify_partition"}
-    # one node: the trainer image with gpus_per_node GPUs; several: a CPU launcher on tools
-    assert TRAINER_IMAGE in pods["train"]["image"] and TOOLS_IMAGE in pods["train"]["image"]
-    assert "gpus_per_node" in pods["train"]["gpus"] and "nodes" in pods["train"]["gpus"]
+    assert set(pods) == STEPS - {
+        "params", "branch", "train_route", "verify_plan", "verify_partition"
+    }  # fmt: skip
+    # one node: the train pod on the trainer image with gpus_per_node GPUs; several: its own
+    # launcher pod on the tools image, with no GPU, picked by train_route
+    assert pods["train"]["image"] == TRAINER_IMAGE and "gpus_per_node" in pods["train"]["gpus"]
+    assert pods["train_launcher"]["gpus"] is None
     assert {pods[t]["image"] for t in pods if t != "train"} == {TOOLS_IMAGE}
+    assert tasks["train_route"]["operator"] == "_BranchPythonDecoratedOperator"
+    assert tasks["train_route"]["upstream"] == ["params", "provision"]
+    assert tasks["train"]["upstream"] == tasks["train_launcher"]["upstream"] == ["train_route"]
+    assert pods["train_launcher"]["arguments"][0] == "train"
+    assert pods["train_launcher"]["arguments"][-4:] == pods["train"]["arguments"][-4:]
     mapped = tasks["verify_partition"]
     assert mapped["operator"] == "MappedOperator" and mapped["upstream"] == ["verify_plan"]
     assert tasks["verify"]["upstream"] == ["verify_partition"]
@@ -69,10 +77,12 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
     verify = pods["verify"]["arguments"]
     assert verify[:2] == ["verify_gate", "--params"]
     assert "xcom_pull(task_ids='verify_partition')" in verify[verify.index("--partitions") + 1]
-    assert "xcom_pull(task_ids='train')" in verify[verify.index("--input") + 1]
+    record = verify[verify.index("--input") + 1]
+    assert "xcom_pull(task_ids='train')" in record and "task_ids='train_launcher'" in record
     assert "{{ run_id }}" in pods["train"]["arguments"]
     assert tasks["branch"]["upstream"] == ["verify"]
-    assert tasks["verify_plan"]["upstream"] == ["params", "train"]
+    assert tasks["verify_plan"]["upstream"] == ["params", "train", "train_launcher"]
+    assert tasks["verify_plan"]["trigger_rule"] == "none_failed_min_one_success"  # one skipped
     assert tasks["promote"]["upstream"] == tasks["verify_failed"]["upstream"] == ["branch"]
     assert tasks["provision"]["upstream"] == ["params"]
 

@@ -1,7 +1,7 @@
 """The deltarec pipeline as an Airflow 3 DAG: the same steps and images as the Kubeflow one.
 
-params -> provision -> train -> verify_plan -> verify_partition x N (dynamic task mapping)
-    -> verify (the gate) -> branch -> promote (PASS) | verify_failed (FAIL)
+params -> provision -> train (or train_launcher) -> verify_plan -> verify_partition x N
+    (dynamic task mapping) -> verify (the gate) -> branch -> promote (PASS) | verify_failed (FAIL)
 
 * ``params`` validates the run's ``dag_run.conf`` / DAG params (:class:`PipelineParams`'s
   fields, the DAG's ``params``) and pushes them as one JSON object; every later task pulls it.
@@ -16,8 +16,9 @@ params -> provision -> train -> verify_plan -> verify_partition x N (dynamic tas
 Two builds of one shape (:func:`build_dag`): ``kubernetes`` runs provision, train, verify,
 promote and verify_failed as ``KubernetesPodOperator`` pods on ``TOOLS_IMAGE`` /
 ``TRAINER_IMAGE`` (``python -m deltarec.orchestrate.airflow_task STEP``), with the credentials
-Secrets' keys as environment variables as the KFP pipeline mounts them; the train pod creates a
-Training Operator PyTorchJob for several nodes, as the KFP train step does. ``local`` runs the
+Secrets' keys as environment variables as the KFP pipeline mounts them; for several nodes a
+separate ``train_launcher`` pod on the tools image (no GPU) creates the TrainJob or PyTorchJob,
+as the KFP ``train_launcher`` task does. ``local`` runs the
 same task functions (:mod:`deltarec.orchestrate.airflow_task`) in-process, for ``dag.test()``.
 ``params`` and ``branch`` always run in the Airflow worker (deltarec without torch).
 
@@ -43,7 +44,10 @@ DEFAULT_DAG_FILE = "deltarec_dag.py"
 MODES = ("kubernetes", "local")
 
 _PARAMS_XCOM = "{{ ti.xcom_pull(task_ids='params') | tojson }}"
-_TRAIN_XCOM = "{{ ti.xcom_pull(task_ids='train') | tojson }}"
+# the record of whichever train task ran: the one-node train pod or the multi-node launcher
+_TRAIN_XCOM = (
+    "{{ (ti.xcom_pull(task_ids='train') or ti.xcom_pull(task_ids='train_launcher')) | tojson }}"
+)
 
 _DAG_FILE = '''"""The deltarec pipeline as an Airflow DAG.
 
@@ -106,9 +110,11 @@ def build_dag(
         namespace: the pods' namespace; None for the operator's default (in-cluster: its own).
         dag_id: the DAG's id.
 
-    The train pod's GPUs and image follow the run's parameters (templated): with one node it
-    requests ``gpus_per_node`` GPUs on ``TRAINER_IMAGE``; with several it is the launcher of the
-    TrainJob/PyTorchJob, on ``TOOLS_IMAGE`` with no GPU (the job's nodes hold them).
+    Pods: ``train_route`` picks one of two train tasks by ``nodes``: with one node the ``train``
+    pod on ``TRAINER_IMAGE`` requests ``gpus_per_node`` GPUs; with several the
+    ``train_launcher`` pod on ``TOOLS_IMAGE``, with no GPU, creates and follows the
+    TrainJob/PyTorchJob (the job's nodes hold the GPUs). Later tasks read the record of
+    whichever ran. Locally one in-process ``train`` task does either.
     """
     from airflow.sdk import DAG, task
 
@@ -139,7 +145,8 @@ def build_dag(
         else:
             tasks = _pod_tasks(specs, namespace, checked)
             checked >> tasks["provision"]
-        tasks["provision"] >> tasks["train"]
+        if mode == "local":
+            tasks["provision"] >> tasks["train"]
         choice = branch(tasks["verify"].output if mode != "local" else tasks["verify"])
         tasks["verify"] >> choice
         choice >> [tasks["promote"], tasks["verify_failed"]]
@@ -203,11 +210,7 @@ def _train_local(conf: dict[str, Any], **context: Any) -> dict[str, Any]:
     return airflow_task.train(conf, job_id=str(context.get("run_id") or ""))
 
 
-_ONE_NODE = "(ti.xcom_pull(task_ids='params')['nodes'] | int) == 1"
-_TRAIN_GPUS = (
-    "{{ ti.xcom_pull(task_ids='params')['gpus_per_node'] | int if " + _ONE_NODE + " else 0 }}"
-)
-_TRAIN_IMAGE = f"{{{{ '{TRAINER_IMAGE}' if {_ONE_NODE} else '{TOOLS_IMAGE}' }}}}"
+_TRAIN_GPUS = "{{ ti.xcom_pull(task_ids='params')['gpus_per_node'] | int }}"
 
 
 def _pod_tasks(
@@ -233,13 +236,16 @@ def _pod_tasks(
     service_account = os.environ.get("DELTAREC_AIRFLOW_SERVICE_ACCOUNT") or None
 
     def pod(step: str, image: str, upstream: str | None = None, **extra: Any) -> Any:
+        task_id = extra.pop("task_id", step)
         arguments = [step, "--params", _PARAMS_XCOM]
-        if upstream:
+        if upstream == "train":
+            arguments += ["--input", _TRAIN_XCOM]
+        elif upstream:
             arguments += ["--input", f"{{{{ ti.xcom_pull(task_ids='{upstream}') | tojson }}}}"]
         arguments += extra.pop("arguments", [])
         return KubernetesPodOperator(
-            task_id=step,
-            name=f"deltarec-{step.replace('_', '-')}",
+            task_id=task_id,
+            name=f"deltarec-{task_id.replace('_', '-')}",
             namespace=namespace,
             image=image,
             cmds=["python", "-m", "deltarec.orchestrate.airflow_task"],
@@ -252,20 +258,30 @@ def _pod_tasks(
             **extra,
         )
 
-    resources = k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": _TRAIN_GPUS})
+    train_args = ["--job-id", "{{ run_id }}", "--secrets", names]
+    # one node: the train pod on the trainer image holds the GPUs; several: a CPU launcher pod
+    # on the tools image creates the TrainJob/PyTorchJob and follows it (its nodes hold them)
     train = pod(
         "train",
-        _TRAIN_IMAGE,
-        arguments=["--job-id", "{{ run_id }}", "--secrets", names],
-        container_resources=resources,
+        TRAINER_IMAGE,
+        arguments=train_args,
+        container_resources=k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": _TRAIN_GPUS}),
     )
+    launcher = pod("train", TOOLS_IMAGE, arguments=train_args, task_id="train_launcher")
 
-    @task(task_id="verify_plan")
+    @task.branch(task_id="train_route")
+    def route(conf: dict[str, Any]) -> str:
+        return "train" if int(conf["nodes"]) == 1 else "train_launcher"
+
+    routed = route(checked)
+    routed >> [train, launcher]
+
+    @task(task_id="verify_plan", trigger_rule="none_failed_min_one_success")
     def plan(conf: dict[str, Any]) -> list[list[str]]:
         return [["--partition", p] for p in airflow_task.verify_plan(conf)]
 
     partitions = plan(checked)
-    train >> partitions
+    [train, launcher] >> partitions
     parts = KubernetesPodOperator.partial(
         task_id="verify_partition",
         name="deltarec-verify-partition",
@@ -292,9 +308,11 @@ def _pod_tasks(
     )
     gate.arguments[0] = "verify_gate"
     parts >> gate
+    provision = pod("provision", TOOLS_IMAGE)
+    provision >> routed
     return {
-        "provision": pod("provision", TOOLS_IMAGE),
-        "train": train,
+        "provision": provision,
+        "train": [train, launcher],
         "verify": gate,
         "promote": pod("promote", TOOLS_IMAGE, upstream="train"),
         "verify_failed": pod("verify_failed", TOOLS_IMAGE, upstream="verify"),

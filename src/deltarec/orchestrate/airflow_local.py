@@ -154,7 +154,7 @@ def check_dag_folder(folder: str) -> dict[str, Any]:
     """Parse ``folder`` as Airflow's DAG processor does (a ``DagBag``).
 
     Returns the import errors and the deltarec DAG's tasks (id -> operator, image, arguments,
-    upstream ids).
+    upstream ids, trigger rule).
 
     Run in a process whose Airflow configuration points at a scratch home
     (:func:`airflow_env`), as ``python -m deltarec.orchestrate.airflow_local --check DIR``.
@@ -178,6 +178,7 @@ def check_dag_folder(folder: str) -> dict[str, Any]:
                     if e.value_from is not None
                 ],
                 "upstream": sorted(t.upstream_task_ids),
+                "trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
                 "gpus": _gpus(t),
             }
             for t in dag.tasks
