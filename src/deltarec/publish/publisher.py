@@ -37,6 +37,7 @@ from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.readahead import read_ahead
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
+from deltarec.publish.together import publish_parts_together
 from deltarec.publish.types import PublishMode
 from deltarec.stores.base import Store
 from deltarec.stores.relational import RelationalStore
@@ -493,6 +494,11 @@ class DumpPublisher:
                     out.append((seq, rank))
         return out
 
+    def _one_by_one(self, manifest: Manifest, ranks: list[int]) -> Iterator[PartResult]:
+        """:meth:`publish_dump` of each of ``ranks``' parts, as each is done."""
+        for rank in ranks:
+            yield self.publish_dump(manifest, rank)
+
     def publish_generation(
         self,
         generation: int,
@@ -502,7 +508,8 @@ class DumpPublisher:
         """Publish every committed dump of ``generation`` the store does not hold yet.
 
         Dumps go in ``seq`` order, each rank's part from the artifacts; parts already complete
-        per the progress marks are skipped, partial ones resume after their mark. Snapshots
+        per the progress marks are skipped, partial ones resume after their mark. Into SQLite,
+        the parts of a dump go together where they can (:mod:`deltarec.publish.together`). Snapshots
         whose parts are all in are completed even if nothing was left to write.
         """
         self.prepare(generation)
@@ -510,10 +517,13 @@ class DumpPublisher:
         todo = set(self.pending(generation, ranks))
         for seq in self.root.list_dumps(self.run, generation):
             manifest = self.root.read_manifest(self.run, generation, seq)
-            for rank in ranks if ranks is not None else range(manifest.world_size):
-                if (seq, rank) not in todo:
-                    continue
-                part = self.publish_dump(manifest, rank)
+            mine = [
+                rank
+                for rank in (ranks if ranks is not None else range(manifest.world_size))
+                if (seq, rank) in todo
+            ]
+            together = publish_parts_together(self, manifest, mine)
+            for part in together if together is not None else self._one_by_one(manifest, mine):
                 results.append(part)
                 if on_part is not None:
                     on_part(part)

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -274,7 +274,25 @@ class SqliteStore(RelationalStore):
         (:class:`~deltarec.stores.spill.Spill`, each batch sorted) and are applied in one
         key-ordered pass at the end.
         """
-        self._check_mark(mark)
+        marks = [] if mark is None else [mark]
+        return self.write_parts(table, batches, marks, staging_generation)
+
+    def write_parts(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        marks: Sequence[ProgressMark],
+        staging_generation: int | None = None,
+    ) -> int:
+        """:meth:`write_batches` of several parts' rows, with every part's mark, in one transaction.
+
+        The rows of several ranks' parts of one dump, one after the other: in one key-ordered
+        pass their B-tree pages are written once, where part after part would insert each
+        rank's keys between the previous ones' (every page split and written again). A key
+        in two parts is applied in the order the rows come, as part after part would.
+        """
+        for mark in marks:
+            self._check_mark(mark)
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
         first, it = first_batch(table, batches)
@@ -287,7 +305,7 @@ class SqliteStore(RelationalStore):
             else:
                 rest = itertools.chain([first, second], it)
                 n = self._write_many(cur, table, view, rest, floor, tombstones, now)
-            if mark is not None:
+            for mark in marks:
                 self._write_mark(cur, mark, stage)
         return n
 

@@ -1,0 +1,144 @@
+"""Several ranks' parts of one dump written together: one transaction per table (SQLite).
+
+``deltarec publish`` publishes every rank's part of a dump from the artifacts. Part after part,
+SQLite inserts each rank's keys between those of the ranks before it: with keys spread over
+the ranks (random ids, or hashed sharding) every B-tree page is split and written again by
+each part. :func:`publish_parts_together` writes all pending parts of a table in one
+transaction instead (:meth:`~deltarec.stores.sqlite.SqliteStore.write_parts`), rows in one
+key-ordered pass and every part's progress mark in it, when
+
+* the store is SQLite, two or more ranks' parts are pending and none of them was started
+  (no progress mark: a part cut short resumes on its own, after its mark);
+* the parts of each table fit one transaction together (``batch_bytes``), so memory is bounded
+  as for one part.
+
+The rules of :meth:`~deltarec.publish.publisher.DumpPublisher.publish_dump` hold: every row is
+checked before anything is applied (the first table's rows while they are written, the other
+tables' in a first pass), each shard's sha256 is checked before its rows are used, a snapshot
+is completed once every part is in, and each part gets its own result and freshness record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.types import DumpKind, Manifest, TableSpec
+from deltarec.errors import BadInputError
+from deltarec.faults import failpoint
+from deltarec.publish.types import PublishMode
+from deltarec.stores.sqlite import SqliteStore
+from deltarec.stores.types import ProgressMark, RowBatch
+
+if TYPE_CHECKING:
+    from deltarec.publish.publisher import DumpPublisher, PartResult
+
+
+def publish_parts_together(
+    pub: DumpPublisher, manifest: Manifest, ranks: list[int]
+) -> list[PartResult] | None:
+    """Publish ``ranks``' parts of ``manifest`` table by table, or None if they cannot go together.
+
+    See the module docstring for when they can; None leaves everything to part-by-part
+    publishing (nothing was written).
+
+    Raises:
+        InvalidRowError: a row cannot be published (nothing of the parts was written).
+        StoreUnavailableError: the store stayed unreachable past the retry deadline.
+    """
+    if not isinstance(pub.store, SqliteStore) or len(ranks) < 2:
+        return None
+    if manifest.run != pub.run:
+        raise BadInputError(f"manifest of run {manifest.run!r} given to run {pub.run!r}")
+    start = time.monotonic()
+    g, s = manifest.generation, manifest.seq
+    pub.prepare(g)
+    if any(pub._marks(g, s, rank) for rank in ranks):
+        return None  # a part was started: each resumes after its own mark
+    info = pub.generation_info(g)
+    from deltarec.publish.publisher import PartResult
+
+    results = {rank: PartResult(g, s, rank) for rank in ranks}
+    tables: list[tuple[str, TableSpec]] = []
+    for rank in ranks:
+        tables = pub._todo(manifest, info, rank, {}, results[rank])
+    for table, spec in tables:
+        if sum(pub._part_rows(manifest, r, table, None) for r in ranks) > pub._batch_rows(spec):
+            return None
+    pub._call(  # one writer per run: never publish a superseded generation
+        lambda: pub.registry.check_writer(pub.run, g), f"check generation {g} is the newest"
+    )
+    where = f"run {pub.run!r} generation {g} dump {s} rank"
+    for table, spec in tables[1:]:  # the first table's rows are checked while written
+        for rank in ranks:
+            for batch in pub._rows(manifest, rank, table, spec, None, 0, True):
+                pub._check(table, spec, batch, manifest.version, f"{where} {rank}")
+    for table, spec in tables:
+        _write_table(pub, manifest, ranks, table, spec, check=table == tables[0][0])
+        nbytes = codec.row_bytes(spec.dtype, spec.dim)
+        for rank in ranks:
+            n = pub._part_rows(manifest, rank, table, None)
+            results[rank].rows += n
+            results[rank].bytes += n * nbytes
+            pub.metrics.rows.labels(table, pub.mode.value).inc(n)
+            pub.metrics.bytes.labels(table, pub.mode.value).inc(n * nbytes)
+            if pub.after_batch is not None:
+                pub.after_batch(_mark(pub, manifest, table, rank, n), n)
+    if manifest.kind is DumpKind.SNAPSHOT:
+        pub._finish_snapshot(manifest)
+    seconds = time.monotonic() - start
+    for rank in ranks:
+        pub._record_freshness(manifest, rank, results[rank])
+        results[rank].seconds = seconds
+        pub.metrics.dumps.labels(pub.mode.value).inc()
+    pub.metrics.version.set(manifest.version)
+    return [results[rank] for rank in ranks]
+
+
+def _mark(pub: DumpPublisher, manifest: Manifest, table: str, rank: int, rows: int) -> ProgressMark:
+    """The complete mark of one rank's part of ``table``."""
+    stage = manifest.generation if pub.mode is PublishMode.STAGED else 0
+    return ProgressMark(pub.run, manifest.generation, manifest.seq, table, rank, rows, True, stage)
+
+
+def _write_table(
+    pub: DumpPublisher,
+    manifest: Manifest,
+    ranks: list[int],
+    table: str,
+    spec: TableSpec,
+    check: bool,
+) -> None:
+    """One transaction: every rank's rows of ``table`` (``check``: checked as read) and marks."""
+    store = pub.store
+    assert isinstance(store, SqliteStore)
+    stage = manifest.generation if pub.mode is PublishMode.STAGED else None
+    marks = [
+        _mark(pub, manifest, table, r, pub._part_rows(manifest, r, table, None)) for r in ranks
+    ]
+
+    def batches() -> Iterator[RowBatch]:
+        where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
+        sent = False
+        for rank in ranks:
+            for rows in pub._rows(manifest, rank, table, spec, None, 0, check):
+                if check:
+                    pub._check(table, spec, rows, manifest.version, f"{where} {rank}")
+                versions = np.full(len(rows), manifest.version, np.int64)
+                sent = True
+                yield RowBatch(rows.keys, rows.embedding, rows.ops, versions)
+        if not sent:  # parts without rows still get their marks
+            empty = ShardRows.empty(spec.dtype, spec.dim)
+            yield RowBatch(empty.keys, empty.embedding, empty.ops, np.empty(0, np.int64))
+
+    pub._call(
+        lambda: store.write_parts(table, batches(), marks, staging_generation=stage),
+        f"write the parts of ranks {ranks} of {table!r} (generation {manifest.generation} "
+        f"dump {manifest.seq})",
+    )
+    failpoint("publish.batch")
