@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import glob
 import os
@@ -35,7 +36,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from deltarec.ports import free_port
 
@@ -161,7 +162,63 @@ def _reachable_bindir(bindir: str, user: str) -> str:
     return os.path.join(copy, os.path.relpath(os.path.realpath(bindir), site))
 
 
-class PostgresServer:
+_S = TypeVar("_S", bound="_ThrowawayServer")
+
+
+class _ThrowawayServer(abc.ABC):
+    """What the throwaway servers share.
+
+    A data directory under ``base``, removed by :meth:`close`, and ``with``: start on entry,
+    close on exit.
+    """
+
+    base: str
+
+    @abc.abstractmethod
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server and wait until it answers."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the server (it may be started again on the same data)."""
+
+    def _stop_for_close(self) -> None:
+        self.stop()
+
+    def close(self) -> None:
+        """Stop and remove the data directory."""
+        try:
+            self._stop_for_close()
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self: _S) -> _S:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _ChildProcessServer(_ThrowawayServer):
+    """A server run as one child process, stopped with SIGTERM (SIGKILL after ``stop_wait_s``)."""
+
+    stop_wait_s: float
+    proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """Stop the server: SIGTERM, then SIGKILL if it has not exited after ``stop_wait_s``."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_wait_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+class PostgresServer(_ThrowawayServer):
     """A throwaway PostgreSQL cluster (trust auth, fsync off: for tests only).
 
     Args:
@@ -232,23 +289,14 @@ class PostgresServer:
             self._run(f"{self.bindir}/pg_ctl -D {self.datadir} -m {mode} -w stop")
             self.running = False
 
-    def close(self) -> None:
-        """Stop and remove the data directory."""
-        try:
-            self.stop("immediate")
-        finally:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def _stop_for_close(self) -> None:
+        self.stop("immediate")
 
 
-class RedisServer:
+class RedisServer(_ChildProcessServer):
     """A throwaway ``redis-server`` with an append-only file (survives stop/start).
+
+    It stops gracefully: SIGTERM flushes the append-only file.
 
     Args:
         port: TCP port (default: a free one).
@@ -258,7 +306,7 @@ class RedisServer:
         self.binary = redis_binary()
         self.port = port or free_port()
         self.base = tempfile.mkdtemp(prefix="deltarec-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.stop_wait_s = 30.0
 
     @property
     def url(self) -> str:
@@ -289,31 +337,6 @@ class RedisServer:
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, timeout, "redis-server")
 
-    def stop(self) -> None:
-        """Stop gracefully (SIGTERM flushes the append-only file)."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def close(self) -> None:
-        """Stop and remove the data directory."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 def weed_binary() -> str:
     """SeaweedFS's ``weed``: ``DELTAREC_WEED`` (a path), ``weed`` on ``PATH`` or beside Python.
@@ -338,7 +361,7 @@ def weed_binary() -> str:
     return found
 
 
-class SeaweedServer:
+class SeaweedServer(_ChildProcessServer):
     """A throwaway SeaweedFS server with its S3 API: a real S3-compatible object store.
 
     Master, volume, filer and S3 gateway in one ``weed server`` process, every listener on
@@ -356,7 +379,7 @@ class SeaweedServer:
         self.binary = weed_binary()
         self.base = tempfile.mkdtemp(prefix="deltarec-weed-")
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.stop_wait_s = 3.0  # it may not exit on SIGTERM
 
     @property
     def endpoint(self) -> str:
@@ -439,31 +462,6 @@ class SeaweedServer:
         import uuid
 
         return f"s3://{self.BUCKET}/{uuid.uuid4().hex[:16]}", self.storage_options
-
-    def stop(self) -> None:
-        """Stop the server: SIGTERM, then SIGKILL after a short wait (it may not exit on TERM)."""
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def close(self) -> None:
-        """Stop and remove the data directory."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> SeaweedServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _current_user() -> str:
