@@ -58,24 +58,42 @@ def _cmdline(pid):
         return ""
 
 
-def _pipeline(tmp_path, engine, steps):
+def _is_rank(pid):
+    """A training rank: ``python -m deltarec.train`` or, in a local TrainJob, the script the
+    Kubeflow SDK writes (``train_deltarec-orphan-<digest>.py``)."""
+    cmd = _cmdline(pid)
+    return "deltarec.train" in cmd or "/train_deltarec-orphan-" in cmd
+
+
+def _pipeline(tmp_path, engine, steps, *more):
     return [
         os.path.join(os.path.dirname(sys.executable), "deltarec"),
         "pipeline", "run", "--local", "--engine", engine,
         "--run", "orphan", "--artifacts", str(tmp_path / "art"),
         "--store", f"sqlite:///{tmp_path / 'store.db'}", "--steps", str(steps),
         "--dump-every-steps", "10", "--sample", "200",
-        "--pipeline-root", str(tmp_path / f"{engine}-root"),
+        "--pipeline-root", str(tmp_path / f"{engine}-root"), *more,
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("engine", ["kfp", "airflow"])
-def test_kill_9_of_a_local_pipeline_run_leaves_no_trainer_and_a_rerun_succeeds(tmp_path, engine):
+@pytest.mark.parametrize(
+    ("engine", "more"),
+    [
+        ("kfp", ()),
+        ("airflow", ()),
+        # two nodes: the train-launcher step's TrainJob through the SDK's local process backend
+        ("kfp", ("--nodes", "2", "--ranks-per-node", "1")),
+    ],
+    ids=["kfp", "airflow", "kfp-trainjob"],
+)
+def test_kill_9_of_a_local_pipeline_run_leaves_no_trainer_and_a_rerun_succeeds(
+    tmp_path, engine, more
+):
     if engine == "airflow" and importlib.util.find_spec("airflow") is None:
         pytest.skip("the airflow extra is not installed")
     root = ArtifactRoot(str(tmp_path / "art"))
     run = subprocess.Popen(
-        _pipeline(tmp_path, engine, steps=1_000_000),
+        _pipeline(tmp_path, engine, 1_000_000, *more),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -84,7 +102,7 @@ def test_kill_9_of_a_local_pipeline_run_leaves_no_trainer_and_a_rerun_succeeds(t
         while time.monotonic() < deadline and run.poll() is None:
             holder = current_holder(root, "orphan") if os.path.isdir(root.uri) else None
             tree = _tree(run.pid)
-            ranks = {p for p in tree if "deltarec.train" in _cmdline(p)}
+            ranks = {p for p in tree if _is_rank(p)}
             if holder is not None and holder.alive(time.time()) and len(ranks) >= 2:
                 break
             time.sleep(1)
@@ -102,7 +120,7 @@ def test_kill_9_of_a_local_pipeline_run_leaves_no_trainer_and_a_rerun_succeeds(t
     holder = current_holder(root, "orphan")
     assert holder is not None and not holder.alive(time.time())  # its holder is gone
     again = subprocess.run(
-        _pipeline(tmp_path, engine, steps=20), capture_output=True, text=True, timeout=900
+        _pipeline(tmp_path, engine, 20, *more), capture_output=True, text=True, timeout=900
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "verify PASS" in again.stdout
