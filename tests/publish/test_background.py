@@ -72,7 +72,7 @@ def test_rows_wait_for_a_manifest_another_rank_commits(setup):
     manifest = write_dump(root, info, 1, rows, commit=False)
     pub = BackgroundPublisher(url, root.uri, "run", rank=1, world_size=2)
     pub.submit_when_committed(1, 1, {T: rows[T][1]}, timeout_s=30)
-    time.sleep(0.3)
+    _wait_for(lambda: pub.manifest_polls >= 2)  # it looked twice and found no manifest
     assert pub.results == []
     root.commit_manifest(manifest)
     pub.close(timeout=30)
@@ -86,9 +86,7 @@ def test_background_failure_is_raised_on_the_training_thread(setup):
     manifest = write_dump(root, info, 1, {T: {0: bad}})
     pub = BackgroundPublisher(url, root.uri, "run", rank=0, world_size=2)
     pub.submit(manifest, {T: bad})
-    deadline = time.monotonic() + 30
-    while pub._error is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_for(lambda: pub._error is not None)
     with pytest.raises(InvalidRowError, match=r"key 3 in run 'run' generation 1 dump 1 rank 0"):
         pub.check()
     with pytest.raises(InvalidRowError):
@@ -113,8 +111,8 @@ def test_submit_blocks_while_the_queue_is_full(setup):
     pub.submit(manifests[0], {T: rows})
     second = threading.Thread(target=pub.submit, args=(manifests[1], {T: rows}))
     second.start()
-    time.sleep(0.3)
-    assert second.is_alive()  # 3.2 kB queued + 3.2 kB > 4 kB: waits for the first dump
+    _wait_for(lambda: pub.blocked_submits == 1)  # 3.2 kB queued + 3.2 kB > 4 kB: it waits
+    assert second.is_alive() and pub.results == []
     gate.set()
     second.join(30)
     pub.close(timeout=30)
@@ -162,3 +160,11 @@ def test_deterministic_errors_are_not_retried():
     with pytest.raises(InvalidRowError):
         RetryPolicy().call(bad, "write", sleep=lambda s: None)
     assert calls == [1]
+
+
+def _wait_for(condition, timeout_s: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (a generous bound: only a hang reaches it)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)

@@ -93,6 +93,10 @@ class BackgroundPublisher:
         if metrics_port is not None:
             self.metrics.serve(metrics_port)
         self.results: list[PartResult] = []
+        self.blocked_submits = 0
+        """Submits that waited for room in the queue (backpressure on the training thread)."""
+        self.manifest_polls = 0
+        """Looks for a manifest another rank had not committed yet (``submit_when_committed``)."""
         self._queue: queue.Queue[_Item] = queue.Queue()
         self._queued = 0
         self._cond = threading.Condition()
@@ -134,11 +138,15 @@ class BackgroundPublisher:
         if self._closed:
             raise StoreError("the background publisher is closed")
         with self._cond:
+            waited = False
             while (
                 self._queued > 0
                 and self._queued + item.nbytes > self.max_queue_bytes
                 and self._error is None
             ):
+                if not waited:
+                    waited = True
+                    self.blocked_submits += 1
                 self._cond.wait(0.5)
             self._queued += item.nbytes
             self.metrics.queued_bytes.set(self._queued)
@@ -220,6 +228,7 @@ class BackgroundPublisher:
                     f"rank {self.rank}: manifest of generation {item.generation} dump "
                     f"{item.seq} not committed within {item.wait_s}s ({self.root.url(path)})"
                 )
+            self.manifest_polls += 1
             time.sleep(delay)
             delay = min(1.0, delay * 2)
         return self.root.read_manifest(self.run, item.generation, item.seq)
