@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from deltarec.artifacts.types import DType, TableKind, TableSpec
 from deltarec.ids import table_id
-from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig
+from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig, TableConfig
 
 
 @dataclass(frozen=True)
@@ -44,34 +44,24 @@ class TableInfo:
         )
 
 
+def _plain_table(module: str, name: str, t: TableConfig, weights: str) -> TableInfo:
+    """A plain table of ``module``; its weight is ``<module>.<weights>.<name>.weight``."""
+    return TableInfo(
+        table_id=table_id(module, name),
+        name=name,
+        module=module,
+        kind="plain",
+        dim=t.dim,
+        num_embeddings=t.num_embeddings,
+        sharding=t.sharding,
+        weight_key=f"{module}.{weights}.{name}.weight",
+    )
+
+
 def model_tables(config: ModelConfig, world_size: int) -> list[TableInfo]:
     """Every table of the example model for ``world_size`` ranks, in a fixed order."""
-    out = [
-        TableInfo(
-            table_id=table_id("sparse.ebc", name),
-            name=name,
-            module="sparse.ebc",
-            kind="plain",
-            dim=t.dim,
-            num_embeddings=t.num_embeddings,
-            sharding=t.sharding,
-            weight_key=f"sparse.ebc.embedding_bags.{name}.weight",
-        )
-        for name, t in config.tables.items()
-    ]
-    h = config.history
-    out.append(
-        TableInfo(
-            table_id=table_id("sparse.ec", HISTORY),
-            name=HISTORY,
-            module="sparse.ec",
-            kind="plain",
-            dim=h.dim,
-            num_embeddings=h.num_embeddings,
-            sharding=h.sharding,
-            weight_key=f"sparse.ec.embeddings.{HISTORY}.weight",
-        )
-    )
+    out = [_plain_table("sparse.ebc", n, t, "embedding_bags") for n, t in config.tables.items()]
+    out.append(_plain_table("sparse.ec", HISTORY, config.history, "embeddings"))
     z = config.zch
     slots = z.zch_size_per_rank * world_size
     out.append(
