@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -216,13 +215,18 @@ def test_concurrent_insert_of_a_new_key_is_applied_not_lost(
         f'INSERT INTO "{view.name}" (key, embedding, version) VALUES (3, %s, %s)',
         (b"\0" * 16, make_version(1, 1)),
     )
-    commit = threading.Timer(0.5, other.commit)  # while this write waits on key 3
+    committing = threading.Event()
+
+    def commit_other() -> None:
+        committing.set()  # before the commit: this write cannot have ended before it was set
+        other.commit()
+
+    commit = threading.Timer(0.5, commit_other)  # while this write waits on key 3
     commit.start()
     try:
-        started = time.monotonic()
         mark = ProgressMark("r", 1, 2, T, 0, 10, True)
         store.write(T, keys, emb, np.zeros(10, np.int8), np.full(10, new), mark=mark)
-        assert time.monotonic() - started >= 0.4  # it did wait for the other writer
+        assert committing.is_set()  # it did wait for the other writer's commit
     finally:
         commit.join()
         other.close()
