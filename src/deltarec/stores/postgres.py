@@ -37,7 +37,7 @@ from deltarec.stores.base import first_batch
 from deltarec.stores.config import PostgresConfig
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
-from deltarec.stores.pgcopy import decode_float4_array
+from deltarec.stores.pgcopy import FLOAT4_OID, decode_float4_array
 from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
@@ -417,20 +417,38 @@ class PostgresStore(RelationalStore):
     def scan_rows(
         self, table: str, batch_rows: int = 65536
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:
-        """Every row of a live view, ascending, in keyset-paged ``SELECT``s (one read each)."""
+        """Every row of a live view, ascending, in keyset pages (one read transaction each).
+
+        Each page comes back as one value: the server concatenates the page's rows into one
+        ``bytea`` of fixed-width records (key, version, embedding; see :func:`_page_sql`), sent
+        in binary, which numpy decodes at once, instead of a Python tuple per row.
+
+        Raises:
+            StoreError: a stored row is not of the view's width (names the view).
+        """
         view = self._view(table)
-        element = codec.element_type(view.dtype)
-        width = codec.encoded_width(view.dtype, view.dim)
-        for rows in self._pages(view.name, "key, embedding, version", batch_rows):
-            n = len(rows)
-            keys = np.fromiter((r[0] for r in rows), np.int64, n)
-            if self.layout == "bytea":
-                emb = np.frombuffer(b"".join(r[1] for r in rows), element).reshape(n, width)
-            else:
-                emb = np.asarray([r[1] for r in rows], np.float32).reshape(n, width)
-                emb = emb.astype(element)
-            versions = np.fromiter((r[2] for r in rows), np.int64, n)
-            yield keys, ReadResult(np.ones(n, bool), versions, emb)
+        records = _page_records(view, self.layout)
+        last: int | None = None
+        while True:
+            with self._tx(write=False) as cur:
+                after = "" if last is None else "WHERE key > %s "
+                params = (batch_rows,) if last is None else (last, batch_rows)
+                cur.execute(_page_sql(view.name, self.layout, after), params, binary=True)
+                n, blob = cur.fetchone()
+            if not n:
+                return
+            page = np.frombuffer(blob, records) if len(blob) == n * records.itemsize else None
+            emb = None if page is None else _page_rows(page, view, self.layout)
+            if page is None or emb is None:
+                raise StoreError(
+                    f"{self.describe()}: view {view.name!r} holds rows that are not "
+                    f"{view.describe()} layout={self.layout}"
+                )
+            keys = page["k"].astype(np.int64)
+            yield keys, ReadResult(np.ones(n, bool), page["v"].astype(np.int64), emb)
+            last = int(keys[-1])
+            if n < batch_rows:
+                return
 
     # ---- snapshot / staging --------------------------------------------------------------
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
@@ -452,3 +470,40 @@ class PostgresStore(RelationalStore):
             # super() lists the staging views under the lock (a merge that waited finds them
             # gone) and its transaction nests in this one as a savepoint: one commit.
             return super().merge_staging(run, generation)
+
+
+def _page_sql(name: str, layout: str, after: str) -> str:
+    """One keyset page of view ``name`` (``after``: its ``WHERE``) as ``(rows, records)``.
+
+    The records are one ``bytea``: per row, in key order, the key and the version (``int8send``,
+    big-endian) and the embedding (``bytea``: as stored; ``float4[]``: ``array_send``, the
+    binary array format that :func:`~deltarec.stores.pgcopy.embedding_field` writes).
+    """
+    emb = "embedding" if layout == "bytea" else "array_send(embedding)"
+    return (
+        f"SELECT count(*), string_agg(int8send(key) || int8send(version) || {emb}, ''::bytea "
+        f"ORDER BY key) FROM (SELECT key, version, embedding FROM {quote(name)} {after}"
+        "ORDER BY key LIMIT %s) AS page"
+    )
+
+
+def _page_records(view: ViewInfo, layout: str) -> np.dtype:
+    """The numpy record of one row of :func:`_page_sql` for ``view``."""
+    if layout == "bytea":
+        width = codec.encoded_width(view.dtype, view.dim)
+        emb: list[Any] = [("e", codec.element_type(view.dtype), (width,))]
+    else:
+        emb = [("h", ">i4", (5,)), ("e", [("l", ">i4"), ("x", ">f4")], (view.dim,))]
+    return np.dtype([("k", ">i8"), ("v", ">i8"), *emb])
+
+
+def _page_rows(page: np.ndarray, view: ViewInfo, layout: str) -> np.ndarray | None:
+    """The encoded rows of a page of :func:`_page_records`.
+
+    None if an array of the ``float4[]`` layout is not a plain one of ``dim`` values.
+    """
+    if layout == "bytea":
+        return np.ascontiguousarray(page["e"])
+    if not ((page["h"] == (1, 0, FLOAT4_OID, view.dim, 1)).all() and (page["e"]["l"] == 4).all()):
+        return None
+    return page["e"]["x"].astype(codec.element_type(view.dtype))

@@ -14,24 +14,28 @@ never collide with a view). Rows are kept per run (docs/runs.md):
 * ``emb:~tomb:<run>:<table id>``: tombstones ``key -> version`` of a run's deleted keys.
 * ``emb:~stage:<run>:<G>:<table id>``: generation ``G``'s staging view, values ``version + op
   byte + row``.
-* ``emb:~serves`` (table -> run), ``emb:~floors``, ``emb:~views``, ``emb:~gens:<run>``,
+* ``emb:~serves`` (table -> run), ``emb:~floors``, ``emb:~lows`` (per live view a version no
+  row of it is below, so a snapshot's sweep of a view holding nothing older is not a scan),
+  ``emb:~views``, ``emb:~gens:<run>``,
   ``emb:~progress:<run>:<G>``, ``emb:~snapshots:<run>``, ``emb:~serving:<run>``,
   ``emb:~fresh:<run>``: the registry.
 
 A batch is one ``MULTI``/``EXEC`` pipeline of server-side Lua scripts that apply the version
 guard per row, plus the progress mark, so rows and mark commit together. Snapshot replacement
-and ``merge_staging`` walk a hash with ``HSCAN`` and apply an atomic script per chunk: each step
-is version-guarded and idempotent, so an interrupted merge is finished by running it again,
-but a whole generation does not become visible in one instant (``atomic_merge = False``).
+and ``merge_staging`` are scripts that each take one ``HSCAN`` step of a hash on the server and
+return the next cursor: each step is version-guarded and idempotent, so an interrupted merge is
+finished by running it again, but a whole generation does not become visible in one instant
+(``atomic_merge = False``). Reads and scans come back as one string of keys and one blob of
+fixed-width values per script call (:mod:`deltarec.stores.redislua`), decoded with numpy.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -39,6 +43,7 @@ import redis as redis_lib
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import (
     BadInputError,
@@ -47,7 +52,7 @@ from deltarec.errors import (
     ViewMismatchError,
 )
 from deltarec.ids import make_version, validate_run, validate_table_id
-from deltarec.stores.base import Registry, Store
+from deltarec.stores.base import Registry, Store, first_batch
 from deltarec.stores.config import RedisConfig, env_password
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.legacy import migrate_runless
@@ -56,6 +61,7 @@ from deltarec.stores.redislua import (
     LUA_MERGE,
     LUA_READ,
     LUA_REGISTER,
+    LUA_SCAN,
     LUA_SWEEP,
     LUA_SWITCH,
     LUA_WRITE,
@@ -68,13 +74,18 @@ from deltarec.stores.types import (
     FreshnessRecord,
     ProgressMark,
     ReadResult,
+    RowBatch,
     ServingPointer,
     SnapshotRecord,
     ViewInfo,
 )
 
-_SCAN_CHUNK = 1000
-_READ_CHUNK = 4000  # fields per read script: LUA_READ unpacks them, Lua allows ~8000 values
+_SWEEP_STEP = 4000
+"""Fields per ``HSCAN`` step of a sweep or merge script (each step holds the server briefly)."""
+_SCAN_STEP = 16384
+"""Fields per ``HSCAN`` step of a scan script (about 4 MB of rows of dim 64 per reply)."""
+_READ_CHUNK = 8192
+"""Keys per read script."""
 _ERRORS = DriverErrors(
     redis_lib.RedisError,
     lambda e: isinstance(e, (redis_lib.ConnectionError, redis_lib.TimeoutError)),
@@ -120,6 +131,7 @@ class RedisStore(RunViews, Store, Registry):
         self._floor_script = self._client.register_script(LUA_FLOOR)
         self._register_script = self._client.register_script(LUA_REGISTER)
         self._read_script = self._client.register_script(LUA_READ)
+        self._scan_script = self._client.register_script(LUA_SCAN)
         self._switch_script = self._client.register_script(LUA_SWITCH)
         self._lock = threading.RLock()
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
@@ -145,21 +157,23 @@ class RedisStore(RunViews, Store, Registry):
     def _reg(self, name: str, *parts: object) -> str:
         return ":".join([f"{self.prefix}~{name}", *(str(p) for p in parts)])
 
+    def _apply_keys(self, stage: str, run: str, table: str) -> list[str]:
+        """The ``KEYS`` of :data:`LUA_WRITE` and :data:`LUA_MERGE`.
+
+        ``stage`` is the staging view, or '' for a live write.
+        """
+        return [
+            stage,
+            self._reg("tomb", run, table),
+            self._reg("floors"),
+            self._parked(run, table),  # the floor's field: the same wherever the view is
+            *self._live_keys(run, table),
+            self._reg("lows"),
+        ]
+
     def _live_keys(self, run: str, table: str) -> list[str]:
         """The keys a script needs to find ``run``'s live view of ``table`` (see ``where``)."""
         return [self._reg("serves"), self._serving(table), self._parked(run, table)]
-
-    def _live_name(self, run: str | None, table: str) -> str:
-        """Where the live view of ``run`` (None: what serving reads) is now."""
-        if run is None:
-            return self._serving(table)
-        with _ERRORS.map_errors(self.describe()):
-            serves = self._client.hget(self._reg("serves"), table)
-        return (
-            self._serving(table)
-            if serves is not None and _text(serves) == run
-            else (self._parked(run, table))
-        )
 
     # ---- views ---------------------------------------------------------------------------
     def provision(
@@ -242,53 +256,89 @@ class RedisStore(RunViews, Store, Registry):
         staging_generation: int | None = None,
     ) -> int:
         """See :meth:`Store.write`: one MULTI/EXEC of version-guarded scripts and the mark."""
+        batch = RowBatch(keys, embedding, ops, versions)
+        queue, n = self._prepared(table, batch, mark, staging_generation)
+        self._execute_fenced(queue, mark)
+        return n
+
+    def write_batches(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write_batches`: a MULTI/EXEC per batch, the mark with the last.
+
+        While the server applies one batch (on a thread of this call), the next one is checked
+        and encoded; a batch is sent only after the one before it has been applied, and the
+        mark's batch only after all of them, so a failure stops the call before the mark.
+        """
+        batch, it = first_batch(table, batches)
+        total = 0
+        with ThreadPoolExecutor(1, thread_name_prefix="deltarec-redis") as sender:
+            applied: Future[None] | None = None
+            for following in it:
+                queue, n = self._prepared(table, batch, None, staging_generation)
+                if applied is not None:
+                    applied.result()
+                applied = sender.submit(self._execute_fenced, queue, None)
+                total += n
+                batch = following
+            queue, n = self._prepared(table, batch, mark, staging_generation)
+            if applied is not None:
+                applied.result()
+        self._execute_fenced(queue, mark)
+        return total + n
+
+    def _prepared(
+        self,
+        table: str,
+        batch: RowBatch,
+        mark: ProgressMark | None,
+        staging_generation: int | None,
+    ) -> tuple[Callable[[Any], None], int]:
+        """One batch checked and encoded.
+
+        Returns what queues its scripts (and ``mark``) on a pipeline, and its row count.
+        """
         self._check_mark(mark)
         run = self._writer("writing rows")
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        keys, ops, versions = checked_arrays(table, view, keys, embedding, ops, versions)
+        keys, ops, versions = checked_arrays(table, view, *batch)
+        embedding = np.ascontiguousarray(batch.embedding)
         n = int(keys.shape[0])
         row_width = embedding.shape[1] * embedding.itemsize
         records = np.empty(n, np.dtype([("v", "<i8"), ("e", np.void, row_width)]))
         records["v"] = versions
-        records["e"] = (
-            np.ascontiguousarray(embedding).view(np.dtype((np.void, row_width))).reshape(n)
-        )
-        blob = records.tobytes()
+        records["e"] = embedding.view(np.dtype((np.void, row_width))).reshape(n)
+        blob = records.view(np.uint8).data  # sliced per script without copies
         stride = 8 + row_width
         op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
-        key_text = [str(k) for k in keys.tolist()]
-        script_keys = [
-            view.name if stage else "",
-            self._reg("tomb", run, table),
-            self._reg("floors"),
-            self._parked(run, table),  # the floor's field: the same wherever the view is
-            *self._live_keys(run, table),
+        script_keys = self._apply_keys(view.name if stage else "", run, table)
+        step = self.config.rows_per_script
+        calls = [
+            [
+                min(n, s + step) - s,
+                stride,
+                blob[s * stride : min(n, s + step) * stride],
+                op_chars[s : s + step],
+                "1" if stage else "0",
+                table,
+                run,
+                ",".join(map(str, keys[s : s + step].tolist())),
+            ]
+            for s in range(0, n, step)
         ]
 
         def queue(pipe: Any) -> None:
-            step = self.config.rows_per_script
-            for s in range(0, n, step):
-                e = min(n, s + step)
-                self._write_script(
-                    keys=script_keys,
-                    args=[
-                        e - s,
-                        stride,
-                        blob[s * stride : e * stride],
-                        op_chars[s:e],
-                        "1" if stage else "0",
-                        table,
-                        run,
-                        *key_text[s:e],
-                    ],
-                    client=pipe,
-                )
+            for args in calls:
+                self._write_script(keys=script_keys, args=args, client=pipe)
             if mark is not None:
                 self._mark(pipe, mark, stage)
 
-        self._execute_fenced(queue, mark)
-        return n
+        return queue, n
 
     def _execute_fenced(self, queue: Callable[[Any], None], mark: ProgressMark | None) -> None:
         """One MULTI/EXEC of what ``queue`` adds; with a mark, fenced by its generation.
@@ -339,56 +389,96 @@ class RedisStore(RunViews, Store, Registry):
     def read(
         self, table: str, keys: np.ndarray, staging_generation: int | None = None
     ) -> ReadResult:
-        """See :meth:`Store.read`."""
+        """See :meth:`Store.read` (a script per chunk of keys; a staged delete is not found)."""
         view = self._view(table, staging_generation)
         keys = np.asarray(keys, dtype=np.int64)
         out = ReadResult.none_found(view, len(keys))
-        skip = 9 if view.staging_generation else 8  # a staged row carries its op byte
-        with _ERRORS.map_errors(self.describe()):
-            for s in range(0, len(keys), _READ_CHUNK):
-                fields = [str(k) for k in keys[s : s + _READ_CHUNK].tolist()]
-                for i, value in enumerate(self._hmget(view, fields), start=s):
-                    if value is None or (skip == 9 and value[8:9] == b"1"):
-                        continue
-                    out.found[i] = True
-                    raw = bytes(value)  # type: ignore[arg-type]
-                    out.versions[i] = struct.unpack_from("<q", raw)[0]
-                    out.embedding[i] = np.frombuffer(raw, dtype=out.embedding.dtype, offset=skip)
+        records = _value_type(view)
+        staged = "1" if view.staging_generation else "0"
+        for s in range(0, len(keys), _READ_CHUNK):
+            part = keys[s : s + _READ_CHUNK]
+            with _ERRORS.map_errors(self.describe()):
+                flags, values = self._read_script(
+                    keys=self._target(view),
+                    args=[
+                        view.table,
+                        self.run or "",
+                        ",".join(map(str, part.tolist())),
+                        records.itemsize,
+                        staged,
+                    ],
+                )
+            found = np.frombuffer(flags, np.uint8) == ord("1")
+            rows = np.frombuffer(values, records)
+            at = np.flatnonzero(found) + s
+            out.found[at] = True
+            out.versions[at] = rows["v"]
+            out.embedding[at] = rows["e"]
         return out
 
-    def _hmget(self, view: ViewInfo, fields: list[str]) -> list[Any]:
-        """``fields`` of ``view``; a run's live view read where it is at that instant."""
+    def _target(self, view: ViewInfo) -> list[str]:
+        """The ``KEYS`` of a script's ``target()``.
+
+        The view's hash, or the handle's run's live view of its table wherever it is when the
+        script runs (a promote may move it between two calls).
+        """
         if view.staging_generation or self.run is None:
-            return list(self._client.hmget(view.name, fields))
-        run = self.run
-        return list(
-            self._read_script(
-                keys=self._live_keys(run, view.table), args=[view.table, run, *fields]
-            )
-        )
+            return [view.name]
+        return ["", *self._live_keys(self.run, view.table)]
 
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """See :meth:`Store.scan_keys` (hash order, not sorted)."""
-        self._view(table)
-        name = self._live_name(self.run, table)
-        for fields in self._hscan(name, batch_rows):
-            yield np.asarray([int(f) for f in fields], dtype=np.int64)
+        for keys, _ in self._scan(self._view(table), batch_rows, with_rows=False):
+            yield keys
 
-    def _hscan(self, name: str, count: int) -> Iterator[list[bytes]]:
-        cursor = 0
+    def scan_rows(
+        self, table: str, batch_rows: int = 65536
+    ) -> Iterator[tuple[np.ndarray, ReadResult]]:
+        """See :meth:`Store.scan_rows`: one pass of ``HSCAN`` steps (hash order, not sorted)."""
+        view = self._view(table)
+        for keys, rows in self._scan(view, batch_rows, with_rows=True):
+            n = len(keys)
+            emb = np.ascontiguousarray(rows["e"])
+            yield keys, ReadResult(np.ones(n, bool), rows["v"].copy(), emb)
+
+    def _scan(
+        self, view: ViewInfo, batch_rows: int, with_rows: bool
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Keys (and, ``with_rows``, the values as :func:`_value_type`) of ``view``, a step each.
+
+        A field or value the script sent back that does not parse as the view's raises
+        :class:`~deltarec.errors.StoreError` naming the view.
+        """
+        records = _value_type(view)
+        width = records.itemsize if with_rows else 0
+        cursor = b"0"
         while True:
             with _ERRORS.map_errors(self.describe()):
-                cursor, page = self._client.hscan(name, cursor, count=count)
-            if page:
-                yield [bytes(f) for f in page]  # type: ignore[arg-type]
-            if cursor == 0:
+                cursor, n, fields, values = self._scan_script(
+                    keys=self._target(view),
+                    args=[view.table, self.run or "", cursor, min(batch_rows, _SCAN_STEP), width],
+                )
+            if n:
+                keys = np.fromstring(fields, dtype=np.int64, sep=",")
+                if len(keys) != n:
+                    raise StoreError(f"{self.describe()}: a field of {view.name} is not a key")
+                yield keys, np.frombuffer(values, records)  # empty without rows
+            if int(cursor) == 0:
                 return
 
-    def _chunked(self, name: str, fn: Callable[[list[bytes]], Any]) -> None:
-        for fields in self._hscan(name, _SCAN_CHUNK):
-            for s in range(0, len(fields), _SCAN_CHUNK):
-                with _ERRORS.map_errors(self.describe()):
-                    fn(fields[s : s + _SCAN_CHUNK])
+    def _steps(self, script: Any, keys: list[str], args: list[Any]) -> int:
+        """Run a cursor script (:data:`LUA_SWEEP`, :data:`LUA_MERGE`) until its ``HSCAN`` ends.
+
+        ``args`` come before the cursor and the count. Returns the sum of its counts.
+        """
+        cursor: Any = 0
+        total = 0
+        while True:
+            with _ERRORS.map_errors(self.describe()):
+                cursor, count = script(keys=keys, args=[*args, cursor, _SWEEP_STEP])
+            total += int(count)
+            if int(cursor) == 0:
+                return total
 
     # ---- snapshot / staging --------------------------------------------------------------
     def sweep_below(self, table: str, version: int) -> None:
@@ -431,16 +521,10 @@ class RedisStore(RunViews, Store, Registry):
         packed = pack_version(version)
         with _ERRORS.map_errors(self.describe()):
             self._floor_script(keys=[self._reg("floors")], args=[self._parked(run, table), packed])
-        live = ["", *self._live_keys(run, table)]  # found by the script, wherever it is now
-        for name, keys in (
-            (self._live_name(run, table), live),
-            (self._reg("tomb", run, table), []),
-        ):
-
-            def sweep(fields: list[bytes], keys: list[str] = keys or [name]) -> None:
-                self._sweep_script(keys=keys, args=[packed, table, run, *fields])
-
-            self._chunked(name, sweep)
+        # found by the script wherever it is now; its low mark may spare the scan
+        live = ["", *self._live_keys(run, table), self._reg("lows")]
+        for keys in (live, [self._reg("tomb", run, table)]):
+            self._steps(self._sweep_script, keys, [table, run, packed])
 
     def merge_staging(self, run: str, generation: int) -> int:
         """See :meth:`Store.merge_staging`: chunked, guarded, idempotent; not one transaction."""
@@ -451,22 +535,10 @@ class RedisStore(RunViews, Store, Registry):
             v for v in self._all_views() if v.staging_generation == generation and v.run == run
         ]
         for stage in stages:
-            keys = [
-                stage.name,
-                self._reg("tomb", run, stage.table),
-                self._reg("floors"),
-                self._parked(run, stage.table),
-                *self._live_keys(run, stage.table),
-            ]
-
-            def merge(
-                fields: list[bytes], keys: list[str] = keys, table: str = stage.table
-            ) -> None:
-                nonlocal merged
-                merged += int(self._merge_script(keys=keys, args=[table, run, *fields]))
+            keys = self._apply_keys(stage.name, run, stage.table)
 
             while True:
-                self._chunked(stage.name, merge)
+                merged += self._steps(self._merge_script, keys, [stage.table, run])
                 with _ERRORS.map_errors(self.describe()):
                     if not self._client.hlen(stage.name):
                         break
@@ -611,6 +683,16 @@ class RedisStore(RunViews, Store, Registry):
     def close(self) -> None:
         """Close the connection pool (idempotent)."""
         self._client.close()
+
+
+def _value_type(view: ViewInfo) -> np.dtype:
+    """One stored value of ``view`` as a numpy record.
+
+    Fields: version ``v``, a staged value's op byte ``o``, the encoded row ``e``.
+    """
+    row = (codec.element_type(view.dtype), (codec.encoded_width(view.dtype, view.dim),))
+    op = [("o", np.uint8)] if view.staging_generation else []
+    return np.dtype([("v", "<i8"), *op, ("e", *row)])
 
 
 def _text(value: bytes | str) -> str:

@@ -8,8 +8,12 @@ uint32 halves.
 
 Each script runs atomically on the server and is version-guarded, so running one again after
 a failure changes nothing more: the store's batches, sweeps and merges rely on that. The
-``KEYS`` and ``ARGV`` each script takes are written at its head. Used by
-:mod:`deltarec.stores.redis`.
+``KEYS`` and ``ARGV`` each script takes are written at its head. Keys and fields travel as
+one string (decimal keys joined by ``,``) and rows as one blob each way, and a script reads
+and writes a hash with one ``HMGET``/``HSET`` per 1000 fields, not one call per row: the
+client encodes and decodes whole batches with numpy, and the server runs few commands. Scans
+(``HSCAN``) run inside the scripts, so a sweep or a merge sends nothing back but a cursor.
+Used by :mod:`deltarec.stores.redis`.
 """
 
 from __future__ import annotations
@@ -24,27 +28,80 @@ local function floor_of(floors, view)
   if f then return ver(f) end
   return 0, 0
 end
--- apply one row to a live view; returns 1 if it changed the view
-local function apply(live, tomb, key, vbytes, op, row)
-  local vh, vl = ver(vbytes)
-  local cur = redis.call('HGET', live, key)
-  local newer = true
-  if cur then local ch, cl = ver(string.sub(cur, 1, 8)); newer = ge(vh, vl, ch, cl) end
-  if op == '1' then
-    local t = redis.call('HGET', tomb, key)
-    if not t then redis.call('HSET', tomb, key, vbytes)
-    else
-      local th, tl = ver(t)
-      if ge(vh, vl, th, tl) then redis.call('HSET', tomb, key, vbytes) end
-    end
-    if newer and cur then redis.call('HDEL', live, key); return 1 end
-    return 0
+-- Lua's unpack takes about 8000 values: hash commands go in pieces of 1000 fields
+local PIECE = 1000
+local function hmget(h, fields)
+  local out = {}
+  for s = 1, #fields, PIECE do
+    local got = redis.call('HMGET', h, unpack(fields, s, math.min(#fields, s + PIECE - 1)))
+    for j = 1, #got do out[s + j - 1] = got[j] end
   end
-  if not newer then return 0 end
-  local t = redis.call('HGET', tomb, key)
-  if t then local th, tl = ver(t); if ge(th, tl, vh, vl) then return 0 end end
-  redis.call('HSET', live, key, vbytes .. row)
-  return 1
+  return out
+end
+local function hset(h, pairs)  -- pairs: field, value, field, value, ...
+  for s = 1, #pairs, 2 * PIECE do
+    redis.call('HSET', h, unpack(pairs, s, math.min(#pairs, s + 2 * PIECE - 1)))
+  end
+end
+local function hdel(h, fields)
+  for s = 1, #fields, PIECE do
+    redis.call('HDEL', h, unpack(fields, s, math.min(#fields, s + PIECE - 1)))
+  end
+end
+local function split(text)
+  local out = {}
+  for f in string.gmatch(text, '[^,]+') do out[#out + 1] = f end
+  return out
+end
+-- A live view's low mark (hash lows, field: the view's floor field) is a version no row of the
+-- view is below: every write that lands lowers it, a completed sweep raises it. It is absent
+-- for a view that held rows before it was kept; a sweep then scans the view.
+local function lower_low(lows, field, existed, h, l)
+  if not h then return end
+  local cur = redis.call('HGET', lows, field)
+  if cur then
+    local ch, cl = ver(cur)
+    if ge(h, l, ch, cl) then return end
+  elseif existed then return end
+  redis.call('HSET', lows, field, struct.pack('<I4I4', l, h))
+end
+-- Apply rows (distinct keys) to a live view: values[i] (8-byte version + row), ops[i]
+-- ('0'/'1'). An upsert lands if it is not older than the row held and no tombstone is newer;
+-- a delete keeps the newest tombstone and removes a row that is not newer. The view and the
+-- tombstones are read once per piece (HMGET; the tombstones only if there are any) and
+-- written once (HSET/HDEL of many fields); the low mark follows. Returns the rows that
+-- changed the view.
+local function apply_rows(live, tomb, lows, field, keys, values, ops)
+  local existed = redis.call('EXISTS', live) == 1
+  local cur = {}
+  if existed then cur = hmget(live, keys) end
+  local tombs = {}
+  if redis.call('EXISTS', tomb) == 1 then tombs = hmget(tomb, keys) end
+  local sets, dels, buried = {}, {}, {}
+  local lowh, lowl
+  for i = 1, #keys do
+    local key, value = keys[i], values[i]
+    local vh, vl = ver(value)
+    local c, t = cur[i], tombs[i]
+    local newer = true
+    if c then local ch, cl = ver(c); newer = ge(vh, vl, ch, cl) end
+    if ops[i] == '1' then
+      local bury = true
+      if t then local th, tl = ver(t); bury = ge(vh, vl, th, tl) end
+      if bury then buried[#buried + 1] = key; buried[#buried + 1] = string.sub(value, 1, 8) end
+      if newer and c then dels[#dels + 1] = key end
+    elseif newer then
+      local dead = false
+      if t then local th, tl = ver(t); dead = ge(th, tl, vh, vl) end
+      if not dead then
+        sets[#sets + 1] = key; sets[#sets + 1] = value
+        if not lowh or ge(lowh, lowl, vh, vl) then lowh, lowl = vh, vl end
+      end
+    end
+  end
+  hset(live, sets); hdel(live, dels); hset(tomb, buried)
+  lower_low(lows, field, existed, lowh, lowl)
+  return #sets / 2 + #dels
 end
 """
 
@@ -54,43 +111,67 @@ local function where(serves, tbl, run, serving, parked)
   if redis.call('HGET', serves, tbl) == run then return serving end
   return parked
 end
+-- KEYS[1] a hash; or '' and KEYS[2..4] = serves, serving name, parked name: the live view of
+-- run ARGV[2] of table ARGV[1] wherever it is now (a promote may move it between two calls)
+local function target()
+  if KEYS[1] == '' then return where(KEYS[2], ARGV[1], ARGV[2], KEYS[3], KEYS[4]) end
+  return KEYS[1]
+end
+-- one HSCAN step of hash h: the next cursor, the fields and their values
+local function scan(h, cursor, count)
+  local r = redis.call('HSCAN', h, cursor, 'COUNT', count)
+  local fields, values, page = {}, {}, r[2]
+  for i = 1, #page, 2 do fields[#fields + 1] = page[i]; values[#values + 1] = page[i + 1] end
+  return r[1], fields, values
+end
 """
 
 LUA_WRITE = (
     _LUA_COMMON
     + _LUA_WHERE
     + """
--- KEYS: staging view or '', tombstones, floors, floor field, serves, serving name, parked name;
--- ARGV: n, stride, blob, ops, staged ('1'/'0'), table, run, then n keys. blob holds n records
--- of 8-byte version + row. A live write goes to the run's live view wherever it is now.
+-- KEYS: staging view or '', tombstones, floors, floor field, serves, serving name, parked name,
+-- low marks; ARGV: n, stride, blob, ops, staged ('1'/'0'), table, run, the n keys joined by
+-- ','. blob holds n records of 8-byte version + row. A live write goes to the run's live view
+-- wherever it is now. The keys of one call are distinct (the store's batches are).
 local tomb, floors = KEYS[2], KEYS[3]
 local n, stride = tonumber(ARGV[1]), tonumber(ARGV[2])
 local blob, ops, staged = ARGV[3], ARGV[4], ARGV[5] == '1'
-local view = KEYS[1]
-if not staged then view = where(KEYS[5], ARGV[6], ARGV[7], KEYS[6], KEYS[7]) end
+local keys = split(ARGV[8])
+if #keys ~= n then
+  return redis.error_reply('deltarec: ' .. #keys .. ' keys for ' .. n .. ' rows')
+end
 local fh, fl = floor_of(floors, KEYS[4])
-local changed = 0
+local ks, vs, opv = {}, {}, {}
 for i = 1, n do
-  local key = ARGV[7 + i]
-  local rec = string.sub(blob, (i - 1) * stride + 1, i * stride)
-  local vbytes = string.sub(rec, 1, 8)
-  local vh, vl = ver(vbytes)
-  local op = string.sub(ops, i, i)
-  if ge(vh, vl, fh, fl) then
-    if staged then
-      local cur = redis.call('HGET', view, key)
-      local newer = true
-      if cur then local ch, cl = ver(string.sub(cur, 1, 8)); newer = ge(vh, vl, ch, cl) end
-      if newer then
-        redis.call('HSET', view, key, vbytes .. op .. string.sub(rec, 9))
-        changed = changed + 1
-      end
-    else
-      changed = changed + apply(view, tomb, key, vbytes, op, string.sub(rec, 9))
-    end
+  local at = (i - 1) * stride
+  local lo, hi = struct.unpack('<I4I4', blob, at + 1)
+  if ge(hi, lo, fh, fl) then
+    local j = #ks + 1
+    ks[j], opv[j] = keys[i], string.sub(ops, i, i)
+    vs[j] = string.sub(blob, at + 1, at + stride)
   end
 end
-return changed
+if not staged then
+  local view = where(KEYS[5], ARGV[6], ARGV[7], KEYS[6], KEYS[7])
+  return apply_rows(view, tomb, KEYS[8], KEYS[4], ks, vs, opv)
+end
+local view = KEYS[1]
+local cur = hmget(view, ks)
+local sets = {}
+for i = 1, #ks do
+  local newer = true
+  if cur[i] then
+    local ch, cl = ver(cur[i]); local vh, vl = ver(vs[i])
+    newer = ge(vh, vl, ch, cl)
+  end
+  if newer then
+    sets[#sets + 1] = ks[i]
+    sets[#sets + 1] = string.sub(vs[i], 1, 8) .. opv[i] .. string.sub(vs[i], 9)
+  end
+end
+hset(view, sets)
+return #sets / 2
 """
 )
 """One chunk of a batch into a live view (version guard, floor, tombstones) or a staging view
@@ -100,55 +181,88 @@ LUA_MERGE = (
     _LUA_COMMON
     + _LUA_WHERE
     + """
--- KEYS: staging view, tombstones, floors, floor field, serves, serving name, parked name;
--- ARGV: table, run, then fields of the staging view
+-- KEYS: staging view, tombstones, floors, floor field, serves, serving name, parked name, low
+-- marks; ARGV: table, run, cursor, count. Returns {the next cursor, rows that changed the live
+-- view}.
 local stage, tomb, floors = KEYS[1], KEYS[2], KEYS[3]
 local live = where(KEYS[5], ARGV[1], ARGV[2], KEYS[6], KEYS[7])
 local fh, fl = floor_of(floors, KEYS[4])
-local changed = 0
-for i = 3, #ARGV do
-  local rec = redis.call('HGET', stage, ARGV[i])
-  if rec then
-    local vbytes = string.sub(rec, 1, 8)
-    local vh, vl = ver(vbytes)
-    if ge(vh, vl, fh, fl) then
-      local op, row = string.sub(rec, 9, 9), string.sub(rec, 10)
-      changed = changed + apply(live, tomb, ARGV[i], vbytes, op, row)
-    end
-    redis.call('HDEL', stage, ARGV[i])
+local cursor, fields, recs = scan(stage, ARGV[3], ARGV[4])
+local ks, vs, opv = {}, {}, {}
+for i = 1, #fields do
+  local rec = recs[i]
+  local vh, vl = ver(rec)
+  if ge(vh, vl, fh, fl) then
+    local j = #ks + 1
+    ks[j], opv[j] = fields[i], string.sub(rec, 9, 9)
+    vs[j] = string.sub(rec, 1, 8) .. string.sub(rec, 10)
   end
 end
-return changed
+local changed = apply_rows(live, tomb, KEYS[8], KEYS[4], ks, vs, opv)
+hdel(stage, fields)
+return {cursor, changed}
 """
 )
-"""Given fields of a staging view into its live view (guarded as a write), each field deleted
-from the staging view once applied, so running it again goes on where it stopped."""
+"""One ``HSCAN`` step of a staging view into its live view (guarded as a write), each field
+deleted from the staging view once applied, so running it again goes on where it stopped."""
 
 LUA_SWEEP = (
-    _LUA_WHERE
+    _LUA_COMMON
+    + _LUA_WHERE
     + """
--- KEYS: a hash whose values start with an 8-byte version (or, with serves, serving name and
--- parked name given, a run's live view wherever it is now); ARGV: version, table, run, fields
-local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
-local h = KEYS[1]
-if #KEYS > 1 then h = where(KEYS[2], ARGV[2], ARGV[3], KEYS[3], KEYS[4]) end
-local vh, vl = ver(ARGV[1])
-local removed = 0
-for i = 4, #ARGV do
-  local cur = redis.call('HGET', h, ARGV[i])
-  if cur then
-    local ch, cl = ver(string.sub(cur, 1, 8))
-    if ch < vh or (ch == vh and cl < vl) then
-      redis.call('HDEL', h, ARGV[i])
-      removed = removed + 1
-    end
-  end
+-- KEYS: see target(), then for a live view the low marks (field: its parked name, KEYS[4]);
+-- ARGV: table, run, version, cursor, count. The hash's values start with an 8-byte version.
+-- A live view whose low mark is not below the version holds nothing to remove: not scanned.
+-- The step that ends the scan raises the low mark to the version. Returns {the next cursor,
+-- fields removed}.
+local h = target()
+local vh, vl = ver(ARGV[3])
+local lows = KEYS[5]
+if lows and ARGV[4] == '0' then
+  local low = redis.call('HGET', lows, KEYS[4])
+  if low then local ch, cl = ver(low); if ge(ch, cl, vh, vl) then return {'0', 0} end end
 end
-return removed
+local cursor, fields, values = scan(h, ARGV[4], ARGV[5])
+local gone = {}
+for i = 1, #fields do
+  local ch, cl = ver(values[i])
+  if not ge(ch, cl, vh, vl) then gone[#gone + 1] = fields[i] end
+end
+hdel(h, gone)
+if lows and cursor == '0' then
+  local low = redis.call('HGET', lows, KEYS[4])
+  local raise = true
+  if low then local ch, cl = ver(low); raise = not ge(ch, cl, vh, vl) end
+  if raise then redis.call('HSET', lows, KEYS[4], ARGV[3]) end
+end
+return {cursor, #gone}
 """
 )
-"""Delete the given fields of a hash whose version is below ``ARGV[1]`` (rows or tombstones
-below a snapshot's version). Returns how many went."""
+"""One ``HSCAN`` step of a hash, on the server, deleting the fields whose version is below
+``ARGV[3]`` (rows or tombstones below a snapshot's version); only the cursor and a count come
+back to the client. The caller raises the view's floor to the version first, so no write
+below it lands while the steps run."""
+
+LUA_SCAN = (
+    _LUA_WHERE
+    + """
+-- KEYS: see target(); ARGV: table, run, cursor, count, width (bytes of every value; 0: fields
+-- only). Returns {the next cursor, n, the n fields joined by ',', their values concatenated}.
+local h = target()
+local cursor, fields, values = scan(h, ARGV[3], ARGV[4])
+local width = tonumber(ARGV[5])
+if width == 0 then return {cursor, #fields, table.concat(fields, ','), ''} end
+for i = 1, #values do
+  if #values[i] ~= width then
+    return redis.error_reply('deltarec: field ' .. fields[i] .. ' of ' .. h .. ' holds ' ..
+      #values[i] .. ' bytes, not ' .. width)
+  end
+end
+return {cursor, #fields, table.concat(fields, ','), table.concat(values)}
+"""
+)
+"""One ``HSCAN`` step of a hash (a run's live view wherever it is now), packed into three
+strings on the server so the client decodes them with numpy, not one object per field."""
 
 LUA_FLOOR = """
 local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
@@ -184,14 +298,34 @@ key at the highest generation seen (the write fence reads it). Returns the newes
 
 
 LUA_READ = (
-    _LUA_WHERE
+    _LUA_COMMON
+    + _LUA_WHERE
     + """
--- KEYS: serves, serving name, parked name; ARGV: table, run, fields
-local h = where(KEYS[1], ARGV[1], ARGV[2], KEYS[2], KEYS[3])
-return redis.call('HMGET', h, unpack(ARGV, 3))
+-- KEYS: see target(); ARGV: table, run, fields joined by ',', width (bytes of every value),
+-- staged ('1': a value whose op byte, the 9th, is '1' is a staged delete: not found).
+-- Returns {one '1'/'0' per field (found or not), the found values concatenated}.
+local h = target()
+local fields = split(ARGV[3])
+local got = hmget(h, fields)
+local width, staged = tonumber(ARGV[4]), ARGV[5] == '1'
+local found, values = {}, {}
+for i = 1, #fields do
+  local v = got[i]
+  if v and not (staged and string.sub(v, 9, 9) == '1') then
+    if #v ~= width then
+      return redis.error_reply('deltarec: field ' .. fields[i] .. ' of ' .. h .. ' holds ' ..
+        #v .. ' bytes, not ' .. width)
+    end
+    found[i] = '1'; values[#values + 1] = v
+  else
+    found[i] = '0'
+  end
+end
+return {table.concat(found), table.concat(values)}
 """
 )
-"""Fields of a run's live view wherever it is now (a promote may move it between two calls)."""
+"""Fields of a hash (a run's live view wherever it is now), the found values packed into one
+string on the server."""
 
 LUA_SWITCH = """
 -- KEYS: serves, serving name, the new run's parked name, the serving run's parked name;
