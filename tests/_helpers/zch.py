@@ -182,22 +182,15 @@ def build_sharded(world_size: int) -> tuple[Any, torch.optim.Optimizer]:
     )
     plan = ShardingPlan(
         {
-            "mc_ebc": construct_module_sharding_plan(
-                model.mc_ebc,
-                {"bag": row_wise(compute_kernel="fused")},
-                sharder=bag,
+            name: construct_module_sharding_plan(
+                getattr(model, name),
+                {table: row_wise(compute_kernel="fused")},
+                sharder=sharder,
                 local_size=world_size,
                 world_size=world_size,
                 device_type="cpu",
-            ),
-            "mc_ec": construct_module_sharding_plan(
-                model.mc_ec,
-                {"seq": row_wise(compute_kernel="fused")},
-                sharder=seq,
-                local_size=world_size,
-                world_size=world_size,
-                device_type="cpu",
-            ),
+            )
+            for name, table, sharder in (("mc_ebc", "bag", bag), ("mc_ec", "seq", seq))
         }
     )
     dmp = DistributedModelParallel(
