@@ -36,6 +36,17 @@ def _verified_promote(outbox, store, generation):
     return promote(outbox.root, RUN, store, generation)
 
 
+def _serving_first_generation(outbox, store, store_url, *options):
+    """Generation 1 published, verified and promoted; a follower of the store that polled once."""
+    g1 = outbox.first_generation()
+    outbox.publish(store, g1)
+    _verified_promote(outbox, store, g1)
+    pointer = StorePointer(store_url, outbox.root.uri, RUN)
+    follower = Follower(Replica(outbox.root, RUN), pointer, *options)
+    follower.poll()
+    return g1, follower
+
+
 def _child(outbox, store, parent):
     g = outbox.generation(parent=Parent(parent, outbox.step))
     outbox.dump(
@@ -46,11 +57,7 @@ def _child(outbox, store, parent):
 
 
 def test_a_newer_generation_is_shadowed_until_promoted_then_swapped_in(outbox, store, store_url):
-    g1 = outbox.first_generation()
-    outbox.publish(store, g1)
-    _verified_promote(outbox, store, g1)
-    follower = Follower(Replica(outbox.root, RUN), StorePointer(store_url, outbox.root.uri, RUN))
-    follower.poll()
+    g1, follower = _serving_first_generation(outbox, store, store_url)
     assert_replica_holds(follower.replica, outbox.root, g1, 1)
     g2 = _child(outbox, store, g1)
     follower.poll()
@@ -64,11 +71,7 @@ def test_a_newer_generation_is_shadowed_until_promoted_then_swapped_in(outbox, s
 
 
 def test_rollback_swaps_the_previous_generation_back_in(outbox, store, store_url):
-    g1 = outbox.first_generation()
-    outbox.publish(store, g1)
-    _verified_promote(outbox, store, g1)
-    follower = Follower(Replica(outbox.root, RUN), StorePointer(store_url, outbox.root.uri, RUN))
-    follower.poll()
+    g1, follower = _serving_first_generation(outbox, store, store_url)
     g2 = _child(outbox, store, g1)
     _verified_promote(outbox, store, g2)
     follower.poll()
@@ -84,15 +87,7 @@ def test_rollback_swaps_the_previous_generation_back_in(outbox, store, store_url
 
 
 def test_a_generation_that_fails_verify_is_never_served(outbox, store, store_url):
-    g1 = outbox.first_generation()
-    outbox.publish(store, g1)
-    _verified_promote(outbox, store, g1)
-    follower = Follower(
-        Replica(outbox.root, RUN),
-        StorePointer(store_url, outbox.root.uri, RUN),
-        FollowOptions(follow=True),
-    )
-    follower.poll()
+    g1, follower = _serving_first_generation(outbox, store, store_url, FollowOptions(follow=True))
     g2 = outbox.generation(parent=Parent(g1, outbox.step))
     outbox.dump(g2, 1, {T_EMB: (np.array([7]), 9.0)})  # committed but never published
     result = verify(outbox.root, RUN, store, generation=g2, store_url=store.describe())
@@ -149,10 +144,10 @@ def test_promote_and_rollback_move_dense_and_sparse_together(outbox, store, stor
     follower.poll()
     gen, dense, row = served()
     assert (gen, dense) == (g2, 2.0)
-    np.testing.assert_array_equal(row[0], outbox.encoded(T_EMB, np.array([1]), 2.0)[0])
+    np.testing.assert_array_equal(row[0], outbox.expected_row(T_EMB, np.array([1]), 2.0)[0])
     rollback(outbox.root, RUN, store, g1)
     follower.poll()
     gen, dense, row = served()
     assert (gen, dense) == (g1, 1.0)
-    np.testing.assert_array_equal(row[0], outbox.encoded(T_EMB, np.array([1]), 0.0)[0])
+    np.testing.assert_array_equal(row[0], outbox.expected_row(T_EMB, np.array([1]), 0.0)[0])
     follower.pointer_source.close()
