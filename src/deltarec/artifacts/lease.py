@@ -159,18 +159,7 @@ def epoch_file(root: ArtifactRoot, run: str, epoch: int) -> str:
 
 def epochs(root: ArtifactRoot, run: str) -> list[int]:
     """Every lease epoch of ``run``, ascending."""
-    path = lease_dir(root, run)
-    root.fs.invalidate_cache(path)  # object-store listings are cached (s3fs): always ask
-    try:
-        entries = root.fs.ls(path, detail=False)
-    except FileNotFoundError:
-        return []
-    found = []
-    for entry in entries:
-        m = _EPOCH_RE.match(posixpath.basename(str(entry).rstrip("/")))
-        if m:
-            found.append(int(m.group(1)))
-    return sorted(set(found))
+    return root.numbered_entries(lease_dir(root, run), _EPOCH_RE)
 
 
 def read_epoch(root: ArtifactRoot, run: str, epoch: int) -> LeaseRecord:

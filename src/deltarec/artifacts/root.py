@@ -187,7 +187,12 @@ class ArtifactRoot:
             raise ArtifactError(self.url(path), "expected a JSON object")
         return obj
 
-    def _children(self, path: str, pattern: re.Pattern[str]) -> list[int]:
+    def numbered_entries(self, path: str, pattern: re.Pattern[str]) -> list[int]:
+        """The numbers (``pattern``'s first group) of the entries of ``path`` it matches.
+
+        Ascending, without repeats; ``[]`` if the folder does not exist. On object stores the
+        listing is asked for again, never served from fsspec's cache.
+        """
         if not self.is_local:
             self.fs.invalidate_cache(path)  # object-store listings are cached (s3fs): ask again
         try:
@@ -236,7 +241,7 @@ class ArtifactRoot:
 
     def list_generations(self, run: str) -> list[int]:
         """Generations of ``run`` whose GENERATION.json exists, ascending."""
-        gens = self._children(self.run_dir(run), _GEN_RE)
+        gens = self.numbered_entries(self.run_dir(run), _GEN_RE)
         return [g for g in gens if self.fs.exists(self.generation_file(run, g))]
 
     def generation_file(self, run: str, generation: int) -> str:
@@ -256,7 +261,7 @@ class ArtifactRoot:
     def newest_generation_number(self, run: str) -> int:
         """The highest ``gen-<G>`` directory of ``run`` (0 if none): one listing, no reads."""
         self.fs.invalidate_cache(self.run_dir(run))  # a fence must not read a cached listing
-        gens = self._children(self.run_dir(run), _GEN_RE)
+        gens = self.numbered_entries(self.run_dir(run), _GEN_RE)
         return gens[-1] if gens else 0
 
     def latest_generation(self, run: str) -> int:
@@ -274,7 +279,7 @@ class ArtifactRoot:
         """
         from dataclasses import replace
 
-        existing = self._children(self.run_dir(info.run), _GEN_RE)
+        existing = self.numbered_entries(self.run_dir(info.run), _GEN_RE)
         candidate = max([info.generation - 1, *existing]) + 1
         while True:
             claimed = replace(info, generation=candidate)
@@ -304,12 +309,12 @@ class ArtifactRoot:
 
     def list_dumps(self, run: str, generation: int) -> list[int]:
         """Committed dumps (with a manifest) of a generation, ascending by seq."""
-        seqs = self._children(self.gen_dir(run, generation), _DUMP_RE)
+        seqs = self.numbered_entries(self.gen_dir(run, generation), _DUMP_RE)
         return [s for s in seqs if self.fs.exists(self.manifest_file(run, generation, s))]
 
     def list_incomplete_dumps(self, run: str, generation: int) -> list[int]:
         """Dump directories that hold files but no manifest (an emptied folder is none)."""
-        seqs = self._children(self.gen_dir(run, generation), _DUMP_RE)
+        seqs = self.numbered_entries(self.gen_dir(run, generation), _DUMP_RE)
         return [
             s
             for s in seqs
@@ -340,7 +345,7 @@ class ArtifactRoot:
         Returns the removed paths.
         """
         removed: list[str] = []
-        for g in self._children(self.run_dir(run), _GEN_RE):
+        for g in self.numbered_entries(self.run_dir(run), _GEN_RE):
             for s in self.list_incomplete_dumps(run, g):
                 d = self.dump_dir(run, g, s)
                 self.fs.rm(d, recursive=True)
