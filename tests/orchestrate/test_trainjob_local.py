@@ -29,10 +29,12 @@ def test_two_node_pipeline_trains_through_the_sdk_local_backend_then_verifies_an
     jobs_tmp = tmp_path / "tmp"
     jobs_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(jobs_tmp))  # where the SDK makes the job's venv
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+    # relative paths: the SDK starts the job in its venv (and chdirs this process there)
+    monkeypatch.chdir(tmp_path)
+    store = "sqlite:///store.db"
     art = tmp_path / "art"
     result, printed = run_pipeline_locally(
-        tmp_path, capsys, "--run", "tj", "--artifacts", str(art), "--store", store,
+        tmp_path, capsys, "--run", "tj", "--artifacts", "art", "--store", store,
         "--steps", "30", "--dump-every-steps", "10", "--sample", "0",
         "--nodes", "2", "--ranks-per-node", "1",
     )  # fmt: skip

@@ -165,15 +165,18 @@ def torchrun_main() -> None:
     main()
 
 
-def run_rank(program: list[str], args: list[str]) -> int:
+def run_rank(program: list[str], args: list[str], cwd: str) -> int:
     """Run the training program in this rank (a process torchrun started).
 
-    ``deltarec train`` and ``python -m deltarec.orchestrate.entry`` run in this process; any
-    other command replaces it (``execvp``).
+    In ``cwd``, the launcher step's directory (the SDK starts the job in its venv), so relative
+    paths mean what they mean to the step. ``deltarec train`` and ``python -m
+    deltarec.orchestrate.entry`` run in this process; any other command replaces it
+    (``execvp``).
     """
     from deltarec.train.launch import exit_with_parent
 
     exit_with_parent()
+    os.chdir(cwd)
     if program == ["deltarec", "train"]:
         from deltarec.cli import main
 
@@ -192,7 +195,7 @@ def _rank(job: dict) -> None:  # type: ignore[type-arg]
 
     from deltarec.orchestrate.trainjob_local import run_rank
 
-    sys.exit(run_rank(job["program"], job["args"]))
+    sys.exit(run_rank(job["program"], job["args"], job["cwd"]))
 
 
 def job_env(spec: TrainJobSpec, wheels: str) -> dict[str, str]:
@@ -274,13 +277,14 @@ def run_local_train_job(spec: TrainJobSpec, *, poll_s: float = 1.0) -> str:
 
     client = TrainerClient(backend_config=LocalProcessBackendConfig(cleanup_venv=True))
     program, args = _program(spec)
+    cwd = os.getcwd()
     tmp = tempfile.gettempdir()
     venvs_before = set(glob.glob(os.path.join(tmp, f"{spec.name}*")))
     with tempfile.TemporaryDirectory(prefix="deltarec-job-env-") as wheels:
         build_env_wheel(wheels)
         trainer = CustomTrainer(
             func=_rank,
-            func_args={"program": program, "args": args},
+            func_args={"program": program, "args": args, "cwd": cwd},
             packages_to_install=[TORCH_FROM_ENVIRONMENT, ENV_PACKAGE],
             num_nodes=1,
             env=job_env(spec, wheels),
@@ -298,6 +302,8 @@ def run_local_train_job(spec: TrainJobSpec, *, poll_s: float = 1.0) -> str:
                 client.delete_job(name)
                 raise
             finally:
+                # the SDK's job thread chdirs this whole process into the venv while it runs
+                os.chdir(cwd)
                 for venv in set(glob.glob(os.path.join(tmp, f"{spec.name}*"))) - venvs_before:
                     shutil.rmtree(venv, ignore_errors=True)  # the SDK keeps a failed job's
     if status != "Complete":
