@@ -1,6 +1,6 @@
 """Fixtures of the replica tests: generations written with the artifacts API, a SQLite store.
 
-``Outbox`` (a :class:`tests._helpers.lineage.Lineage`) commits dumps through
+``Outbox`` (a :class:`tests._helpers.artifacts.Lineage`) commits dumps through
 :func:`deltarec.artifacts.write_dump` and publishes them with the real publisher, so the replica
 follows what a trainer's outbox holds and promote/rollback run against a real store.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests._helpers.lineage import RUN, T_EMB, T_ZCH, Lineage, values
+from tests._helpers.artifacts import RUN, T_EMB, T_ZCH, Lineage, values
 
 from deltarec.artifacts import ArtifactRoot, DumpKind
 from deltarec.stores import open_store
@@ -18,7 +18,7 @@ __all__ = ["RUN", "T_EMB", "T_ZCH", "Outbox", "values"]
 
 
 class Outbox(Lineage):
-    """A :class:`~tests._helpers.lineage.Lineage` with the replica tests' first generation."""
+    """A :class:`~tests._helpers.artifacts.Lineage` with the replica tests' first generation."""
 
     def first_generation(self) -> int:
         """Generation 1: a snapshot of emb keys 0..49 and ZCH ids, then a delta."""
