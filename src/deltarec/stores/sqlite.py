@@ -291,6 +291,7 @@ class SqliteStore(RelationalStore):
         rank's keys between the previous ones' (every page split and written again). A key
         in two parts is applied in the order the rows come, as part after part would.
         """
+        self._check_mark(None)  # the handle must have a run, with or without marks
         for mark in marks:
             self._check_mark(mark)
         stage = int(staging_generation or 0)
