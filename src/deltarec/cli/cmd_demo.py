@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 
+from deltarec.cli.common import add_engine_argument
 from deltarec.errors import CheckFailedError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's flags."""
-    from deltarec.demo import DEFAULT_STEPS, DEFAULT_WORKDIR, ENGINES
+    from deltarec.demo import DEFAULT_STEPS, DEFAULT_WORKDIR
 
     parser.add_argument(
         "--workdir",
@@ -29,11 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store", default=None, metavar="URL", help="store URL (default: sqlite in --workdir)"
     )
-    parser.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="kfp",
-        help="kfp.local (default) or Airflow's dag.test() (needs deltarec[airflow])",
+    add_engine_argument(
+        parser, "kfp.local (default) or Airflow's dag.test() (needs deltarec[airflow])"
     )
 
 

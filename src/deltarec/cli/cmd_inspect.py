@@ -10,14 +10,14 @@ import argparse
 import json
 from typing import Any
 
-from deltarec.cli.common import add_location_arguments
+from deltarec.cli.common import add_generation_argument, add_location_arguments
 from deltarec.errors import BadInputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec inspect`` (SPEC §7a)."""
     add_location_arguments(parser, store=False)
-    parser.add_argument("--generation", type=int, metavar="G", help="only this generation")
+    add_generation_argument(parser, "only this generation")
     parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
 
 

@@ -26,16 +26,15 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from deltarec.cli.common import add_engine_argument
 from deltarec.errors import BadInputError, CheckFailedError
-
-ENGINES = ("kfp", "airflow")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``compile``, ``submit`` and ``run`` sub-commands."""
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     comp = sub.add_parser("compile", help="write the pipeline YAML (or the Airflow DAG file)")
-    comp.add_argument("--engine", choices=ENGINES, default="kfp", help="kfp (default) or airflow")
+    add_engine_argument(comp, "kfp (default) or airflow")
     comp.add_argument(
         "--output",
         default=None,
@@ -57,9 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     run = sub.add_parser("run", help="run the pipeline on this machine (--local)")
     run.add_argument("--local", action="store_true", help="run on this machine (required)")
-    run.add_argument(
-        "--engine", choices=ENGINES, default="kfp", help="kfp.local (default) or airflow"
-    )
+    add_engine_argument(run, "kfp.local (default) or airflow")
     run.add_argument(
         "--pipeline-root",
         default=None,

@@ -6,16 +6,18 @@ import argparse
 
 from rich.console import Console
 
-from deltarec.cli.common import add_location_arguments
+from deltarec.cli.common import (
+    add_generation_argument,
+    add_location_arguments,
+    add_through_seq_argument,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec promote``."""
     add_location_arguments(parser)
-    parser.add_argument("--generation", required=True, type=int, metavar="G")
-    parser.add_argument(
-        "--through-seq", type=int, metavar="S", help="promote through this dump (default: newest)"
-    )
+    add_generation_argument(parser, required=True)
+    add_through_seq_argument(parser, "promote through this dump (default: newest)")
     parser.add_argument(
         "--force",
         action="store_true",

@@ -12,18 +12,19 @@ import json
 import sys
 from typing import Any
 
-from deltarec.cli.common import add_json_result_argument, add_location_arguments, write_output
+from deltarec.cli.common import (
+    add_generation_argument,
+    add_json_result_argument,
+    add_location_arguments,
+    write_output,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``provision`` flags."""
     add_location_arguments(parser)
-    parser.add_argument(
-        "--generation",
-        type=int,
-        default=None,
-        metavar="G",
-        help="generation whose GENERATION.json lists the tables (default: the newest)",
+    add_generation_argument(
+        parser, "generation whose GENERATION.json lists the tables (default: the newest)"
     )
     parser.add_argument(
         "--staged",

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from deltarec.cli.common import (
+    add_generation_argument,
     add_json_result_argument,
     add_location_arguments,
     seconds,
@@ -26,13 +27,7 @@ from deltarec.publish.types import PublishMode
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``publish`` flags."""
     add_location_arguments(parser)
-    parser.add_argument(
-        "--generation",
-        type=int,
-        default=None,
-        metavar="G",
-        help="generation to publish (default: the newest)",
-    )
+    add_generation_argument(parser, "generation to publish (default: the newest)")
     parser.add_argument(
         "--mode",
         choices=PublishMode.names(),

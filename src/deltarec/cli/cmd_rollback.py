@@ -6,18 +6,15 @@ import argparse
 
 from rich.console import Console
 
-from deltarec.cli.common import add_location_arguments
+from deltarec.cli.common import add_location_arguments, add_through_seq_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec rollback``."""
     add_location_arguments(parser)
     parser.add_argument("--to-generation", required=True, type=int, metavar="G")
-    parser.add_argument(
-        "--through-seq",
-        type=int,
-        metavar="S",
-        help="restore to this dump of G (default: the dump G was last promoted at)",
+    add_through_seq_argument(
+        parser, "restore to this dump of G (default: the dump G was last promoted at)"
     )
 
 

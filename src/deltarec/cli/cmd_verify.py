@@ -9,17 +9,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from deltarec.cli.common import add_location_arguments, write_output
+from deltarec.cli.common import (
+    add_generation_argument,
+    add_location_arguments,
+    add_through_seq_argument,
+    write_output,
+)
 from deltarec.errors import BadInputError, CheckFailedError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``deltarec verify`` (SPEC §7a, plus optional extras)."""
     add_location_arguments(parser)
-    parser.add_argument("--generation", type=int, metavar="G", help="default: the newest")
-    parser.add_argument(
-        "--through-seq", type=int, metavar="S", help="last dump to include (default: the newest)"
-    )
+    add_generation_argument(parser, "default: the newest")
+    add_through_seq_argument(parser, "last dump to include (default: the newest)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
         "--sample",

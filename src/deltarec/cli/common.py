@@ -16,6 +16,25 @@ def add_location_arguments(parser: argparse.ArgumentParser, *, store: bool = Tru
         parser.add_argument("--store", required=True, metavar="URL", help="store URL")
 
 
+def add_generation_argument(
+    parser: argparse.ArgumentParser, help_text: str | None = None, *, required: bool = False
+) -> None:
+    """Add ``--generation G``: the generation the command works on."""
+    parser.add_argument("--generation", type=int, required=required, metavar="G", help=help_text)
+
+
+def add_through_seq_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """Add ``--through-seq S``: the last dump of the generation that counts."""
+    parser.add_argument("--through-seq", type=int, metavar="S", help=help_text)
+
+
+def add_engine_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """Add ``--engine kfp|airflow`` (default ``kfp``): what runs the pipeline."""
+    from deltarec.demo import ENGINES
+
+    parser.add_argument("--engine", choices=ENGINES, default="kfp", help=help_text)
+
+
 def add_json_result_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--json [PATH]``: the command's result as JSON to PATH, or to stdout when bare."""
     parser.add_argument(
