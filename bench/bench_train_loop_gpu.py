@@ -23,6 +23,7 @@ and its dumps are checked, so a block without the hook never runs beside dump wo
 
     python bench/bench_train_loop_gpu.py [--tables 50000000x128,20000000x64,10000000x128]
         [--loops 20ms,2ms] [--ids hot,uniform] [--rounds 2] [--dir /tmp] [--json out.json]
+        [--encoder auto|thread|process] [--encode-workers N]
 """
 
 from __future__ import annotations
@@ -207,7 +208,10 @@ class Bench:
             ]
 
         env = TrainSettings(artifacts=work, run="bench", dump_every_steps=EVERY).to_env()
-        self.hook = hook_from_env(sources=sources, environ=env)
+        options: dict[str, Any] = {"encoder": a.encoder}
+        if a.encode_workers:
+            options["encode_workers"] = a.encode_workers
+        self.hook = hook_from_env(sources=sources, environ=env, **options)
         t0 = time.perf_counter()
         self.hook.on_start(torch.nn.Module(), step=0, restored_from=None)
         self.start_s = time.perf_counter() - t0
@@ -248,6 +252,8 @@ class Bench:
             else:
                 steps.append(ms)
         out = {"steps": steps, "dump_steps": dump_steps, "gc": self.gc.take()}
+        out["dump_wall"] = list(d.dump_host_seconds)[-len(dump_steps) :] if dump_steps else []
+        out["dump_cpu"] = list(d.dump_cpu_seconds)[-len(dump_steps) :] if dump_steps else []
         if hooked:
             t0 = time.perf_counter()
             d.wait_idle()
@@ -319,6 +325,8 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
         "worst_normal_over_median": max(hooked) / b["median"],
         "dump_step_over_normal": max(dumps) / h["median"] if dumps else None,
         "hold_ms": stats([x * 1e3 for x in holds]),
+        "dump_wall_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_wall"]]),
+        "dump_cpu_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_cpu"]]),
         "commit_s": stats([c["commit_s"] for c in checks]),
         "rows_per_dump": stats([float(c["rows"]) for c in checks]),
         "dumps_checked": len(checks),
@@ -345,6 +353,10 @@ def main() -> None:
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--time-budget-s", type=float, default=540.0)
+    p.add_argument("--encode-workers", type=int, default=None, help="DumperConfig")
+    p.add_argument(
+        "--encoder", default="auto", choices=["auto", "thread", "process"], help="DumperConfig"
+    )
     p.add_argument(
         "--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (GIL)"
     )
@@ -361,6 +373,8 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "switch_interval_s": sys.getswitchinterval(),
+        "encoder": a.encoder,
+        "encode_workers": a.encode_workers,
         "tables": a.tables,
         "results": {},
     }
@@ -433,7 +447,9 @@ def report(name: str, s: dict[str, Any]) -> None:
     print(
         f"  dump steps     mean {dm['mean']:6.2f}  median {dm['median']:6.2f}  "
         f"max {dm['max']:6.2f} ms  ({dm['n']} dumps); hold (CUDA events) "
-        f"median {s['hold_ms'].get('median', 0):.2f} max {s['hold_ms'].get('max', 0):.2f} ms"
+        f"median {s['hold_ms'].get('median', 0):.2f} max {s['hold_ms'].get('max', 0):.2f} ms; "
+        f"training thread in the dump: wall median {s['dump_wall_ms'].get('median', 0):.2f}, "
+        f"CPU median {s['dump_cpu_ms'].get('median', 0):.2f} ms"
     )
     print(
         f"  ratios         mean {s['mean_ratio']:.3f} (<= 1.03)  p99 {s['p99_ratio']:.3f} "

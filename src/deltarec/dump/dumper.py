@@ -40,6 +40,7 @@ from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent,
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig, check_row_encoding
 from deltarec.dump.encode import encode_piece, encode_scratch_bytes
+from deltarec.dump.encoder_process import EncoderProcess
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.staging import plan_host_budget
@@ -72,14 +73,25 @@ def _warm_up_encoding(tables: dict[str, TableSpec]) -> None:
     gc.collect()
 
 
-def _pinned_slot_bytes(chunk_rows: int, sources: Sequence[TableSource]) -> int:
-    """A pinned ring slot: one chunk of the widest table (4-byte values), keys and ops.
+def _pinned_slot_bytes(chunk_rows: int, sources: Sequence[TableSource], shared: bool) -> int:
+    """A ring slot: one chunk of the widest table (4-byte values), keys and ops.
 
-    0 (no ring) without CUDA.
+    0 (no ring) without CUDA, unless the ring is ``shared`` with an encoder process.
     """
-    if not sources or not torch.cuda.is_available():
+    if not sources or not (shared or torch.cuda.is_available()):
         return 0
     return pinned_slot_bytes(chunk_rows, max(s.spec.dim for s in sources))
+
+
+def uses_encoder_process(config: DumperConfig) -> bool:
+    """Whether chunks are encoded in a child process (``DumperConfig.encoder``).
+
+    ``auto``: where CUDA is available. On a few CPU cores shared by the training ranks (the
+    CPU path) the child's copies into the ring cost more than the GIL it frees.
+    """
+    if config.encoder == "auto":
+        return torch.cuda.is_available()
+    return config.encoder == "process"
 
 
 class DataMismatchError(DumpError):
@@ -126,7 +138,10 @@ class Dumper:
             ),
             default=0,
         )
-        slot = _pinned_slot_bytes(config.chunk_rows, self.sources)
+        self.encoder_process = uses_encoder_process(config)
+        """Whether a child process encodes and writes the shards
+        (:mod:`deltarec.dump.encoder_process`)."""
+        slot = _pinned_slot_bytes(config.chunk_rows, self.sources, self.encoder_process)
         self.plan = plan_host_budget(
             self.host_budget, config.encode_threads(), widest, keep_rows, pinned_slot_bytes=slot
         )
@@ -134,10 +149,12 @@ class Dumper:
         self.queue = ByteBoundedQueue(self.plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
         self.pinned: PinnedRing | None = (
-            PinnedRing(slot, self.plan.pinned_slots) if self.plan.pinned_slots else None
+            PinnedRing(slot, self.plan.pinned_slots, shared=self.encoder_process)
+            if self.plan.pinned_slots
+            else None
         )
-        """Pinned host memory for every device→host copy of the dumps (CUDA only), allocated
-        once, in :meth:`start`."""
+        """Pinned host memory for every device→host copy of the dumps (CUDA), allocated
+        once, in :meth:`start`; in shared memory with an encoder process (also on CPU)."""
         self._worker: DumpWorker | None = None
         self.lease: RunLease | None = None
         """The run's lease (rank 0 only): acquired in :meth:`start`, checked at every commit."""
@@ -155,6 +172,8 @@ class Dumper:
         self._dump_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
         self._holds_pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
         self._hold_lock = threading.Lock()
+        self._dump_over = threading.Event()
+        self._dump_over.set()
         self.dump_host_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
         """Wall seconds the training thread spent in the latest dumps, waits for the
         device included (see :attr:`dump_seconds`)."""
@@ -225,9 +244,14 @@ class Dumper:
             parent = Parent(int(self._restored["generation"]), int(ckpt))
         self.generation = self._allocate(tables, parent)
         self._step = self._last_dump_step = step
-        if self.pinned is not None and torch.cuda.is_initialized():
+        if self.pinned is not None and (torch.cuda.is_initialized() or self.pinned.shared):
             self.pinned.allocate()  # now, before training runs: never during a dump
-        _warm_up_encoding(tables)
+        encoder = None
+        if self.encoder_process:
+            encoder = self._start_encoder(tables)
+            gc.collect()
+        else:
+            _warm_up_encoding(tables)
         self._worker = DumpWorker(
             self.root,
             self.config.run,
@@ -243,6 +267,8 @@ class Dumper:
             chunk_rows=self.config.chunk_rows,
             arena_bytes=self.plan.arena_bytes,
             pinned=self.pinned,
+            encoder=encoder,
+            dump_over=self._dump_over,
         )
         self._cadence = Cadence(
             self.config.every_steps,
@@ -258,6 +284,24 @@ class Dumper:
         self._seq = max(self._seq, 0)
         self._cadence.start(step)
         return self.generation
+
+    def _start_encoder(self, tables: dict[str, TableSpec]) -> EncoderProcess:
+        """Start this rank's encoder process (it reports ready once it can encode)."""
+        assert self.generation is not None and self._worker_x is not None
+        setup = {
+            "artifacts": self.config.artifacts,
+            "storage_options": dict(self.config.storage_options),
+            "run": self.config.run,
+            "generation": self.generation.generation,
+            "rank": self._worker_x.rank,
+            "tables": {t: (spec.dtype.value, spec.dim) for t, spec in tables.items()},
+            "fsync": self.config.fsync,
+            "encode_workers": self.plan.encode_threads,
+            "arena_bytes": self.plan.arena_bytes,
+        }
+        encoder = EncoderProcess(setup, self.pinned)
+        log.info("dump encoder process started (pid %d)", encoder.pid)
+        return encoder
 
     def _snapshot_fits(self) -> bool:
         """Collective: whether every rank's rows fit ``snapshot_max_bytes`` (logs if not)."""
@@ -368,6 +412,8 @@ class Dumper:
                 self._train_x.close()
             if self._worker_x is not None and not stuck:
                 self._worker_x.close()
+            if self.pinned is not None and not stuck:
+                self.pinned.close()
             if stuck:
                 log.warning(
                     "the dump worker did not stop within %s s (waiting for another rank at a "
@@ -539,15 +585,19 @@ class Dumper:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
         timing = {}
-        for source in self.sources:
-            t0 = time.perf_counter()
-            gathered = (
-                source.dump_snapshot(self.config.chunk_rows)
-                if kind is DumpKind.SNAPSHOT
-                else source.dump_collect(self.config.chunk_rows)
-            )
-            self._enqueue_gathered(seq, source.table_id, step, gathered)
-            timing[source.table_id] = time.perf_counter() - t0
+        self._dump_over.clear()
+        try:
+            for source in self.sources:
+                t0 = time.perf_counter()
+                gathered = (
+                    source.dump_snapshot(self.config.chunk_rows)
+                    if kind is DumpKind.SNAPSHOT
+                    else source.dump_collect(self.config.chunk_rows)
+                )
+                self._enqueue_gathered(seq, source.table_id, step, gathered)
+                timing[source.table_id] = time.perf_counter() - t0
+        finally:
+            self._dump_over.set()
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dumps_taken += 1
         self.dump_host_seconds.append(time.perf_counter() - started)

@@ -166,6 +166,40 @@ def encode_rows(
     return encode_piece(rows, dtype, dim, arena), rows
 
 
+def close_writers(
+    writers: dict[str, ParallelShardWriter],
+) -> list[tuple[str, ShardInfo | BaseException]]:
+    """Close every shard of a dump at once (each waits for its chunks and its fsync).
+
+    Returns each table's :class:`ShardInfo`, or the exception that failed it, in the order
+    of ``writers``.
+    """
+    items = list(writers.items())
+    results: list[ShardInfo | BaseException | None] = [None] * len(items)
+
+    def close(i: int) -> None:
+        try:
+            results[i] = items[i][1].close()
+        except BaseException as e:  # reported to the caller, in table order
+            results[i] = e
+
+    threads = [
+        threading.Thread(target=close, args=(i,), name="deltarec-shard-close", daemon=True)
+        for i in range(1, len(items))
+    ]
+    for t in threads:
+        t.start()
+    if items:
+        close(0)
+    for t in threads:
+        t.join()
+    out: list[tuple[str, ShardInfo | BaseException]] = []
+    for (table, _), result in zip(items, results, strict=True):
+        assert result is not None
+        out.append((table, result))
+    return out
+
+
 class EncodePool:
     """The threads that encode every shard's chunks of one dump worker.
 

@@ -6,8 +6,10 @@ device staging buffer (:class:`~deltarec.tracking.gather.DeviceRows`), which the
 pinned host memory chunk by chunk, reserving each chunk's bytes in the host budget first. Each
 host chunk is encoded on the :class:`~deltarec.dump.encode.EncodePool` (several cores) and
 appended, in order, to the table's :class:`~deltarec.dump.encode.ParallelShardWriter`
-(streamed, hashed, temp name); its bytes return to the budget once written and hashed. At the
-end of the dump the worker closes the shards (durable, renamed) and runs the commit protocol:
+(streamed, hashed, temp name); its bytes return to the budget once written and hashed. With an
+encoder process (:mod:`deltarec.dump.encoder_process`) the chunks go to it through the shared
+ring instead, and it encodes and writes them the same way. At the end of the dump the worker
+closes the shards (durable, renamed) and runs the commit protocol:
 
 1. every rank's worker sends its shard list - or the error that stopped it - to every other
    rank over the worker's own gloo group (``all_gather``);
@@ -41,8 +43,10 @@ from deltarec.dump.encode import (
     Encoded,
     EncodePool,
     ParallelShardWriter,
+    close_writers,
     encode_rows,
 )
+from deltarec.dump.encoder_process import EncoderProcess
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.dump.staging import ARENA_MAX
@@ -52,6 +56,10 @@ from deltarec.tracking.assemble import Assembly, Part
 from deltarec.tracking.gather import DeviceRows, HostRows, PinnedRing
 
 log = logging.getLogger(__name__)
+
+DUMP_OVER_WAIT_S = 0.05
+"""The longest the worker waits for the training thread's dump to end before copying a
+device staging buffer out."""
 
 
 @dataclass
@@ -139,6 +147,14 @@ class DumpWorker:
         arena_bytes: the encoders' reusable piece buffers, at most.
         pinned: the ring that chunks copied out of device staging buffers lie in (None:
             pinned one by one).
+        encoder: the encoder process that encodes and writes the shards
+            (:mod:`deltarec.dump.encoder_process`; stopped by :meth:`stop`); None: the
+            threads of an :class:`~deltarec.dump.encode.EncodePool` here. With it no rows are
+            kept for ``on_commit`` (the publisher reads the committed shards).
+        dump_over: set while the training thread is not in a dump. A device staging buffer
+            is copied out only once it is set (or after :data:`DUMP_OVER_WAIT_S`): the
+            worker's Python work would otherwise take the GIL from the training thread at each
+            of the dump's host synchronizations.
     """
 
     def __init__(
@@ -157,8 +173,12 @@ class DumpWorker:
         chunk_rows: int = 65536,
         arena_bytes: int = ARENA_MAX,
         pinned: PinnedRing | None = None,
+        encoder: EncoderProcess | None = None,
+        dump_over: threading.Event | None = None,
     ) -> None:
         self.root = root
+        self.encoder = encoder
+        self.dump_over = dump_over
         self.pinned = pinned
         self.fence = fence
         self.run = run
@@ -170,7 +190,7 @@ class DumpWorker:
         self.on_commit = on_commit
         self.keep_rows_bytes = keep_rows_bytes
         self.chunk_rows = chunk_rows
-        self.pool = EncodePool(encode_workers, arena_bytes)
+        self.pool = EncodePool(encode_workers if encoder is None else 1, arena_bytes)
         self.committed: list[Manifest] = []
         self._keep_lock = threading.Lock()
         self.failure: DumpError | None = None
@@ -218,6 +238,8 @@ class DumpWorker:
         if not alive:
             self.queue.close()
             self.pool.close()
+            if self.encoder is not None:
+                self.encoder.stop()
         return not alive
 
     # ---- worker thread -------------------------------------------------------------------
@@ -281,6 +303,9 @@ class DumpWorker:
 
     def _write_staged(self, state: _DumpState, chunk: Chunk, staged: DeviceRows) -> None:
         """Copy a device staging buffer to host chunk by chunk, each within the host budget."""
+        if self.dump_over is not None:
+            # bounded: the training thread may be waiting for budget this worker frees
+            self.dump_over.wait(DUMP_OVER_WAIT_S)
         last: HostRows | None = None
         for start in range(0, len(staged), self.chunk_rows):
             stop = min(start + self.chunk_rows, len(staged))
@@ -300,6 +325,9 @@ class DumpWorker:
     def _submit(
         self, state: _DumpState, table: str, step: int, host: HostRows, release: _Release
     ) -> None:
+        if self.encoder is not None:
+            self.encoder.send_chunk(state.seq, table, step, host, release)
+            return
         spec = self.tables[table]
 
         def job() -> Encoded:
@@ -337,6 +365,9 @@ class DumpWorker:
         values: np.ndarray,
         ops: np.ndarray | None,
     ) -> None:
+        if self.encoder is not None:
+            self.encoder.send_rows(state.seq, table, step, keys, values, ops)
+            return
         spec = self.tables[table]
 
         def job() -> Encoded:
@@ -383,7 +414,7 @@ class DumpWorker:
             asm.done += 1
 
     def _keeper(self, state: _DumpState, table: str) -> Callable[[ShardRows], None] | None:
-        if self.on_commit is None:
+        if self.on_commit is None or self.encoder is not None:
             return None
         return lambda rows: self._keep(state, table, rows)
 
@@ -416,36 +447,33 @@ class DumpWorker:
             self._cond.notify_all()
         if self.on_commit is not None:
             kept = None
-            if state.kept_bytes >= 0:
+            if state.kept_bytes >= 0 and self.encoder is None:
                 kept = {t: ShardRows.concat(parts) for t, parts in state.kept.items()}
             self.on_commit(manifest, kept)
 
     def _close_writers(self, state: _DumpState) -> None:
         """Close every shard of the dump, all at once (each waits for its chunks and fsync)."""
-        writers = list(state.writers.items())
-        results: list[ShardInfo | BaseException | None] = [None] * len(writers)
-
-        def close(i: int) -> None:
-            try:
-                results[i] = writers[i][1].close()
-            except BaseException as e:  # reported below, in table order
-                results[i] = e
-
-        threads = [
-            threading.Thread(target=close, args=(i,), name="deltarec-shard-close", daemon=True)
-            for i in range(1, len(writers))
-        ]
-        for t in threads:
-            t.start()
-        if writers:
-            close(0)
-        for t in threads:
-            t.join()
-        for (table, _), result in zip(writers, results, strict=True):
+        if self.encoder is not None:
+            self._close_remote(state)
+            return
+        for table, result in close_writers(state.writers):
             if isinstance(result, ShardInfo):
                 state.shards.append(result)
             elif state.error is None:
                 state.error = (table, f"{type(result).__name__}: {result}")
+
+    def _close_remote(self, state: _DumpState) -> None:
+        """Close the dump's shards in the encoder process (durable and renamed, or failed)."""
+        assert self.encoder is not None
+        try:
+            shards, error = self.encoder.close_dump(state.seq)
+        except Exception as e:
+            if state.error is None:
+                state.error = (None, f"{type(e).__name__}: {e}")
+            return
+        state.shards.extend(ShardInfo(**s) for s in shards)
+        if error is not None and state.error is None:
+            state.error = error
 
     def _commit(self, end: EndOfDump, state: _DumpState) -> Manifest:
         rank = self.exchange.rank
@@ -505,6 +533,8 @@ class DumpWorker:
     def _abort_writers(self) -> None:
         if self._dump is None:
             return
+        if self.encoder is not None:
+            self.encoder.abort_dump(self._dump.seq)
         for writer in self._dump.writers.values():
             try:
                 writer.abort()

@@ -28,6 +28,8 @@ Typical use (training thread)::
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -255,20 +257,32 @@ class PinnedRing:
     never takes the last free slot: the chunks it takes wait in the dump queue, so they
     could otherwise hold every slot while the worker, which alone frees them, waits for one.
 
+    A **shared** ring lies in anonymous shared memory (``memfd_create``) instead, registered
+    with CUDA as pinned memory (``cudaHostRegister``) where CUDA is available: another process
+    given :attr:`fd` maps the same bytes, and reads a chunk at the ring offsets of its tensors
+    (:meth:`offset_of`). The dumper's encoder process does
+    (:mod:`deltarec.dump.encoder_process`). The memory has no name: it is freed when the last
+    process holding it ends, whatever way it ends.
+
     Args:
         slot_bytes: bytes per slot (rounded up to 64).
         slots: number of slots (>= 2).
+        shared: allocate the ring in shared memory (see above).
 
     Attributes:
         waits: takes that had to wait for a free slot; ``wait_seconds``: time they waited.
         oversize: chunks too large for a slot.
+        fd: the shared memory's file descriptor (-1 until allocated, or not shared).
     """
 
-    def __init__(self, slot_bytes: int, slots: int) -> None:
+    def __init__(self, slot_bytes: int, slots: int, shared: bool = False) -> None:
         if slots < 2 or slot_bytes < 1:
             raise ValueError(f"a pinned ring needs >= 2 slots of >= 1 byte, got {slots}")
         self.slot_bytes = _aligned(slot_bytes)
         self.slots = slots
+        self.shared = shared
+        self.fd = -1
+        self._registered = False
         self._free: list[torch.Tensor] = []
         self._buffer: torch.Tensor | None = None
         self._cond = threading.Condition()
@@ -292,18 +306,64 @@ class PinnedRing:
             if self._buffer is not None:
                 return
             started = time.perf_counter()
-            buf = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
+            if self.shared:
+                buf = self._shared_buffer()
+            else:
+                buf = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
             self._buffer = buf
             self._free = [
                 buf[i * self.slot_bytes : (i + 1) * self.slot_bytes] for i in range(self.slots)
             ]
             self._cond.notify_all()
         log.info(
-            "pinned dump ring: %d slots of %.1f MiB allocated in %.3f s",
+            "%s dump ring: %d slots of %.1f MiB allocated in %.3f s",
+            ("shared, pinned" if self._registered else "shared") if self.shared else "pinned",
             self.slots,
             self.slot_bytes / 2**20,
             time.perf_counter() - started,
         )
+
+    def _shared_buffer(self) -> torch.Tensor:
+        """The ring's bytes in anonymous shared memory, registered as pinned where CUDA is."""
+        fd = os.memfd_create("deltarec-dump-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, self.nbytes)
+            mapped = mmap.mmap(fd, self.nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        buf = torch.frombuffer(mapped, dtype=torch.uint8)
+        if torch.cuda.is_available():
+            # device->host copies into it then run at pinned speed, asynchronously
+            rc = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), self.nbytes, 0)
+            if int(rc) != 0:
+                raise RuntimeError(f"cudaHostRegister of the {self.nbytes}-byte ring: {rc}")
+            self._registered = True
+        return buf
+
+    def offset_of(self, tensor: torch.Tensor) -> int:
+        """Byte offset of ``tensor``'s first element in the ring (a tensor of a slot)."""
+        assert self._buffer is not None
+        return int(tensor.data_ptr() - self._buffer.data_ptr())
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s bytes lie in the ring."""
+        if self._buffer is None or tensor.device.type != "cpu":
+            return False
+        at = tensor.data_ptr() - self._buffer.data_ptr()
+        return at >= 0 and at + tensor.numel() * tensor.element_size() <= self.nbytes
+
+    def close(self) -> None:
+        """Unregister and drop the ring's memory (idempotent; no slot may be in use)."""
+        with self._cond:
+            buf, self._buffer, self._free = self._buffer, None, []
+            if buf is not None and self._registered:
+                torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+                self._registered = False
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
 
     def fits(self, nbytes: int) -> bool:
         """Whether a chunk of ``nbytes`` (:func:`_slot_bytes`) fits one slot."""
@@ -329,6 +389,19 @@ class PinnedRing:
                 self._cond.wait_for(lambda: len(self._free) >= need)
                 self.wait_seconds += time.perf_counter() - started
             return PinnedSlot(self, self._free.pop())
+
+    def copy_in(self, *tensors: torch.Tensor) -> tuple[PinnedSlot, list[torch.Tensor]] | None:
+        """Copy host ``tensors`` into a free slot (waiting for one); None if they fit none.
+
+        The dump worker's side (it may take the last free slot).
+        """
+        slot = self.take(_slot_bytes(*tensors), keep_one=False)
+        if slot is None:
+            return None
+        copies = slot.carve(tensors)
+        for src, dst in zip(tensors, copies, strict=True):
+            dst.copy_(src)
+        return slot, copies
 
     def _give(self, buffer: torch.Tensor) -> None:
         with self._cond:
