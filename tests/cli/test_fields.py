@@ -128,3 +128,15 @@ def test_every_train_flag_but_nproc_is_documented_by_its_fields_docstring(flag):
     assert plain_text(field_docs(flag.model)[flag.field]) in action.help
     if not flag.optional and not flag.is_switch and not flag.is_file:
         assert action.default == getattr(flag.info.default, "value", flag.info.default)
+
+
+def test_every_pipeline_parameter_flag_is_documented_by_its_fields_docstring():
+    from deltarec.orchestrate.params import PipelineParams
+
+    parser = build_parser("pipeline")
+    sub = next(a for a in parser._actions if a.dest == "command").choices["pipeline"]
+    run = next(a for a in sub._actions if a.dest == "action").choices["run"]
+    actions = {a.dest: a for a in run._actions}
+    docs = field_docs(PipelineParams)
+    for name in PipelineParams.names():
+        assert plain_text(docs[name]) in actions[name].help, name

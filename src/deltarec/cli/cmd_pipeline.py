@@ -87,61 +87,32 @@ def _secret_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-secrets", action="store_true", help="mount no Secret")
 
 
-_PARAM_FLAGS: dict[str, tuple[str, str | None, str | None]] = {
-    "run_name": ("--run", "NAME", "run name"),
-    "artifact_root": ("--artifacts", "ROOT", "artifact root"),
-    "store_url": ("--store", "URL", "store URL, no password"),
-    "steps": ("--steps", "N", "training steps (default: %(default)s)"),
-    "dump_every_steps": ("--dump-every-steps", "N", "0: off (default: %(default)s)"),
-    "dump_every_minutes": ("--dump-every-minutes", "M", "0: off (default)"),
-    "publish_mode": ("--publish-mode", None, None),
-    "sample_size": (
-        "--sample",
-        "N",
-        "keys per table verify reads back; 0: every key (default: %(default)s)",
-    ),
-    "ranks_per_node": ("--ranks-per-node", "R", "ranks per node (default: %(default)s)"),
-    "nodes": ("--nodes", "N", "above 1: a TrainJob or PyTorchJob (default: %(default)s)"),
-    "gpus_per_node": ("--gpus-per-node", "G", "0: CPU, gloo (default: %(default)s)"),
-    "launcher": ("--launcher", None, "what several nodes run as (default: %(default)s)"),
-    "training_runtime": (
-        "--training-runtime",
-        "NAME",
-        "the TrainJob's ClusterTrainingRuntime (default: %(default)s)",
-    ),
-    "metrics_port": ("--metrics-port", "PORT", "the trainer's Prometheus port; 0: off (default)"),
-    "verify_partitions": (
-        "--verify-partitions",
-        "N",
-        "verify fans out over N key-range partitions (default: %(default)s)",
-    ),
-    "checkpoint_dir": ("--checkpoint-dir", "DIR", "the trainer's --workdir"),
-    "row_encodings": (
-        "--row-encodings",
-        "SPEC",
-        "dumped row encodings: a default and/or TABLE=ENCODING entries (deltarec train "
-        "--row-encodings; default: float32)",
-    ),
-    "train_extra_args": (
-        "--train-args",
-        "ARGS",
-        "more arguments of the training program, one shell-quoted string",
-    ),
-    "entry_point": (
-        "--entry-point",
-        "MODULE:FUNCTION|COMMAND",
-        "the training program (default: deltarec's example model); it reads the "
-        "DELTAREC_* environment (docs/api.md)",
-    ),
-    "tables": (
-        "--tables",
-        "JSON",
-        'tables provision creates on a fresh run: {"table id": {"dim": D, ...}}',
-    ),
-    "webhook_url": ("--webhook-url", "URL", "POSTed verify's summary on FAIL"),
+_PARAM_FLAGS: dict[str, tuple[str, str | None]] = {
+    "run_name": ("--run", "NAME"),
+    "artifact_root": ("--artifacts", "ROOT"),
+    "store_url": ("--store", "URL"),
+    "steps": ("--steps", "N"),
+    "dump_every_steps": ("--dump-every-steps", "N"),
+    "dump_every_minutes": ("--dump-every-minutes", "M"),
+    "publish_mode": ("--publish-mode", None),
+    "sample_size": ("--sample", "N"),
+    "ranks_per_node": ("--ranks-per-node", "R"),
+    "nodes": ("--nodes", "N"),
+    "gpus_per_node": ("--gpus-per-node", "G"),
+    "launcher": ("--launcher", None),
+    "training_runtime": ("--training-runtime", "NAME"),
+    "metrics_port": ("--metrics-port", "PORT"),
+    "verify_partitions": ("--verify-partitions", "N"),
+    "checkpoint_dir": ("--checkpoint-dir", "DIR"),
+    "row_encodings": ("--row-encodings", "SPEC"),
+    "train_extra_args": ("--train-args", "ARGS"),
+    "entry_point": ("--entry-point", "MODULE:FUNCTION|COMMAND"),
+    "tables": ("--tables", "JSON"),
+    "webhook_url": ("--webhook-url", "URL"),
 }
-"""``PipelineParams`` field -> (flag, metavar, help), in ``--help`` order. The flag's type,
-default, choices and whether it is required come from the field."""
+"""``PipelineParams`` field -> (flag, metavar), in ``--help`` order. The flag's help is the
+field's docstring; its type, default, choices and whether it is required come from the field
+(:mod:`deltarec.cli.fields`)."""
 
 
 def _param_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,17 +121,17 @@ def _param_arguments(p: argparse.ArgumentParser) -> None:
     The flag's ``dest`` is the field's name. A field without an entry in ``_PARAM_FLAGS``
     (or an entry without a field) is a programming error, raised when the parser is built.
     """
-    from deltarec.cli.fields import argument_options
+    from deltarec.cli.fields import FieldFlag, add_flags
     from deltarec.orchestrate.params import PipelineParams
 
-    fields = PipelineParams.model_fields
-    unflagged = sorted(set(fields) ^ set(_PARAM_FLAGS))
+    unflagged = sorted(set(PipelineParams.model_fields) ^ set(_PARAM_FLAGS))
     if unflagged:
         raise RuntimeError(f"_PARAM_FLAGS and PipelineParams differ in {unflagged}")
-    g = p.add_argument_group("pipeline parameters")
-    for name, (flag, metavar, help_text) in _PARAM_FLAGS.items():
-        options = argument_options(fields[name])
-        g.add_argument(flag, dest=name, metavar=metavar, help=help_text, **options)
+    flags = tuple(
+        FieldFlag(flag, PipelineParams, field, metavar, name=field)
+        for field, (flag, metavar) in _PARAM_FLAGS.items()
+    )
+    add_flags(p.add_argument_group("pipeline parameters"), flags)
 
 
 def _param_names() -> tuple[str, ...]:

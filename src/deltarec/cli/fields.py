@@ -108,11 +108,13 @@ class FieldFlag(NamedTuple):
     field: str
     metavar: str | None = None
     optional: bool = False
+    name: str | None = None
+    """The attribute of the parsed namespace; None: the flag's name, as argparse derives it."""
 
     @property
     def dest(self) -> str:
-        """The attribute of the parsed namespace (the flag's name, as argparse derives it)."""
-        return self.flag.removeprefix("--").replace("-", "_")
+        """The attribute of the parsed namespace."""
+        return self.name or self.flag.removeprefix("--").replace("-", "_")
 
     @property
     def info(self) -> FieldInfo:
@@ -150,20 +152,24 @@ class FieldFlag(NamedTuple):
                 raise RuntimeError(f"{self.flag} does not say it turns {self.field} on or off")
             if self.turns_off:
                 help_text += f" On by default; {self.flag} turns it off."
-            group.add_argument(self.flag, action="store_true", help=help_text)
+            group.add_argument(self.flag, action="store_true", dest=self.dest, help=help_text)
             return
         if self.is_file:
-            group.add_argument(self.flag, metavar=self.metavar, help=f"JSON file: {help_text}")
+            group.add_argument(
+                self.flag, dest=self.dest, metavar=self.metavar, help=f"JSON file: {help_text}"
+            )
             return
         options = argument_options(self.info)
         field_default = options.pop("default", None)
-        if field_default is not None:
+        if field_default not in (None, ""):
             help_text += f" (default: {plain_text(str(field_default))})"
         if self.optional:
             options.pop("required", None)
         elif not options.get("required"):
             options["default"] = field_default
-        group.add_argument(self.flag, metavar=self.metavar, help=help_text, **options)
+        group.add_argument(
+            self.flag, dest=self.dest, metavar=self.metavar, help=help_text, **options
+        )
 
     def given(self, args: argparse.Namespace) -> bool:
         """Whether the flag was set on the command line (for an ``optional`` flag)."""
