@@ -177,10 +177,16 @@ def run_rank(program: list[str], args: list[str], cwd: str) -> int:
 
     exit_with_parent()
     os.chdir(cwd)
-    if program == ["deltarec", "train"]:
-        from deltarec.cli import main
+    if program == ["deltarec", "train"]:  # python -m deltarec.train: the CLI sits above us
+        import runpy
+        import sys
 
-        return main(["train", *args])
+        sys.argv = ["deltarec-train", *args]
+        try:
+            runpy.run_module("deltarec.train", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else 1
+        return 0
     if program[:3] == ["python", "-m", "deltarec.orchestrate.entry"]:
         from deltarec.orchestrate.entry import main as entry_main
 
