@@ -24,11 +24,13 @@ from deltarec.orchestrate.types import TrainJobFailedError
 
 def test_a_process_that_calls_exit_with_parent_ends_within_a_second_of_its_parent(tmp_path):
     # parent (own session) -> child in a session of its own, like torchrun's ranks
+    ready = tmp_path / "child-ready"
     child_code = textwrap.dedent(
-        """
-        import time
+        f"""
+        import pathlib, time
         from deltarec.train.launch import exit_with_parent
         exit_with_parent()
+        pathlib.Path({str(ready)!r}).write_text("ready")
         time.sleep(120)
         """
     )
@@ -45,7 +47,15 @@ def test_a_process_that_calls_exit_with_parent_ends_within_a_second_of_its_paren
     )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
-    time.sleep(1.0)  # the child has set its parent-death signal
+    # wait until the child has set its parent-death signal (it writes `ready` right after)
+    deadline = time.monotonic() + 60.0
+    while not ready.exists() and alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not ready.exists():
+        os.killpg(parent.pid, signal.SIGKILL)
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+        pytest.fail("the child did not report its parent-death signal set within 60 s")
     assert alive(child)
     os.killpg(parent.pid, signal.SIGKILL)  # the child is in another session: not reached
     parent.wait()
