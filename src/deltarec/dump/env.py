@@ -54,8 +54,9 @@ class TrainSettings(BaseModel):
     """Row encodings of the dumps: a default and/or ``table=encoding`` entries
     (:func:`~deltarec.dump.config.parse_row_encodings`); None: float32."""
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
-    """Serve the background publisher's Prometheus metrics (those of ``deltarec publish``) on
-    this port plus the process's ``LOCAL_RANK``; None: not served."""
+    """Serve Prometheus metrics on this port plus the process's ``LOCAL_RANK``: the dump
+    path's and, with a store, the background publisher's (those of ``deltarec publish``);
+    None: not served."""
 
     @classmethod
     def env_name(cls, field: str) -> str:
