@@ -115,13 +115,38 @@ def test_rank_zero_creates_entity_and_view_with_torcheasyrec_defaults_once(tmp_p
     assert all("secret" not in json.dumps(c) for c in clients)
 
 
+def _faults_left(state: str, op: str) -> int:
+    """How many of the faults injected for ``op`` are not consumed yet."""
+    conn = fs_state.connect(state)
+    try:
+        row = conn.execute("SELECT remaining FROM faults WHERE op = ?", (op,)).fetchone()
+    finally:
+        conn.close()
+    return 0 if row is None else int(row[0])
+
+
+def _wait_for(condition, message: str, timeout_s: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; fail with ``message`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(message)
+        time.sleep(0.02)
+
+
 def test_other_ranks_wait_for_rank_zero_and_a_concurrent_view_is_picked_up(tmp_path, state):
     config = parse_store_url(url(tmp_path, create_wait_s=20))
     waiting = own(FeatureStoreStore(config, rank=1))
     done: list[object] = []
+    # count rank 1's look-ups of the view: each consumes one of these no-op faults
+    lookup = "get_dynamic_embedding_feature_view"
+    fs_state.inject_fault(state, lookup, 2, "hang 0")
     thread = threading.Thread(target=lambda: done.append(waiting.provision(TABLES)))
     thread.start()
-    time.sleep(0.5)
+    _wait_for(
+        lambda: _faults_left(state, lookup) == 0,
+        "rank 1 did not look for the view twice (i.e. wait for rank 0) within 30 s",
+    )
     assert not done and not fs_state.connect(state).execute("SELECT * FROM views").fetchall()
     with own(FeatureStoreStore(config, rank=0)) as creator:
         creator.provision(TABLES)
