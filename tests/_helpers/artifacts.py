@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -82,10 +84,18 @@ Rows = tuple[np.ndarray, float] | tuple[np.ndarray, float, np.ndarray]
 """A table's rows in a dump: ``(keys, salt[, ops])``; values from :func:`values`."""
 
 
+def sqlite_url_in(tmp: str | os.PathLike[str]) -> str:
+    """The URL of a SQLite store in file ``store.db`` under folder ``tmp``."""
+    return f"sqlite:///{pathlib.Path(tmp) / 'store.db'}"
+
+
 def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:
     """Deterministic float rows: distinct per key and per salt."""
     k = np.asarray(keys, np.float32)[:, None]
     return (np.sin(k * 0.37 + salt + np.arange(dim, dtype=np.float32)) * 2.0).astype(np.float32)
+
+
+_L = TypeVar("_L", bound="Lineage")
 
 
 @dataclass
@@ -98,6 +108,11 @@ class Lineage:
     step: int = 0
     T_EMB = T_EMB
     T_ZCH = T_ZCH
+
+    @classmethod
+    def under(cls: type[_L], tmp: str | os.PathLike[str]) -> _L:
+        """A lineage of the run in a fresh artifact root ``artifacts`` under folder ``tmp``."""
+        return cls(ArtifactRoot(str(pathlib.Path(tmp) / "artifacts")))
 
     @staticmethod
     def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests._helpers.artifacts import RUN, T_EMB, T_ZCH, Lineage, values
+from tests._helpers.artifacts import RUN, T_EMB, T_ZCH, Lineage, sqlite_url_in, values
 
-from deltarec.artifacts import ArtifactRoot, DumpKind
+from deltarec.artifacts import DumpKind
 from deltarec.stores import open_store
 
 __all__ = ["RUN", "T_EMB", "T_ZCH", "Outbox", "values"]
@@ -35,12 +35,12 @@ class Outbox(Lineage):
 
 @pytest.fixture
 def outbox(tmp_path) -> Outbox:
-    return Outbox(ArtifactRoot(str(tmp_path / "artifacts")))
+    return Outbox.under(tmp_path)
 
 
 @pytest.fixture
 def store_url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'store.db'}"
+    return sqlite_url_in(tmp_path)
 
 
 @pytest.fixture

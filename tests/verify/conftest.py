@@ -1,121 +1,32 @@
 """Fixtures for verify/promote/rollback tests: generations written with the artifacts API.
 
-``Lineage`` writes generations and dumps with :func:`deltarec.artifacts.write_dump` (shards,
-then the manifest last, as the dumper commits) and publishes them with
-:class:`~deltarec.publish.DumpPublisher` itself, so these tests need neither torch nor a
-training run, and what they verify is what the publisher writes.
+``lineage`` (a :class:`tests._helpers.artifacts.Lineage`) writes generations and dumps with
+:func:`deltarec.artifacts.write_dump` (shards, then the manifest last, as the dumper commits)
+and publishes them with :class:`~deltarec.publish.DumpPublisher` itself, so these tests need
+neither torch nor a training run, and what they verify is what the publisher writes.
 """
 
 from __future__ import annotations
 
-import pathlib
 import sqlite3
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-import numpy as np
 import pytest
+from tests._helpers.artifacts import RUN, Lineage, sqlite_url_in
 
-from deltarec.artifacts import (
-    ArtifactRoot,
-    DType,
-    DumpKind,
-    GenerationInfo,
-    Manifest,
-    Parent,
-    ShardRows,
-    TableKind,
-    TableSpec,
-    codec,
-    write_dump,
-)
-from deltarec.publish import DumpPublisher
-from deltarec.publish.types import PublishMode
 from deltarec.stores import open_store
 from deltarec.stores.base import Store
-
-RUN = "ctr"
-T_EMB = "sparse.ebc.user_id"
-T_ZCH = "sparse.zch.ad_id"
-SPECS = {
-    T_EMB: TableSpec(dim=8, dtype=DType.FLOAT32, kind=TableKind.PLAIN, num_embeddings=1000),
-    T_ZCH: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH, zch_size=64),
-}
-
-
-def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:
-    """Deterministic float rows: distinct per key and per salt."""
-    k = np.asarray(keys, np.float32)[:, None]
-    return (np.sin(k * 0.37 + salt + np.arange(dim, dtype=np.float32)) * 2.0).astype(np.float32)
-
-
-@dataclass
-class Lineage:
-    root: ArtifactRoot
-    run: str = RUN
-    specs: dict[str, TableSpec] = field(default_factory=lambda: dict(SPECS))
-    step: int = 0
-    T_EMB = T_EMB
-    T_ZCH = T_ZCH
-
-    @staticmethod
-    def values(keys: np.ndarray, salt: float, dim: int) -> np.ndarray:
-        return values(keys, salt, dim)
-
-    @staticmethod
-    def flip_byte(path: str) -> None:
-        """Corrupt one byte in the middle of a file (a shard's data pages)."""
-        data = bytearray(pathlib.Path(path).read_bytes())
-        data[len(data) // 3] ^= 0xFF
-        pathlib.Path(path).write_bytes(bytes(data))
-
-    def expected_row(self, table: str, keys: np.ndarray, salt: float) -> np.ndarray:
-        spec = self.specs[table]
-        return codec.encode(values(np.asarray(keys), salt, spec.dim), spec.dtype)
-
-    def generation(self, parent: Parent | None = None) -> int:
-        info = GenerationInfo(self.run, 1, 1, dict(self.specs), parent=parent)
-        return self.root.allocate_generation(info).generation
-
-    def dump(
-        self,
-        gen: int,
-        seq: int,
-        rows: dict[str, tuple[np.ndarray, float] | tuple[np.ndarray, float, np.ndarray]],
-        kind: DumpKind = DumpKind.DELTA,
-        steps: int = 10,
-    ) -> Manifest:
-        """Write one dump: per table (keys, salt[, ops]); values from ``values``."""
-        first = self.step + 1
-        self.step += steps
-        shards = {}
-        for table, spec_rows in sorted(rows.items()):
-            keys = np.asarray(spec_rows[0], np.int64)
-            ops = np.asarray(spec_rows[2] if len(spec_rows) == 3 else np.zeros(len(keys)), np.int8)
-            enc = self.expected_row(table, keys, spec_rows[1])
-            shards[table] = {0: ShardRows(keys, enc, ops, np.full(len(keys), self.step, np.int64))}
-        info = self.root.read_generation(self.run, gen)
-        return write_dump(self.root, info, seq, kind, shards, first, self.step)
-
-    def publish(
-        self, store: Store, gen: int, seqs: list[int] | None = None, staged: bool = False
-    ) -> None:
-        """Publish committed dumps of ``gen`` with the publisher (direct or staged mode)."""
-        mode = PublishMode.STAGED if staged else PublishMode.DIRECT
-        publisher = DumpPublisher(store, self.root, self.run, mode=mode)
-        for seq in seqs if seqs is not None else self.root.list_dumps(self.run, gen):
-            publisher.publish_dump(self.root.read_manifest(self.run, gen, seq), 0)
 
 
 @pytest.fixture
 def lineage(tmp_path) -> Lineage:
-    return Lineage(ArtifactRoot(str(tmp_path / "artifacts")))
+    return Lineage.under(tmp_path)
 
 
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'store.db'}"
+    return sqlite_url_in(tmp_path)
 
 
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
@@ -129,22 +40,20 @@ def store_url(request, sqlite_url) -> str:
     return f"{request.getfixturevalue('redis_server').url}?prefix={name}:"
 
 
+def _opened(url: str) -> Iterator[Store]:
+    """The store at ``url`` for the run, closed after the test."""
+    with open_store(url, run=RUN) as s:
+        yield s
+
+
 @pytest.fixture
 def store(store_url) -> Iterator[Store]:
-    s = open_store(store_url, run=RUN)
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from _opened(store_url)
 
 
 @pytest.fixture
 def sqlite_store(sqlite_url) -> Iterator[Store]:
-    s = open_store(sqlite_url, run=RUN)
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from _opened(sqlite_url)
 
 
 @pytest.fixture
