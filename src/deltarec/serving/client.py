@@ -38,14 +38,7 @@ from deltarec.stores.types import (
     ViewInfo,
 )
 
-_CAPABILITIES = Capabilities(
-    deletes=True,
-    atomic_marks=False,
-    atomic_merge=False,
-    staging=False,
-    scan=True,
-    snapshot_replace=False,
-)
+_CAPABILITIES = Capabilities(deletes=True, scan=True)
 
 
 class ReplicaStore(Store, Registry):

@@ -108,15 +108,7 @@ class FeatureStoreStore(Store):
     """
 
     kind = "featurestore"
-    capabilities = Capabilities(
-        deletes=False,
-        atomic_marks=False,
-        atomic_merge=False,
-        staging=False,
-        scan=False,
-        snapshot_replace=False,
-        versions=False,
-    )
+    capabilities = Capabilities(versions=False)
 
     def __init__(
         self,

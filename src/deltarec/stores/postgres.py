@@ -40,7 +40,7 @@ from deltarec.stores.naming import quote
 from deltarec.stores.pgcopy import FLOAT4_OID, decode_float4_array
 from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
 from deltarec.stores.relational import RelationalStore
-from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
+from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
 _WALK = 4
@@ -80,15 +80,6 @@ class PostgresStore(RelationalStore):
     """
 
     kind = "postgres"
-    capabilities = Capabilities(
-        deletes=True,
-        atomic_marks=True,
-        atomic_merge=True,
-        staging=True,
-        scan=True,
-        snapshot_replace=True,
-        batch_bytes=512 << 20,
-    )
     _GREATEST = "GREATEST"
     _read_chunk = 10000
 

@@ -104,12 +104,7 @@ class RedisStore(RunViews, Store, Registry):
     watch_error = redis_lib.WatchError
     _layout_problem: str | None = None
     capabilities = Capabilities(
-        deletes=True,
-        atomic_marks=True,
-        atomic_merge=False,
-        staging=True,
-        scan=True,
-        snapshot_replace=True,
+        deletes=True, atomic_marks=True, staging=True, scan=True, snapshot_replace=True
     )
 
     def __init__(self, config: RedisConfig) -> None:

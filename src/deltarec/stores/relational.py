@@ -38,6 +38,7 @@ from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.runviews import RunViews
 from deltarec.stores.sqlregistry import SqlRegistry
 from deltarec.stores.types import (
+    Capabilities,
     ProgressMark,
     ReadResult,
     RowBatch,
@@ -94,6 +95,15 @@ class RelationalStore(RunViews, SqlRegistry, Store):
     DDL, and the row operations.
     """
 
+    capabilities = Capabilities(
+        deletes=True,
+        atomic_marks=True,
+        atomic_merge=True,
+        staging=True,
+        scan=True,
+        snapshot_replace=True,
+        batch_bytes=512 << 20,
+    )
     prefix: str
     layout: str = "bytea"
     _layout_problem: str | None = None

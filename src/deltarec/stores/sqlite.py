@@ -32,7 +32,7 @@ from deltarec.stores.naming import quote
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.spill import Spill
-from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
+from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo
 
 
 def _transient(e: BaseException) -> bool:
@@ -174,15 +174,6 @@ class SqliteStore(RelationalStore):
 
     kind = "sqlite"
     _read_chunk = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
-    capabilities = Capabilities(
-        deletes=True,
-        atomic_marks=True,
-        atomic_merge=True,
-        staging=True,
-        scan=True,
-        snapshot_replace=True,
-        batch_bytes=512 << 20,
-    )
 
     def __init__(self, config: SqliteConfig) -> None:
         self.config = config

@@ -22,20 +22,21 @@ class Capabilities:
     """What a backend can do.
 
     Optional operations raise :class:`~deltarec.errors.UnsupportedError` (a
-    ``NotImplementedError``) naming what is missing.
+    ``NotImplementedError``) naming what is missing. What a backend does not declare it cannot
+    do (the operations default to False).
     """
 
-    deletes: bool
+    deletes: bool = False
     """``op = 1`` deletes the key (with a version-guarded tombstone); else the row is written."""
-    atomic_marks: bool
+    atomic_marks: bool = False
     """A progress mark commits in the same transaction as its rows (exactly-once)."""
-    atomic_merge: bool
+    atomic_merge: bool = False
     """``merge_staging`` makes a whole generation live in one transaction."""
-    staging: bool
+    staging: bool = False
     """Per-generation staging views (``staged`` publish mode) are supported."""
-    scan: bool
+    scan: bool = False
     """``scan_keys`` lists every key of a view."""
-    snapshot_replace: bool
+    snapshot_replace: bool = False
     """Publishing a snapshot removes the keys it lacks (older versions): ``sweep_below``."""
     fallback_key: bool = True
     """Key ``-1`` of a ZCH table holds its fallback row. Without (TorchEasyRec's contract, where
