@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts import lease as lease_module
 from deltarec.artifacts.lease import (
     LeaseHeldError,
     LeaseLostError,
@@ -104,20 +105,56 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_is_fenced(tmp_path):
     new.check()
 
 
-def test_a_holder_that_cannot_renew_for_its_ttl_fences_itself(tmp_path):
+class _FakeClock:
+    """The lease module's ``time``: ``time()`` and ``monotonic()`` move only when the test
+    calls :meth:`advance`; everything else (``sleep``, ``gmtime``, ...) is the real module."""
+
+    def __init__(self) -> None:
+        self.wall = time.time()
+        self.mono = 1000.0
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> _FakeClock:
+    fake = _FakeClock()
+    monkeypatch.setattr(lease_module, "time", fake)
+    return fake
+
+
+def test_a_holder_that_cannot_renew_for_its_ttl_fences_itself(tmp_path, clock):
     root = _roots(tmp_path)
     lease = RunLease.acquire(root, "ctr", ttl_s=0.3)
+    clock.advance(0.2)
     lease.check()
-    time.sleep(0.4)
+    clock.advance(0.2)
     with pytest.raises(LeaseLostError, match="not renewed"):
         lease.check()
 
 
-def test_renewing_keeps_a_short_lease_alive_and_release_frees_it(tmp_path):
+def test_renewing_keeps_a_short_lease_alive_and_release_frees_it(tmp_path, clock):
     root = _roots(tmp_path)
     lease = RunLease.acquire(root, "ctr", ttl_s=0.4)
     lease.start_renewing()
-    time.sleep(1.0)
+    # three steps of 0.3 s (0.9 s in all, past the ttl), each followed by a renewal
+    for _ in range(3):
+        clock.advance(0.3)
+        deadline = time.monotonic() + 30.0
+        while current_holder(root, "ctr").renewed_at != clock.wall:
+            assert time.monotonic() < deadline, "the lease was not renewed within 30 s"
+            time.sleep(0.01)
     lease.check()
     with pytest.raises(LeaseHeldError):
         RunLease.acquire(root, "ctr", ttl_s=0.4)
