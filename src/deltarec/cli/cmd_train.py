@@ -39,51 +39,61 @@ def _groups() -> tuple[tuple[str, tuple[FieldFlag, ...]], ...]:
     from deltarec.model.config import DataConfig
     from deltarec.train.config import TrainConfig
 
-    def dump(
-        flag: str, model: type[BaseModel], field: str, metavar: str | None = None
+    def field(
+        model: type[BaseModel],
+        name: str,
+        metavar: str | None = None,
+        flag: str | None = None,
+        optional: bool = False,
     ) -> FieldFlag:
-        return FieldFlag(flag, model, field, metavar, optional=True)
+        """The flag of field ``name`` of ``model``: ``flag``, else ``--name-with-dashes``."""
+        return FieldFlag(flag or "--" + name.replace("_", "-"), model, name, metavar, optional)
+
+    def dump(
+        model: type[BaseModel], name: str, metavar: str | None = None, flag: str | None = None
+    ) -> FieldFlag:
+        return field(model, name, metavar, flag, optional=True)
 
     return (
         (
             "training",
             (
-                FieldFlag("--device", TrainConfig, "device"),
-                FieldFlag("--steps", TrainConfig, "steps", "N"),
-                FieldFlag("--batch-size", TrainConfig, "batch_size", "B"),
-                FieldFlag("--seed", TrainConfig, "seed"),
-                FieldFlag("--batches-per-rank", DataConfig, "batches_per_rank", "N"),
-                FieldFlag("--model-config", TrainConfig, "model", "FILE"),
-                FieldFlag("--eval-every", TrainConfig, "eval_every", "K"),
-                FieldFlag("--eval-batches", TrainConfig, "eval_batches", "N"),
-                FieldFlag("--log-every", TrainConfig, "log_every", "N"),
+                field(TrainConfig, "device"),
+                field(TrainConfig, "steps", "N"),
+                field(TrainConfig, "batch_size", "B"),
+                field(TrainConfig, "seed"),
+                field(DataConfig, "batches_per_rank", "N"),
+                field(TrainConfig, "model", "FILE", "--model-config"),
+                field(TrainConfig, "eval_every", "K"),
+                field(TrainConfig, "eval_batches", "N"),
+                field(TrainConfig, "log_every", "N"),
             ),
         ),
         (
             "checkpoints and export",
             (
-                FieldFlag("--workdir", TrainConfig, "workdir", "DIR"),
-                FieldFlag("--checkpoint-every", TrainConfig, "checkpoint_every", "C"),
-                FieldFlag("--no-final-checkpoint", TrainConfig, "checkpoint_at_end"),
-                FieldFlag("--no-resume", TrainConfig, "resume"),
-                FieldFlag("--resume-step", TrainConfig, "resume_step", "N"),
-                FieldFlag("--export-tables", TrainConfig, "export_tables", "DIR"),
+                field(TrainConfig, "workdir", "DIR"),
+                field(TrainConfig, "checkpoint_every", "C"),
+                field(TrainConfig, "checkpoint_at_end", flag="--no-final-checkpoint"),
+                field(TrainConfig, "resume", flag="--no-resume"),
+                field(TrainConfig, "resume_step", "N"),
+                field(TrainConfig, "export_tables", "DIR"),
             ),
         ),
         (
             "delta dumps and publishing (with --artifacts)",
             (
-                dump("--artifacts", DumperConfig, "artifacts", "ROOT"),
-                dump("--run", DumperConfig, "run", "NAME"),
-                dump("--dump-every-steps", DumperConfig, "every_steps", "N"),
-                dump("--dump-every-minutes", DumperConfig, "every_minutes", "M"),
-                dump("--no-snapshot", DumperConfig, "snapshot"),
-                dump("--store", TrainSettings, "store", "URL"),
-                dump("--lease-ttl", DumperConfig, "lease_ttl_s", "S"),
-                dump("--metrics-port", TrainSettings, "metrics_port", "PORT"),
-                dump("--row-encodings", TrainSettings, "row_encodings", "SPEC"),
-                dump("--zch-misses", DumperConfig, "zch_misses"),
-                FieldFlag("--publish-mode", TrainSettings, "publish_mode"),
+                dump(DumperConfig, "artifacts", "ROOT"),
+                dump(DumperConfig, "run", "NAME"),
+                dump(DumperConfig, "every_steps", "N", "--dump-every-steps"),
+                dump(DumperConfig, "every_minutes", "M", "--dump-every-minutes"),
+                dump(DumperConfig, "snapshot", flag="--no-snapshot"),
+                dump(TrainSettings, "store", "URL"),
+                dump(DumperConfig, "lease_ttl_s", "S", "--lease-ttl"),
+                dump(TrainSettings, "metrics_port", "PORT"),
+                dump(TrainSettings, "row_encodings", "SPEC"),
+                dump(DumperConfig, "zch_misses"),
+                field(TrainSettings, "publish_mode"),
             ),
         ),
     )
