@@ -66,16 +66,20 @@ def test_a_parallel_shard_keeps_chunk_order_and_verifies_when_early_chunks_are_s
     w = ParallelShardWriter(root, "r", 1, 2, "m.t", 0, DType.FLOAT16, 16, pool, fsync=True)
     rng = np.random.default_rng(1)
     want_keys, released, kept = [], [], []
+    later_encoded = threading.Event()  # set once chunk 5 (behind the slow ones) is encoded
     for i in range(12):
         n = 50 + i
         keys = rng.permutation(100_000)[:n].astype(np.int64)
         values = rng.standard_normal((n, 16), dtype=np.float32)
         want_keys.append(keys)
 
-        def job(keys=keys, values=values, slow=i < 2):
-            if slow:
-                time.sleep(0.2)  # finishes after the chunks submitted behind it
-            return encode_rows(keys, values, None, 5, DType.FLOAT16, 16)
+        def job(keys=keys, values=values, i=i):
+            if i < 2:  # finishes after the chunks submitted behind it
+                assert later_encoded.wait(30), "chunk 5 was not encoded within 30 s"
+            rows = encode_rows(keys, values, None, 5, DType.FLOAT16, 16)
+            if i == 5:
+                later_encoded.set()
+            return rows
 
         w.write(job, release=lambda i=i: released.append(i), on_rows=kept.append)
     info = w.close()
@@ -139,9 +143,17 @@ def test_the_worker_reserves_host_bytes_without_waiting_for_queued_items():
         q.reserve(100)
         waited.append(time.perf_counter() - t0)
 
+    blocked = threading.Event()  # set when reserve starts waiting on the queue's condition
+    real_wait = q._cond.wait
+
+    def wait(timeout=None):
+        blocked.set()
+        return real_wait(timeout)
+
+    q._cond.wait = wait
     t = threading.Thread(target=reserve_more)
     t.start()  # the worker holds 1500 bytes other threads will release: it waits for them
-    time.sleep(0.2)
+    assert blocked.wait(30), "reserve did not wait within 30 s"
     assert not waited and t.is_alive()  # still waiting in reserve
     assert q.outstanding_bytes == 1900
     q.release(900)
