@@ -3,33 +3,17 @@
 import numpy as np
 import pytest
 
-from deltarec.artifacts import DumpKind
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.verify import VerifyOptions, verify
 from deltarec.verify.partition import Partition, combine, partition_json, result_from_json
 
-ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
+from .conftest import base_generation
 
 
 def _base(lineage, store):
-    g = lineage.generation()
-    lineage.dump(
-        g,
-        0,
-        {lineage.T_EMB: (np.arange(200), 0.0), lineage.T_ZCH: (ZCH_KEYS, 0.0)},
-        kind=DumpKind.SNAPSHOT,
-    )
-    lineage.dump(
-        g,
-        1,
-        {
-            lineage.T_EMB: (np.arange(0, 200, 7), 1.0),
-            lineage.T_ZCH: (np.array([-1, 7]), 1.0, np.array([0, 1])),
-        },
-    )
-    lineage.publish(store, g)
-    return g
+    """Generation 1 of emb keys 0..199, every 7th of them updated by the delta."""
+    return base_generation(lineage, store, np.arange(200), np.arange(0, 200, 7))
 
 
 def _tamper(lineage, store, g):

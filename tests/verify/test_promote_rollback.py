@@ -3,34 +3,14 @@
 import numpy as np
 import pytest
 
-from deltarec.artifacts import DumpKind, Op, Parent
+from deltarec.artifacts import Op, Parent
 from deltarec.artifacts.lineage import expected_state
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.promote import NotVerifiedError, promote, rollback
 from deltarec.verify import RowClass, VerifyOptions, read_record, verify, write_record
 
-ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
-
-
-def _gen1(lineage, store):
-    g = lineage.generation()
-    lineage.dump(
-        g,
-        0,
-        {lineage.T_EMB: (np.arange(100), 0.0), lineage.T_ZCH: (ZCH_KEYS, 0.0)},
-        kind=DumpKind.SNAPSHOT,
-    )
-    lineage.dump(
-        g,
-        1,
-        {
-            lineage.T_EMB: (np.arange(10), 1.0),
-            lineage.T_ZCH: (np.array([-1, 7]), 1.0, np.array([0, 1])),
-        },
-    )
-    lineage.publish(store, g)
-    return g
+from .conftest import base_generation
 
 
 def _gen2(lineage, store, parent, staged=False):
@@ -75,14 +55,14 @@ def _assert_store_equals_expected(lineage, store, generation, seq):
 
 
 def test_promote_refuses_an_unverified_generation(lineage, store):
-    g = _gen1(lineage, store)
+    g = base_generation(lineage, store)
     with pytest.raises(NotVerifiedError, match="never verified"):
         promote(lineage.root, lineage.run, store, g)
     assert store.get_serving(lineage.run) is None
 
 
 def test_promote_refuses_a_failed_verification_unless_forced(lineage, store):
-    g = _gen1(lineage, store)
+    g = base_generation(lineage, store)
     store.delete(lineage.T_EMB, np.array([42]), make_version(g, 0))
     result = _verified(lineage, store, g, sample=None)
     assert not result.passed
@@ -97,7 +77,7 @@ def test_promote_refuses_a_failed_verification_unless_forced(lineage, store):
 
 
 def test_verified_generation_is_promoted_through_its_newest_dump(lineage, store):
-    g = _gen1(lineage, store)
+    g = base_generation(lineage, store)
     assert _verified(lineage, store, g, sample=30).passed
     result = promote(lineage.root, lineage.run, store, g)
     assert result.verified and not result.forced and result.merged_rows == 0
@@ -113,7 +93,7 @@ def test_verified_generation_is_promoted_through_its_newest_dump(lineage, store)
 def test_staged_generation_is_verified_as_merged_and_promote_makes_it_live(lineage, store):
     if not store.capabilities.staging:
         pytest.skip(f"{store.kind} has no staging")
-    g1 = _gen1(lineage, store)
+    g1 = base_generation(lineage, store)
     g2 = _gen2(lineage, store, g1, staged=True)
     live = store.read(lineage.T_EMB, np.array([0, 500]))
     assert live.found.tolist() == [True, False]  # not live before promote
@@ -132,7 +112,7 @@ def test_staged_generation_is_verified_as_merged_and_promote_makes_it_live(linea
 
 
 def test_rollback_restores_every_key_to_the_promoted_point(lineage, store):
-    g1 = _gen1(lineage, store)
+    g1 = base_generation(lineage, store)
     assert _verified(lineage, store, g1, sample=None).passed
     promote(lineage.root, lineage.run, store, g1)
     g2 = _gen2(lineage, store, g1)
@@ -164,7 +144,7 @@ def test_rollback_restores_every_key_to_the_promoted_point(lineage, store):
 
 
 def test_rollback_row_with_other_values_is_different(lineage, store):
-    g1 = _gen1(lineage, store)
+    g1 = base_generation(lineage, store)
     promote(lineage.root, lineage.run, store, g1, force=True)
     _gen2(lineage, store, g1)
     r = rollback(lineage.root, lineage.run, store, g1)
@@ -179,13 +159,13 @@ def test_rollback_row_with_other_values_is_different(lineage, store):
 
 
 def test_rollback_needs_a_promoted_generation(lineage, store):
-    g1 = _gen1(lineage, store)
+    g1 = base_generation(lineage, store)
     with pytest.raises(BadInputError, match="never promoted"):
         rollback(lineage.root, lineage.run, store, g1)
 
 
 def test_rollback_with_nothing_changed_writes_no_generation(lineage, store):
-    g1 = _gen1(lineage, store)
+    g1 = base_generation(lineage, store)
     promote(lineage.root, lineage.run, store, g1, force=True)
     result = rollback(lineage.root, lineage.run, store, g1)
     assert result.generation is None and lineage.root.list_generations(lineage.run) == [g1]
@@ -193,7 +173,7 @@ def test_rollback_with_nothing_changed_writes_no_generation(lineage, store):
 
 
 def test_rollback_to_an_earlier_dump_of_the_same_generation(lineage, store):
-    g1 = _gen1(lineage, store)
+    g1 = base_generation(lineage, store)
     result = rollback(lineage.root, lineage.run, store, g1, through_seq=0)
     assert result.restored[lineage.T_EMB] == 10
     rows = lineage.root.read_manifest(lineage.run, result.generation, 1)

@@ -3,34 +3,12 @@
 import numpy as np
 import pytest
 
-from deltarec.artifacts import DumpKind, Parent
+from deltarec.artifacts import Parent
 from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.verify import RowClass, VerifyOptions, verify
 
-ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
-
-
-def _base(lineage, store, publish=True):
-    """Generation 1: snapshot of keys 0..99 (+ ZCH ids), a delta updating 0..9, evicting id 7."""
-    g = lineage.generation()
-    lineage.dump(
-        g,
-        0,
-        {lineage.T_EMB: (np.arange(100), 0.0), lineage.T_ZCH: (ZCH_KEYS, 0.0)},
-        kind=DumpKind.SNAPSHOT,
-    )
-    lineage.dump(
-        g,
-        1,
-        {
-            lineage.T_EMB: (np.arange(10), 1.0),
-            lineage.T_ZCH: (np.array([-1, 7]), 1.0, np.array([0, 1])),
-        },
-    )
-    if publish:
-        lineage.publish(store, g)
-    return g
+from .conftest import base_generation
 
 
 def _by_class(table_result, cls):
@@ -38,7 +16,7 @@ def _by_class(table_result, cls):
 
 
 def test_published_generation_verifies_with_every_key_matching(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     result = verify(
         lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
     )
@@ -55,7 +33,7 @@ def test_published_generation_verifies_with_every_key_matching(lineage, store):
 
 
 def test_tampered_row_is_different_and_deleted_row_is_missing_naming_keys(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     v1 = make_version(g, 1)
     bad = lineage.expected_row(lineage.T_EMB, np.array([3]), 9.0)
     store.write(lineage.T_EMB, np.array([3]), bad, np.zeros(1, np.int8), np.array([v1]))
@@ -77,7 +55,7 @@ def test_tampered_row_is_different_and_deleted_row_is_missing_naming_keys(lineag
 
 
 def test_row_the_lineage_never_wrote_is_unexpected_only_with_all(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     row = lineage.expected_row(lineage.T_EMB, np.array([5000]), 0.0)
     store.write(lineage.T_EMB, np.array([5000]), row, np.zeros(1, np.int8), [make_version(g, 0)])
     sampled = verify(
@@ -95,7 +73,7 @@ def test_row_the_lineage_never_wrote_is_unexpected_only_with_all(lineage, store)
 
 
 def test_unpublished_dump_shows_stale_rows_and_evicted_id_still_served(lineage, store):
-    g = _base(lineage, store, publish=False)
+    g = base_generation(lineage, store, publish=False)
     lineage.publish(store, g, seqs=[0])
     result = verify(
         lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
@@ -110,7 +88,7 @@ def test_unpublished_dump_shows_stale_rows_and_evicted_id_still_served(lineage, 
 
 
 def test_rows_of_a_newer_generation_are_superseded_and_do_not_fail(lineage, store):
-    g1 = _base(lineage, store)
+    g1 = base_generation(lineage, store)
     g2 = lineage.generation(parent=Parent(g1, lineage.step))
     lineage.dump(g2, 1, {lineage.T_EMB: (np.arange(5), 2.0), lineage.T_ZCH: (np.array([23]), 2.0)})
     lineage.publish(store, g2)
@@ -127,7 +105,7 @@ def test_rows_of_a_newer_generation_are_superseded_and_do_not_fail(lineage, stor
 
 
 def test_flipped_byte_in_a_shard_fails_naming_the_shard(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     path = lineage.root.shard_path(lineage.run, g, 1, lineage.T_EMB, 0)
     lineage.flip_byte(path)
     result = verify(
@@ -142,7 +120,7 @@ def test_flipped_byte_in_a_shard_fails_naming_the_shard(lineage, store):
 
 
 def test_sample_is_seeded_per_table(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     a = verify(
         lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=20, seed=7)
     )
@@ -164,7 +142,7 @@ def test_sample_is_seeded_per_table(lineage, store):
 
 
 def test_unknown_generation_or_dump_is_bad_input(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     with pytest.raises(BadInputError, match="no generation 9"):
         verify(lineage.root, lineage.run, store, generation=9)
     with pytest.raises(BadInputError, match="no committed dump 5"):
@@ -172,7 +150,7 @@ def test_unknown_generation_or_dump_is_bad_input(lineage, store):
 
 
 def test_one_pass_scan_and_lookups_by_key_agree(lineage, store):
-    g = _base(lineage, store)
+    g = base_generation(lineage, store)
     v1 = make_version(g, 1)
     bad = lineage.expected_row(lineage.T_EMB, np.array([4]), 9.0)
     store.write(lineage.T_EMB, np.array([4]), bad, np.zeros(1, np.int8), np.array([v1]))
