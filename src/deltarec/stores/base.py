@@ -382,6 +382,39 @@ __all__ = [
 ]
 
 
+class BatchStore(Store):
+    """A store whose one-batch :meth:`write` is a :meth:`write_batches` of that one batch.
+
+    For backends that apply several batches better together than one after another (the SQL
+    stores' one key-ordered transaction, FeatureStore's one fence): they implement only
+    :meth:`write_batches`.
+    """
+
+    def write(
+        self,
+        table: str,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        ops: np.ndarray,
+        versions: np.ndarray,
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write`: a :meth:`write_batches` of one batch."""
+        batch = RowBatch(keys, embedding, ops, versions)
+        return self.write_batches(table, [batch], mark, staging_generation)
+
+    @abc.abstractmethod
+    def write_batches(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        mark: ProgressMark | None = None,
+        staging_generation: int | None = None,
+    ) -> int:
+        """See :meth:`Store.write_batches` (the backend's own)."""
+
+
 def first_batch(table: str, batches: Iterable[RowBatch]) -> tuple[RowBatch, Iterator[RowBatch]]:
     """The first of ``batches`` and an iterator over the rest (``write_batches`` needs one)."""
     it = iter(batches)

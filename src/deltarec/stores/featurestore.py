@@ -64,7 +64,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import FALLBACK_KEY, TableSpec
 from deltarec.errors import BadInputError, ConfigError, StoreError
-from deltarec.stores.base import Registry, Store, first_batch
+from deltarec.stores.base import BatchStore, Registry, first_batch
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.featurestore_sdk import (
     PK_FIELD,
@@ -92,7 +92,7 @@ from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
 
 
-class FeatureStoreStore(Store):
+class FeatureStoreStore(BatchStore):
     """The PAI FeatureStore backend (rows in FeatureStore, registry in a relational side store).
 
     Args:
@@ -329,28 +329,6 @@ class FeatureStoreStore(Store):
             return self._last_ts
 
     # ---- rows ----------------------------------------------------------------------------
-    def write(
-        self,
-        table: str,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        ops: np.ndarray,
-        versions: np.ndarray,
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """MERGE the rows (``op = 1`` rows written as given: the fallback row), fenced.
-
-        See the module docstring for the fence. Raises:
-            StaleGenerationError: a newer generation of the run is registered (nothing sent).
-            StoreUnavailableError: a transient failure (the writer was drained and the client is
-                rebuilt on the next call, with fresh credentials).
-            StoreError: a failure retrying cannot fix (names the view, the table, the fix).
-        """
-        return self.write_batches(
-            table, [RowBatch(keys, embedding, ops, versions)], mark, staging_generation
-        )
-
     def write_batches(
         self,
         table: str,
@@ -358,7 +336,15 @@ class FeatureStoreStore(Store):
         mark: ProgressMark | None = None,
         staging_generation: int | None = None,
     ) -> int:
-        """Send several batches under one fence (one registry transaction), then ``mark``."""
+        """MERGE the rows under one fence (one registry transaction), then ``mark``.
+
+        ``op = 1`` rows are written as given (the fallback row); :meth:`write` is this call with
+        one batch. See the module docstring for the fence. Raises:
+            StaleGenerationError: a newer generation of the run is registered (nothing sent).
+            StoreUnavailableError: a transient failure (the writer was drained and the client is
+                rebuilt on the next call, with fresh credentials).
+            StoreError: a failure retrying cannot fix (names the view, the table, the fix).
+        """
         if staging_generation:
             raise self._unsupported("staging views")
         run = self._writer("writing rows")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -32,16 +32,14 @@ import numpy as np
 
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, ViewMismatchError
-from deltarec.stores.base import Store
+from deltarec.stores.base import BatchStore
 from deltarec.stores.legacy import migrate_legacy_views
 from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.runviews import RunViews
 from deltarec.stores.sqlregistry import SqlRegistry
 from deltarec.stores.types import (
     Capabilities,
-    ProgressMark,
     ReadResult,
-    RowBatch,
     ViewInfo,
 )
 
@@ -88,7 +86,7 @@ REGISTRY_DDL = (
 )
 
 
-class RelationalStore(RunViews, SqlRegistry, Store):
+class RelationalStore(RunViews, SqlRegistry, BatchStore):
     """Rows and registry of the SQL backends: provisioning, the registry tables, snapshots.
 
     Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
@@ -156,30 +154,7 @@ class RelationalStore(RunViews, SqlRegistry, Store):
         return list(cur.fetchall())
 
     # ---- rows ----------------------------------------------------------------------------
-    def write(
-        self,
-        table: str,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        ops: np.ndarray,
-        versions: np.ndarray,
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write`: a :meth:`write_batches` of one batch."""
-        batch = RowBatch(keys, embedding, ops, versions)
-        return self.write_batches(table, [batch], mark, staging_generation)
-
-    @abc.abstractmethod
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write_batches`: one transaction (subclass)."""
-
+    # write is a write_batches of one batch (BatchStore); subclasses write in one transaction.
     _read_chunk: int
     """Keys per ``SELECT`` of :meth:`read` (the dialect's limits)."""
 
