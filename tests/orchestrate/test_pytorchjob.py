@@ -16,14 +16,21 @@ class ApiException(Exception):
 class FakeCustomObjectsApi:
     """Stores created objects; each get returns the next status from a script."""
 
+    resource = ("kubeflow.org", "v1", "pytorchjobs")
+    """The (group, version, plural) the code under test must ask for."""
+
     def __init__(self, statuses=(), existing=None):
         self.objects = dict(existing or {})
         self.statuses = list(statuses)
         self.created = []
         self.gets = 0
 
+    def check(self, body):
+        """Refuse a body the API server would refuse (here: none)."""
+
     def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
+        assert (group, version, plural) == self.resource
+        self.check(body)
         key = (namespace, body["metadata"]["name"])
         if key in self.objects:
             raise ApiException(409)

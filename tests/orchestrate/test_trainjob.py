@@ -22,41 +22,28 @@ from deltarec.orchestrate.params import parse_params
 from deltarec.orchestrate.types import CREDENTIAL_ENV, TrainJobFailedError
 
 from .conftest import write_generation
+from .test_pytorchjob import ApiException, FakeCustomObjectsApi
 
 
-class ApiException(Exception):
-    def __init__(self, status):
-        super().__init__(f"HTTP {status}")
-        self.status = status
-
-
-class FakeTrainerApi:
+class FakeTrainerApi(FakeCustomObjectsApi):
     """A strict CustomObjectsApi for trainjobs: stores objects, scripts the statuses read."""
 
+    resource = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+
     def __init__(self, statuses=(), on_get=None):
-        self.objects, self.created, self.deleted = {}, [], []
-        self.statuses = list(statuses)
+        super().__init__(statuses)
+        self.deleted = []
         self.on_get = on_get
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        assert (group, version, plural) == ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+    def check(self, body):
         TrainerV1alpha1TrainJob.from_dict(body)  # what the API server gets is a valid TrainJob
-        key = (namespace, body["metadata"]["name"])
-        if key in self.objects:
-            raise ApiException(409)
-        self.objects[key] = body
-        self.created.append(body)
-        return body
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         if (namespace, name) not in self.objects:
             raise ApiException(404)
         if self.on_get:
             self.on_get()
-        obj = dict(self.objects[(namespace, name)])
-        if self.statuses:
-            obj["status"] = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
-        return obj
+        return super().get_namespaced_custom_object(group, version, namespace, plural, name)
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **kw):
         if self.objects.pop((namespace, name), None) is None:
