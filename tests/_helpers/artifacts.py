@@ -80,6 +80,9 @@ SPECS = {
     T_ZCH: TableSpec(dim=4, dtype=DType.INT8_ROWWISE, kind=TableKind.ZCH, zch_size=64),
 }
 
+ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
+"""The ZCH ids of :meth:`Lineage.first_generation`'s snapshot unless told."""
+
 Rows = tuple[np.ndarray, float] | tuple[np.ndarray, float, np.ndarray]
 """A table's rows in a dump: ``(keys, salt[, ops])``; values from :func:`values`."""
 
@@ -134,6 +137,27 @@ class Lineage:
         """Allocate the next generation of the run (1 rank, ``specs``); its number."""
         info = GenerationInfo(self.run, 1, 1, dict(self.specs), parent=parent)
         return self.root.allocate_generation(info).generation
+
+    def first_generation(
+        self,
+        keys: np.ndarray | None = None,
+        updated: np.ndarray | None = None,
+        zch_keys: np.ndarray | None = None,
+    ) -> int:
+        """A generation of a snapshot (emb ``keys``, 0..99, and ``zch_keys``, ``ZCH_KEYS``, salt
+        0) then a delta (emb ``updated``, 0..9, and ZCH id -1, salt 1; ZCH id 7 evicted)."""
+        g = self.generation()
+        snapshot = {
+            T_EMB: (np.arange(100) if keys is None else keys, 0.0),
+            T_ZCH: (ZCH_KEYS if zch_keys is None else zch_keys, 0.0),
+        }
+        self.dump(g, 0, snapshot, kind=DumpKind.SNAPSHOT)
+        delta = {
+            T_EMB: (np.arange(10) if updated is None else updated, 1.0),
+            T_ZCH: (np.array([-1, 7]), 1.0, np.array([0, 1])),
+        }
+        self.dump(g, 1, delta)
+        return g
 
     def dump(
         self,

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from tests._helpers.artifacts import RUN, T_EMB, T_ZCH, Lineage, sqlite_url_in, values
 
-from deltarec.artifacts import DumpKind
 from deltarec.stores import open_store
 
 __all__ = ["RUN", "T_EMB", "T_ZCH", "Outbox", "values"]
@@ -22,15 +21,7 @@ class Outbox(Lineage):
 
     def first_generation(self) -> int:
         """Generation 1: a snapshot of emb keys 0..49 and ZCH ids, then a delta."""
-        g = self.generation()
-        self.dump(
-            g,
-            0,
-            {T_EMB: (np.arange(50), 0.0), T_ZCH: (np.array([-1, 3, 7, 11]), 0.0)},
-            kind=DumpKind.SNAPSHOT,
-        )
-        self.dump(g, 1, {T_EMB: (np.arange(10), 1.0), T_ZCH: (np.array([-1, 7]), 1.0, [0, 1])})
-        return g
+        return super().first_generation(np.arange(50), zch_keys=np.array([-1, 3, 7, 11]))
 
 
 @pytest.fixture

@@ -16,11 +16,8 @@ import numpy as np
 import pytest
 from tests._helpers.artifacts import RUN, Lineage, sqlite_url_in
 
-from deltarec.artifacts import DumpKind
 from deltarec.stores import open_store
 from deltarec.stores.base import Store
-
-ZCH_KEYS = np.array([-1, 3, 7, 11, 19], np.int64)
 
 
 def base_generation(
@@ -30,25 +27,8 @@ def base_generation(
     updated: np.ndarray | None = None,
     publish: bool = True,
 ) -> int:
-    """A first generation: a snapshot of emb ``keys`` (0..99) and ``ZCH_KEYS``, then a delta
-    updating emb ``updated`` (0..9) and ZCH id -1 and evicting id 7; published unless told."""
-    g = lineage.generation()
-    snapshot = np.arange(100) if keys is None else keys
-    lineage.dump(
-        g,
-        0,
-        {lineage.T_EMB: (snapshot, 0.0), lineage.T_ZCH: (ZCH_KEYS, 0.0)},
-        kind=DumpKind.SNAPSHOT,
-    )
-    delta = np.arange(10) if updated is None else updated
-    lineage.dump(
-        g,
-        1,
-        {
-            lineage.T_EMB: (delta, 1.0),
-            lineage.T_ZCH: (np.array([-1, 7]), 1.0, np.array([0, 1])),
-        },
-    )
+    """:meth:`Lineage.first_generation` of ``keys`` and ``updated``, published unless told."""
+    g = lineage.first_generation(keys, updated)
     if publish:
         lineage.publish(store, g)
     return g
