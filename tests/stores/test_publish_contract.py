@@ -110,7 +110,11 @@ def test_store_down_for_seconds_then_back_loses_nothing(backend, tmp_path):
     worker = threading.Thread(target=publish)
     try:
         worker.start()
-        time.sleep(2.5)
+        deadline = time.monotonic() + 60
+        while metrics.value("deltarec_publish_retries_total") < 3:  # the store refused it
+            assert worker.is_alive(), failure  # it retries while the store is down
+            assert time.monotonic() < deadline, "publish did not retry within 60 s"
+            time.sleep(0.01)
         assert worker.is_alive()  # still retrying
     finally:
         backend.up()
