@@ -80,15 +80,8 @@ def train(params: dict, credentials_secret: str, job_id: str, generation: Output
         The ``GenerationRecord`` as a dict (what verify and promote take).
     """
     from deltarec.orchestrate import steps
-    from deltarec.orchestrate.params import PipelineParams
 
-    record = steps.train(
-        PipelineParams.from_arguments(params),
-        job_id=job_id,
-        secrets=credentials_secret.split(","),
-    )
-    steps.write_record(generation, record)
-    return record.to_metadata()
+    return steps.train_output(params, credentials_secret, job_id, generation)
 
 
 @dsl.component(base_image=TOOLS_IMAGE)
@@ -109,15 +102,8 @@ def train_launcher(
         The ``GenerationRecord`` as a dict (what verify and promote take).
     """
     from deltarec.orchestrate import steps
-    from deltarec.orchestrate.params import PipelineParams
 
-    record = steps.train(
-        PipelineParams.from_arguments(params),
-        job_id=job_id,
-        secrets=credentials_secret.split(","),
-    )
-    steps.write_record(generation, record)
-    return record.to_metadata()
+    return steps.train_output(params, credentials_secret, job_id, generation)
 
 
 @dsl.component(base_image=TOOLS_IMAGE)

@@ -89,6 +89,7 @@ __all__ = [
     "torchrun_command",
     "train",
     "train_args",
+    "train_output",
     "train_settings_env",
     "verify",
     "verify_gate",
@@ -462,6 +463,26 @@ def write_record(output: ArtifactLike, record: GenerationRecord) -> None:
     with open(output.path, "w", encoding="utf-8") as f:
         json.dump(record.to_metadata(), f, indent=2)
     output.metadata.update(record.to_metadata())
+
+
+def train_output(
+    params: Mapping[str, Any], credentials_secret: str, job_id: str, generation: ArtifactLike
+) -> dict[str, Any]:
+    """The train components' body: :func:`train`, the record into ``generation``, its dict.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields, as the engine passes them).
+        credentials_secret: comma-separated Secret names (for a multi-node job's pods).
+        job_id: the pipeline run's id (names a multi-node job, so a retry follows it).
+        generation: the output artifact that receives the ``GenerationRecord``.
+    """
+    record = train(
+        PipelineParams.from_arguments(dict(params)),
+        job_id=job_id,
+        secrets=credentials_secret.split(","),
+    )
+    write_record(generation, record)
+    return record.to_metadata()
 
 
 def record_of(value: Mapping[str, Any] | str) -> GenerationRecord:
