@@ -251,7 +251,7 @@ def _killed(rank: int, world_size: int, tmp: str, where: str) -> dict:
                 if rank == 1 and where == "mid_dump":  # hold dump 2 mid shard write
                     os.environ[faults.ENV] = "shard.write"
                     os.environ[faults.DIR_ENV] = f"{tmp}/fault"
-            if rank == 1 and seq == 2:
+            if rank == 1 and where == "mid_dump" and seq == 2:
                 _wait_for_file(f"{tmp}/fault", f"shard.write.{os.getpid()}")
                 os.kill(os.getpid(), signal.SIGKILL)  # dump 2 half written, not committed
     except DeltarecError as e:
