@@ -18,6 +18,39 @@ class FakeArtifact:
         self.metadata[name] = value
 
 
+def check_dag_folder(folder, tmp_path):
+    """What ``airflow_local --check`` reports of the DAG files in ``folder`` (a child process
+    with a scratch AIRFLOW_HOME under ``tmp_path``, so this process never configures Airflow)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from deltarec.orchestrate.airflow_local import airflow_env
+
+    env = {**os.environ, **airflow_env(str(tmp_path / "scratch"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--check", str(folder)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_rolled_back_to_first(webhook, store_url, run="lt"):
+    """Generation 2 of ``run`` failed: the webhook heard of the rollback, and serving points
+    at generation 1 again with a note that says so."""
+    from deltarec.stores import open_store
+
+    (summary,) = webhook.received
+    assert (summary["action"], summary["rolled_back_to"], summary["generation"]) == (
+        "rolled-back", 1, 2,
+    )  # fmt: skip
+    with open_store(store_url) as s:
+        pointer = s.registry.get_serving(run)
+    assert pointer.generation == 1 and "rollback" in pointer.note
+
+
 def write_generation(root_uri, run, dumps):
     """A generation with committed dumps; ``dumps`` = [(last_step, {table: rows})].
 

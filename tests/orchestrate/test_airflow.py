@@ -4,7 +4,6 @@ write rolls serving back to the generation promoted before, calls the webhook an
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -17,6 +16,8 @@ from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
 from deltarec.orchestrate.params import PipelineParams
 from deltarec.stores import open_store
 
+from .conftest import assert_rolled_back_to_first, check_dag_folder
+
 # Airflow is imported only in child processes with a scratch AIRFLOW_HOME: importing it here
 # would configure Airflow (and its logging) for the whole test session from ~/airflow.
 pytestmark = pytest.mark.skipif(
@@ -27,25 +28,13 @@ STEPS = {"params", "provision", "train_route", "train", "train_launcher", "verif
          "verify_partition", "verify", "branch", "promote", "verify_failed"}  # fmt: skip
 
 
-def check_folder(folder, tmp_path):
-    from deltarec.orchestrate.airflow_local import airflow_env
-
-    env = {**os.environ, **airflow_env(str(tmp_path / "scratch"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--check", str(folder)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(tmp_path):
     dags = tmp_path / "dags"
     assert main(["pipeline", "compile", "--engine", "airflow", "--output",
                  str(dags / "deltarec_dag.py"), "--secret", "pg-cred:password=PGPASSWORD",
                  "--secret", "cloud"]) == 0  # fmt: skip
     (dags / "broken_dag.py").write_text("from airflow.sdk import DAG\nimport no_such_module\n")
-    found = check_folder(dags, tmp_path)
+    found = check_dag_folder(dags, tmp_path)
     assert list(found["import_errors"]) == [str(dags / "broken_dag.py")]  # the check can fail
     assert found["dags"] == ["deltarec"] and found["params"] == sorted(PipelineParams.names())
     tasks = found["tasks"]
@@ -139,15 +128,10 @@ def test_airflow_local_run_of_a_lost_write_rolls_back_calls_the_webhook_and_fail
     assert failed["generation"]["generation"] == 2 and "verify_failed" in failed["failure"]
     assert failed["metrics"]["keys_checked"] == 20.0 and failed["metrics"]["passed"] == 0.0
     assert failed["report"].endswith("lt/gen-000002/verify-report-000001.html")
-    (summary,) = webhook.received
-    assert (summary["action"], summary["rolled_back_to"], summary["generation"]) == (
-        "rolled-back", 1, 2,
-    )  # fmt: skip
+    assert_rolled_back_to_first(webhook, store)
     with open_store(store) as s:
-        pointer = s.registry.get_serving("lt")
         dtype = s.views()["m.t"].dtype
         got = s.read("m.t", lossy_team.KEYS)
-    assert pointer.generation == 1 and "rollback" in pointer.note
     want = codec.decode(lossy_team.rows_of(1).embedding, dtype, 4)
     np.testing.assert_array_equal(codec.decode(got.embedding, dtype, 4), want)
 

@@ -11,7 +11,7 @@ from deltarec.orchestrate.airflow_dag import DAG_ID, DEFAULT_DAG_FILE, write_dag
 from deltarec.stores import open_store
 
 from .airflow_server import AirflowServer
-from .conftest import LOSSY_TEAM
+from .conftest import LOSSY_TEAM, assert_rolled_back_to_first
 
 pytestmark = [
     pytest.mark.integration,
@@ -54,10 +54,4 @@ def test_a_real_scheduler_runs_a_pass_then_a_failing_run_that_rolls_back(
     assert failed["state"] == "failed"
     assert failed["tasks"]["verify"] == ["success"] and failed["tasks"]["promote"] == ["skipped"]
     assert failed["tasks"]["verify_failed"] == ["failed"]
-    (summary,) = webhook.received
-    assert (summary["action"], summary["rolled_back_to"], summary["generation"]) == (
-        "rolled-back", 1, 2,
-    )  # fmt: skip
-    with open_store(store) as s:
-        pointer = s.registry.get_serving("lt")
-    assert pointer.generation == 1 and "rollback" in pointer.note
+    assert_rolled_back_to_first(webhook, store)

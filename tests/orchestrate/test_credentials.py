@@ -7,11 +7,7 @@ compiled KFP YAML, the Airflow DAG file and its pods, the TrainJob and PyTorchJo
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +15,8 @@ import yaml
 
 from deltarec.cli import main
 from deltarec.orchestrate.types import CREDENTIAL_ENV, DEFAULT_SECRET
+
+from .conftest import check_dag_folder
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 STORE_STEPS = {"provision", "train", "verify", "promote", "verify-failed"}
@@ -73,20 +71,12 @@ def test_the_compiled_kfp_pipeline_mounts_every_credential_in_every_step_that_op
 
 def test_the_airflow_dag_mounts_every_credential_in_every_pod(tmp_path):
     pytest.importorskip("airflow")
-    from deltarec.orchestrate.airflow_local import airflow_env
-
     dags = tmp_path / "dags"
     dag_file = dags / "deltarec_dag.py"
     assert main(["pipeline", "compile", "--engine", "airflow", "--output", str(dag_file)]) == 0
     written = dag_file.read_text()
     assert all(f"'{k}': '{k}'" in written for k in CREDENTIAL_ENV)  # the file's own copy
-    env = {**os.environ, **airflow_env(str(tmp_path / "scratch"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--check", str(dags)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    tasks = json.loads(done.stdout.strip().splitlines()[-1])["tasks"]
+    tasks = check_dag_folder(dags, tmp_path)["tasks"]
     pods = {t: v for t, v in tasks.items() if v["operator"] == "KubernetesPodOperator"}
     assert {t.replace("_", "-") for t in pods} >= STORE_STEPS
     for name, pod in pods.items():
