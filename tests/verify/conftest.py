@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from tests._helpers.artifacts import RUN, Lineage, sqlite_url_in
 
+from deltarec.ids import make_version
 from deltarec.stores import open_store
 from deltarec.stores.base import Store
 
@@ -32,6 +33,21 @@ def base_generation(
     if publish:
         lineage.publish(store, g)
     return g
+
+
+def tamper(
+    lineage: Lineage, store: Store, g: int, *, changed: int, deleted: int, stray: int | None = None
+) -> None:
+    """Break generation ``g`` in the store behind the publisher's back: emb key ``changed``
+    gets another value, ``deleted`` is deleted, and ``stray`` (if given) is a row the lineage
+    never wrote."""
+    v1 = make_version(g, 1)
+    bad = lineage.expected_row(lineage.T_EMB, np.array([changed]), 9.0)
+    store.write(lineage.T_EMB, np.array([changed]), bad, np.zeros(1, np.int8), np.array([v1]))
+    store.delete(lineage.T_EMB, np.array([deleted]), make_version(g, 0))
+    if stray is not None:
+        row = lineage.expected_row(lineage.T_EMB, np.array([stray]), 0.0)
+        store.write(lineage.T_EMB, np.array([stray]), row, np.zeros(1, np.int8), np.array([v1]))
 
 
 @pytest.fixture

@@ -8,22 +8,12 @@ from deltarec.ids import make_version
 from deltarec.verify import VerifyOptions, verify
 from deltarec.verify.partition import Partition, combine, partition_json, result_from_json
 
-from .conftest import base_generation
+from .conftest import base_generation, tamper
 
 
 def _base(lineage, store):
     """Generation 1 of emb keys 0..199, every 7th of them updated by the delta."""
     return base_generation(lineage, store, np.arange(200), np.arange(0, 200, 7))
-
-
-def _tamper(lineage, store, g):
-    """A value changed (key 3), a row deleted (key 120), a row never written (key 5000)."""
-    v1 = make_version(g, 1)
-    bad = lineage.expected_row(lineage.T_EMB, np.array([3]), 9.0)
-    store.write(lineage.T_EMB, np.array([3]), bad, np.zeros(1, np.int8), np.array([v1]))
-    store.delete(lineage.T_EMB, np.array([120]), make_version(g, 0))
-    stray = lineage.expected_row(lineage.T_EMB, np.array([5000]), 0.0)
-    store.write(lineage.T_EMB, np.array([5000]), stray, np.zeros(1, np.int8), [v1])
 
 
 def _keyed(result):
@@ -58,7 +48,7 @@ def _parts(lineage, store, n, **kw):
 def test_combined_partitions_equal_a_single_verify_all_key_for_key(lineage, store, n, tampered):
     g = _base(lineage, store)
     if tampered:
-        _tamper(lineage, store, g)
+        tamper(lineage, store, g, changed=3, deleted=120, stray=5000)
     whole = verify(
         lineage.root, lineage.run, store, options=VerifyOptions(sample=None, max_mismatches=100)
     )
@@ -108,7 +98,7 @@ def test_every_key_belongs_to_exactly_one_partition():
 
 def test_a_partition_result_travels_as_json_and_combines_to_the_same_result(lineage, store):
     g = _base(lineage, store)
-    _tamper(lineage, store, g)
+    tamper(lineage, store, g, changed=3, deleted=120, stray=5000)
     parts = _parts(lineage, store, 3)
     through_json = [result_from_json(partition_json(r)) for r in parts]
     direct, travelled = combine(parts), combine(through_json)

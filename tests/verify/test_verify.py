@@ -8,7 +8,7 @@ from deltarec.errors import BadInputError
 from deltarec.ids import make_version
 from deltarec.verify import RowClass, VerifyOptions, verify
 
-from .conftest import base_generation
+from .conftest import base_generation, tamper
 
 
 def _by_class(table_result, cls):
@@ -34,10 +34,7 @@ def test_published_generation_verifies_with_every_key_matching(lineage, store):
 
 def test_tampered_row_is_different_and_deleted_row_is_missing_naming_keys(lineage, store):
     g = base_generation(lineage, store)
-    v1 = make_version(g, 1)
-    bad = lineage.expected_row(lineage.T_EMB, np.array([3]), 9.0)
-    store.write(lineage.T_EMB, np.array([3]), bad, np.zeros(1, np.int8), np.array([v1]))
-    store.delete(lineage.T_EMB, np.array([42]), make_version(g, 0))
+    tamper(lineage, store, g, changed=3, deleted=42)
     result = verify(
         lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
     )
@@ -151,12 +148,7 @@ def test_unknown_generation_or_dump_is_bad_input(lineage, store):
 
 def test_one_pass_scan_and_lookups_by_key_agree(lineage, store):
     g = base_generation(lineage, store)
-    v1 = make_version(g, 1)
-    bad = lineage.expected_row(lineage.T_EMB, np.array([4]), 9.0)
-    store.write(lineage.T_EMB, np.array([4]), bad, np.zeros(1, np.int8), np.array([v1]))
-    store.delete(lineage.T_EMB, np.array([60]), make_version(g, 0))
-    stray = lineage.expected_row(lineage.T_EMB, np.array([777]), 0.0)
-    store.write(lineage.T_EMB, np.array([777]), stray, np.zeros(1, np.int8), [v1])
+    tamper(lineage, store, g, changed=4, deleted=60, stray=777)
     by_scan = verify(lineage.root, lineage.run, store, options=VerifyOptions(sample=None))
     by_key = verify(
         lineage.root, lineage.run, store, options=VerifyOptions(sample=None, full_scan_bytes=0)
