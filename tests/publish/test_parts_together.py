@@ -3,12 +3,15 @@ pass, every part's mark with them; never half applied, and part by part where th
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, TableSpec
-from deltarec.errors import InvalidRowError
+from deltarec.errors import ChecksumError, InvalidRowError
 from deltarec.publish import DumpPublisher
 from deltarec.stores import open_store
 from deltarec.stores.sqlite import SqliteStore
@@ -124,4 +127,27 @@ def test_parts_too_large_for_one_transaction_together_go_part_by_part(tmp_path, 
     for table in TABLES:
         for rows in parts[table].values():
             np.testing.assert_array_equal(store.read(table, rows.keys).embedding, rows.embedding)
+    store.close()
+
+
+def test_a_shard_not_matching_its_sha256_applies_nothing_though_checked_beside_decoding(tmp_path):
+    root, manifest, parts = _snapshot(tmp_path)
+    other = ArtifactRoot(str(tmp_path / "other"))
+    info = new_generation(other, "r", TABLES, world_size=2)
+    changed = {
+        t: {r: random_rows(p.keys, TABLES[t], 99 + r) for r, p in ranks.items()}
+        for t, ranks in parts.items()
+    }
+    write_dump(other, info, 0, changed, kind=DumpKind.SNAPSHOT)
+    for shard in manifest.shards:  # rank 1's shard of the table written first, other values
+        if shard.rank == 1 and shard.table == U:
+            src = os.path.join(other.dump_dir("r", 1, 0), shard.path)
+            shutil.copyfile(src, os.path.join(root.dump_dir("r", 1, 0), shard.path))
+    store = _store(tmp_path)
+    with pytest.raises(ChecksumError, match="rank-00001"):
+        DumpPublisher(store, root, "r").publish_generation(1)
+    for table in TABLES:
+        for rows in parts[table].values():
+            assert not store.read(table, rows.keys).found.any()
+    assert store.progress("r", 1) == []
     store.close()

@@ -469,6 +469,29 @@ def check_shard(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
         )
 
 
+class _BesideCheck:
+    """:func:`check_shard` on a daemon thread; :meth:`result` waits and raises its error."""
+
+    def __init__(self, root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(root, dump_dir, shard), name="shard-sha256", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
+        try:
+            check_shard(root, dump_dir, shard)
+        except BaseException as e:  # raised by result()
+            self._error = e
+
+    def result(self) -> None:
+        """Wait for the check; raise what it raised (ChecksumError, ArtifactError)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 def iter_shard(
     root: ArtifactRoot,
     dump_dir: str,
@@ -477,6 +500,7 @@ def iter_shard(
     batch_rows: int = 65536,
     verify: bool = True,
     bounded_memory: bool = False,
+    verify_beside: bool = False,
 ) -> Iterator[ShardRows]:
     """Yield a shard's rows in batches.
 
@@ -487,15 +511,22 @@ def iter_shard(
     (the last may be shorter): memory is about two batches whatever the shard or row-group
     size.
 
+    With ``verify_beside`` the sha256 runs on a thread beside the decoding instead of before
+    it, and the shard's last batch is held back until it is done: a bad file raises before the
+    last rows are yielded, not before the first. Only for a caller that applies all the rows
+    in one transaction a raise rolls back (the publisher's parts written together).
+
     Raises:
         ChecksumError: with ``verify``, the file's sha256 and size (checked before the first
             row) differ from the manifest's; always, the row count (checked at the end).
         ArtifactError: the shard is missing or not readable parquet.
     """
     path = posixpath.join(dump_dir, shard.path)
-    if verify:
+    beside = _BesideCheck(root, dump_dir, shard) if verify and verify_beside else None
+    if verify and beside is None:
         check_shard(root, dump_dir, shard)
     seen = 0
+    held: ShardRows | None = None
     try:
         with root.fs.open(path, "rb") as f:
             if bounded_memory:
@@ -505,11 +536,24 @@ def iter_shard(
                 batches = pq.ParquetFile(f).iter_batches(batch_size=batch_rows)
             for rows in _joined(batches, dtype, batch_rows if bounded_memory else 0):
                 seen += len(rows)
-                yield rows
+                if beside is None:
+                    yield rows
+                    continue
+                if held is not None:
+                    yield held
+                held = rows
     except FileNotFoundError:
+        if beside is not None:
+            beside.result()
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     except (pa.ArrowInvalid, OSError) as e:
+        if beside is not None:
+            beside.result()  # a file that does not match its sha256 says so first
         raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
+    if beside is not None:
+        beside.result()
+        if held is not None:
+            yield held
     if seen != shard.rows:
         raise ChecksumError(root.url(path), f"holds {seen} rows, the manifest says {shard.rows}")
 

@@ -34,7 +34,7 @@ from deltarec.errors import BadInputError, ConfigError
 from deltarec.faults import failpoint
 from deltarec.ids import validate_run
 from deltarec.publish.metrics import PublishMetrics
-from deltarec.publish.readahead import read_ahead
+from deltarec.publish.readahead import ReadAhead
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.together import publish_parts_together
@@ -314,11 +314,33 @@ class DumpPublisher:
             for start in range(skip, len(data), size):
                 yield data.slice(start, start + size)
             return
+        reader = self._reader(manifest, rank, table, spec, skip, verify)
+        try:
+            yield from reader
+        finally:
+            reader.close()
+
+    def _reader(
+        self,
+        manifest: Manifest,
+        rank: int,
+        table: str,
+        spec: TableSpec,
+        skip: int,
+        verify: bool,
+        beside: bool = False,
+    ) -> ReadAhead[ShardRows]:
+        """The rank's rows of ``table`` from the artifacts, read ahead from now on (a thread).
+
+        As :meth:`_rows` without rows in memory; the caller closes it. ``beside``: each shard's
+        sha256 is checked beside its decoding, before its last rows come (see
+        :func:`~deltarec.artifacts.shards.iter_shard`): only for rows that all go into one
+        transaction.
+        """
         size = min(self._read_rows(spec), self._batch_rows(spec))
         dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
-        yield from read_ahead(
-            self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify)
-        )
+        rows = self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify, beside)
+        return ReadAhead(rows)
 
     def _shard_rows(
         self,
@@ -330,6 +352,7 @@ class DumpPublisher:
         size: int,
         skip: int,
         verify: bool,
+        beside: bool = False,
     ) -> Iterator[ShardRows]:
         """The rank's rows of ``table`` from its shards, after the first ``skip``.
 
@@ -347,6 +370,7 @@ class DumpPublisher:
                 batch_rows=size,
                 verify=verify,
                 bounded_memory=True,
+                verify_beside=beside,
             ):
                 n = len(batch)
                 if seen + n <= skip:

@@ -18,12 +18,84 @@ T = TypeVar("T")
 _END = object()
 
 
+class ReadAhead(Iterator[T]):
+    """``source``'s items, produced on a daemon thread that starts at once, at most ``depth`` ahead.
+
+    An exception raised by ``source`` is re-raised by ``next``, where its item would have come.
+    :meth:`close` (or dropping the reader) stops the thread at its next item; the rest of
+    ``source`` is not read. Started before its items are wanted (the next rank's part while
+    the store applies this one's), its first chunks (and the shard's sha256) are ready when
+    they are.
+
+    Args:
+        source: the items, in order; it runs on the thread (it must not need this one's state).
+        depth: items produced and not yet taken, at most (>= 1).
+        name: the thread's name.
+    """
+
+    def __init__(self, source: Iterator[T], depth: int = 2, name: str = "publish-read") -> None:
+        if depth < 1:
+            raise ValueError(f"read-ahead depth must be >= 1, got {depth}")
+        self._items: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._source = source
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        source = self._source
+        try:
+            for item in source:
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as e:  # handed to the consumer
+            self._put(e)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the thread (idempotent); waits for it to notice, at most 30 s."""
+        self._done = True
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+
 def read_ahead(source: Iterator[T], depth: int = 2, name: str = "publish-read") -> Iterator[T]:
     """Yield ``source``'s items, produced on a daemon thread at most ``depth`` items ahead.
 
-    An exception raised by ``source`` is re-raised here, where its item would have come.
-    Closing the returned generator (or dropping it) stops the thread at its next item; the
-    rest of ``source`` is not read.
+    The thread starts with the first item asked for (see :class:`ReadAhead` for one that starts
+    at once). An exception raised by ``source`` is re-raised here, where its item would have
+    come. Closing the returned generator (or dropping it) stops the thread at its next item;
+    the rest of ``source`` is not read.
 
     Args:
         source: the items, in order; it runs on the thread (it must not need this one's state).
@@ -32,41 +104,8 @@ def read_ahead(source: Iterator[T], depth: int = 2, name: str = "publish-read") 
     """
     if depth < 1:
         raise ValueError(f"read-ahead depth must be >= 1, got {depth}")
-    items: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in source:
-                if not put(item):
-                    return
-            put(_END)
-        except BaseException as e:  # handed to the consumer
-            put(e)
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
+    reader = ReadAhead(source, depth, name)
     try:
-        while True:
-            item = items.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
+        yield from reader
     finally:
-        stop.set()
-        thread.join(timeout=30)
+        reader.close()

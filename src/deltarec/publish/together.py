@@ -125,13 +125,22 @@ def _write_table(
     def batches() -> Iterator[RowBatch]:
         where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
         sent = False
-        for rank in ranks:
-            for rows in pub._rows(manifest, rank, table, spec, None, 0, check):
-                if check:
-                    pub._check(table, spec, rows, manifest.version, f"{where} {rank}")
-                versions = np.full(len(rows), manifest.version, np.int64)
-                sent = True
-                yield RowBatch(rows.keys, rows.embedding, rows.ops, versions)
+        # Every rank's reader starts now: the next rank's sha256 and first chunks are read
+        # while the store applies this one's rows (at most two chunks ahead each).
+        # In one transaction, a shard's sha256 can be checked beside its decoding (a bad shard
+        # raises before its last rows: nothing is committed).
+        readers = [pub._reader(manifest, rank, table, spec, 0, check, check) for rank in ranks]
+        try:
+            for rank, reader in zip(ranks, readers, strict=True):
+                for rows in reader:
+                    if check:
+                        pub._check(table, spec, rows, manifest.version, f"{where} {rank}")
+                    versions = np.full(len(rows), manifest.version, np.int64)
+                    sent = True
+                    yield RowBatch(rows.keys, rows.embedding, rows.ops, versions)
+        finally:
+            for reader in readers:
+                reader.close()
         if not sent:  # parts without rows still get their marks
             empty = ShardRows.empty(spec.dtype, spec.dim)
             yield RowBatch(empty.keys, empty.embedding, empty.ops, np.empty(0, np.int64))

@@ -96,8 +96,10 @@ class Spill:
             bounds = np.concatenate([[0], np.flatnonzero(np.diff(at) != 1) + 1, [len(at)]])
             for a, b in itertools.pairwise(bounds.tolist()):
                 _read_exactly(self._file.fileno(), raw[a * size : b * size], int(at[a]) * size)
-            got = buf[np.searchsorted(at, take)]
-            yield keys[take], got["row"], got["version"], got["op"]
+            pos = np.searchsorted(at, take)
+            # Each column gathered on its own: the rows come contiguous, so the store can bind
+            # a statement's rows as a view of them (no further copy).
+            yield keys[take], buf["row"][pos], buf["version"][pos], buf["op"][pos]
 
 
 def _read_exactly(fd: int, into: memoryview, offset: int) -> None:

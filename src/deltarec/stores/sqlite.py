@@ -134,6 +134,11 @@ def _statements(
             yield run[start : start + per_statement]
 
 
+def _ascending_by_one(idx: np.ndarray) -> bool:
+    """Whether ``idx`` is ``idx[0], idx[0] + 1, ...`` (consecutive row indices)."""
+    return bool((np.diff(idx) == 1).all())
+
+
 def _insert_rows(
     cur: sqlite3.Cursor,
     sql: str,
@@ -152,10 +157,18 @@ def _insert_rows(
     """
     width = embedding.shape[1] * embedding.itemsize if embedding.ndim == 2 else 0
     per_statement = max(1, min(STATEMENT_ROWS, STATEMENT_BYTES // max(1, width)))
+    contiguous = embedding.ndim == 2 and embedding.flags.c_contiguous
     for idx in _statements(keys, versions, ops, in_key_order, select, per_statement):
+        lo = int(idx[0]) if len(idx) else 0
+        if contiguous and len(idx) and int(idx[-1]) - lo == len(idx) - 1 and _ascending_by_one(idx):
+            # Consecutive rows: bound as a view of the array (SQLite copies it once).
+            rows: Any = embedding[lo : lo + len(idx)].data.cast("B")
+            key_list = keys[lo : lo + len(idx)].tolist()
+        else:
+            rows, key_list = embedding[idx].tobytes(), keys[idx].tolist()
         params: tuple[Any, ...] = (
-            json.dumps(keys[idx].tolist()),
-            embedding[idx].tobytes(),
+            json.dumps(key_list),
+            rows,
             width,
             int(versions[idx[0]]),
             now,
