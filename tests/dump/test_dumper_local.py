@@ -69,15 +69,21 @@ def test_each_delta_holds_exactly_the_touched_keys_with_the_rows_at_that_step(tm
     assert sum(last.tables.values()) == 0 and (last.first_step, last.last_step) == (9, 9)
 
 
+def _train_to(d: Dumper, tables: HandTables, last_step: int) -> None:
+    """Start ``d`` at step 0, train ``tables`` through ``last_step`` with a ``maybe_dump`` per
+    step, then the final dump and close."""
+    d.start(step=0)
+    for step in range(1, last_step + 1):
+        tables.step(step)
+        d.maybe_dump(step)
+    d.final_dump(last_step)
+    d.close()
+
+
 def test_replaying_every_dump_reproduces_the_final_tables(tmp_path):
     tables = HandTables(seed=1)
     d = Dumper(_config(tmp_path, every_steps=4), tables.sources())
-    d.start(step=0)
-    for step in range(1, 11):
-        tables.step(step)
-        d.maybe_dump(step)
-    d.final_dump(10)
-    d.close()
+    _train_to(d, tables, 10)
     state = expected_state(ArtifactRoot(str(tmp_path)), "r", 1)
     for t, w in tables.weights.items():
         et = state.tables[t]
@@ -288,12 +294,7 @@ def test_tables_larger_than_snapshot_max_bytes_get_no_snapshot_and_deltas_still_
     tables = HandTables()
     share = sum(s.spec.num_embeddings * s.spec.dim * 4 for s in tables.sources())
     d = Dumper(_config(tmp_path, snapshot_max_bytes=share - 1), tables.sources())
-    d.start(step=0)
-    for step in range(1, 4):
-        tables.step(step)
-        d.maybe_dump(step)
-    d.final_dump(3)
-    d.close()
+    _train_to(d, tables, 3)
     root = ArtifactRoot(str(tmp_path))
     assert root.list_dumps("r", 1) == [1, 2]  # no dump 0: the rows exceed the limit
     d2 = Dumper(_config(tmp_path, run="s", snapshot_max_bytes=share), HandTables().sources())

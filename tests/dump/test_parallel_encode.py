@@ -32,6 +32,21 @@ def _rows(rng: np.random.Generator, n: int, start: int, dim: int, dtype: DType) 
     )
 
 
+def _one_writer(chunks: list[ShardRows], dtype: DType, dim: int) -> bytes:
+    """The shard one pyarrow writer makes of ``chunks``, a row group each (the reference)."""
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(
+        sink,
+        codec.shard_schema(dtype, dim),
+        compression="none",
+        use_dictionary=False,
+        write_statistics=[codec.KEY, codec.STEP],
+    ) as w:
+        for c in chunks:
+            w.write_table(codec.to_arrow(c.keys, c.embedding, c.ops, c.steps, dtype))
+    return sink.getvalue().to_pybytes()
+
+
 @pytest.mark.parametrize("dtype", list(DType))
 def test_a_stitched_shard_is_byte_identical_to_one_pyarrow_writer_of_the_same_chunks(dtype):
     rng = np.random.default_rng(0)
@@ -39,17 +54,7 @@ def test_a_stitched_shard_is_byte_identical_to_one_pyarrow_writer_of_the_same_ch
     pieces = [encode_piece(c, dtype, 12) for c in chunks]
     footer = stitched_footer([p.meta() for p in pieces])
     stitched = MAGIC + b"".join(bytes(p.body) for p in pieces) + footer + footer_tail(footer)
-    sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(
-        sink,
-        codec.shard_schema(dtype, 12),
-        compression="none",
-        use_dictionary=False,
-        write_statistics=[codec.KEY, codec.STEP],
-    ) as w:
-        for c in chunks:
-            w.write_table(codec.to_arrow(c.keys, c.embedding, c.ops, c.steps, dtype))
-    assert stitched == sink.getvalue().to_pybytes()
+    assert stitched == _one_writer(chunks, dtype, 12)
     meta = pq.ParquetFile(pa.BufferReader(stitched)).metadata
     assert meta.num_rows == 3101 and meta.num_row_groups == 3
     assert meta.row_group(1).column(0).statistics.min == 500
@@ -276,16 +281,6 @@ def test_a_shard_of_many_pieces_is_byte_identical_and_its_metas_hold_no_python_t
     assert not any(gc.is_tracked(v) for m in metas for v in vars(m).values())
     footer = stitched_footer(metas)
     stitched = MAGIC + b"".join(bytes(p.body) for p in pieces) + footer + footer_tail(footer)
-    sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(
-        sink,
-        codec.shard_schema(dtype, dim),
-        compression="none",
-        use_dictionary=False,
-        write_statistics=[codec.KEY, codec.STEP],
-    ) as w:
-        for c in chunks:
-            w.write_table(codec.to_arrow(c.keys, c.embedding, c.ops, c.steps, dtype))
-    assert stitched == sink.getvalue().to_pybytes()  # 20 row groups: the long list header
+    assert stitched == _one_writer(chunks, dtype, dim)  # 20 row groups: the long list header
     meta = pq.ParquetFile(pa.BufferReader(stitched)).metadata
     assert meta.num_row_groups == 20 and meta.row_group(19).column(0).statistics.min == 19000

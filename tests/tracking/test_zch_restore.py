@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests._helpers.train import tiny_train_config
 from tests._helpers.zch import assert_same_state, model_state
 
 from deltarec.artifacts import ArtifactRoot, Parent
@@ -71,19 +72,11 @@ def _train(tmp: str, steps: int, resume_step: int | None) -> dict[str, Any]:
     import torch
 
     from deltarec.dump import make_train_hook
-    from deltarec.model.config import tiny_model_config
     from deltarec.model.sharding import build_sharded_model
-    from deltarec.train import TrainConfig, run_training
+    from deltarec.train import run_training
 
-    config = TrainConfig(
-        model=tiny_model_config(),
-        steps=steps,
-        batch_size=BATCH,
-        workdir=f"{tmp}/work",
-        checkpoint_every=CKPT,
-        resume=resume_step is not None,
-        resume_step=resume_step,
-        log_every=1000,
+    config = tiny_train_config(
+        tmp, steps=steps, batch_size=BATCH, checkpoint_every=CKPT, resume_step=resume_step
     )
     sm = build_sharded_model(config.model, torch.device("cpu"), seed=0, max_batch_size=BATCH)
     hook = make_train_hook(artifacts=f"{tmp}/art", run=RUN, every_steps=3)

@@ -13,6 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
+from tests._helpers.train import tiny_train_config
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.lineage import expected_state
@@ -29,18 +30,10 @@ STEPS, EVERY, CKPT, BATCH = 12, 4, 6, 16
 
 def _train(rank: int, world_size: int, tmp: str, store_url: str, resume_step: int | None):
     from deltarec.dump import make_train_hook
-    from deltarec.model import tiny_model_config
-    from deltarec.train import TrainConfig, run_training
+    from deltarec.train import run_training
 
-    config = TrainConfig(
-        model=tiny_model_config(),
-        steps=STEPS,
-        batch_size=BATCH,
-        workdir=f"{tmp}/work",
-        checkpoint_every=CKPT,
-        resume=resume_step is not None,
-        resume_step=resume_step,
-        log_every=1000,
+    config = tiny_train_config(
+        tmp, steps=STEPS, batch_size=BATCH, checkpoint_every=CKPT, resume_step=resume_step
     )
     hook = make_train_hook(artifacts=f"{tmp}/art", run=RUN, every_steps=EVERY, store=store_url)
     result = run_training(config, hooks=[hook])
