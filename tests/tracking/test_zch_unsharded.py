@@ -38,6 +38,14 @@ def _sources(model: ZchModel) -> dict[str, ZchTableSource]:
     return {s.table_id: s for s in sources}  # type: ignore[misc]
 
 
+def _fresh_table(
+    table: str, zch_size: int, policy: str
+) -> tuple[ZchModel, torch.optim.Optimizer, ZchTableSource]:
+    """A fresh model, its SGD optimizer and the source of its table ``table``."""
+    model = ZchModel(zch_size=zch_size, policy=policy)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), _sources(model)[table]
+
+
 @pytest.mark.parametrize("policy", ["lru", "lfu", "dlfu"])
 def test_replayed_collects_equal_the_model_state_after_every_interval(policy: str) -> None:
     torch.manual_seed(0)
@@ -97,9 +105,7 @@ def test_id_admitted_after_the_last_collect_is_dumped_without_a_new_lookup() -> 
 
 
 def test_evicted_id_gets_op_1_with_the_fallback_row_and_readmitted_id_its_new_row() -> None:
-    model = ZchModel(zch_size=4, policy="lru")  # 3 usable slots
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    source = _sources(model)["mc_ebc.bag"]
+    model, opt, source = _fresh_table("mc_ebc.bag", zch_size=4, policy="lru")  # 3 usable slots
     mch, weight = model_parts(model)["mc_ebc.bag"]
     _train(model, opt, [1, 2, 3])
     source.collect()
@@ -119,9 +125,7 @@ def test_evicted_id_gets_op_1_with_the_fallback_row_and_readmitted_id_its_new_ro
 
 
 def test_read_keys_gives_rows_of_held_ids_and_fallback_for_others() -> None:
-    model = ZchModel(zch_size=4, policy="lru")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    source = _sources(model)["mc_ec.seq"]
+    model, opt, source = _fresh_table("mc_ec.seq", zch_size=4, policy="lru")
     mch, weight = model_parts(model)["mc_ec.seq"]
     _train(model, opt, [10, 20, 30, 40])  # 40 misses: 3 usable slots
     got = source.read_keys(torch.tensor([40, 10, -1, 20, 10]))
@@ -141,9 +145,7 @@ def test_read_keys_gives_rows_of_held_ids_and_fallback_for_others() -> None:
 
 
 def test_out_of_range_remapped_row_raises_naming_table_and_rows() -> None:
-    model = ZchModel(zch_size=8, policy="lru")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    source = _sources(model)["mc_ebc.bag"]
+    model, opt, source = _fresh_table("mc_ebc.bag", zch_size=8, policy="lru")
     mch, _ = model_parts(model)["mc_ebc.bag"]
     _train(model, opt, [5, 6])
     pos = int(torch.searchsorted(mch._mch_sorted_raw_ids, torch.tensor(6)))
@@ -202,9 +204,7 @@ def test_lookups_between_before_eval_and_after_eval_are_not_dumped() -> None:
 
 
 def test_collect_reads_no_mapping_buffer_so_its_cost_does_not_grow_with_zch_size() -> None:
-    model = ZchModel(zch_size=4, policy="lru")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    source = _sources(model)["mc_ec.seq"]
+    model, opt, source = _fresh_table("mc_ec.seq", zch_size=4, policy="lru")
     mch, weight = model_parts(model)["mc_ec.seq"]
     _train(model, opt, [1, 2, 3])
     _train(model, opt, [4, 5, 1])  # evicts two ids, admits 4 and 5
@@ -225,9 +225,7 @@ def test_collect_reads_no_mapping_buffer_so_its_cost_does_not_grow_with_zch_size
 def test_a_held_raw_id_minus_one_is_refused_as_it_collides_with_the_fallback_key() -> None:
     from deltarec.tracking.zch import ZchKeyCollisionError
 
-    model = ZchModel(zch_size=8, policy="lru")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    source = _sources(model)["mc_ebc.bag"]
+    model, opt, source = _fresh_table("mc_ebc.bag", zch_size=8, policy="lru")
     _train(model, opt, [3, -1])
     with pytest.raises(ZchKeyCollisionError, match=r"'mc_ebc\.bag'.*raw feature id -1"):
         source.collect()
