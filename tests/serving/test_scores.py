@@ -122,6 +122,7 @@ def _dlrm_rank(rank: int, world_size: int, artifacts: str, src: str) -> dict:
     sys.path.insert(0, src)
     from dlrm_team.data import make_batch
     from dlrm_team.model import build
+    from dlrm_team.train import train_steps
 
     from deltarec.dump import make_train_hook
 
@@ -129,14 +130,7 @@ def _dlrm_rank(rank: int, world_size: int, artifacts: str, src: str) -> dict:
     hook = make_train_hook(artifacts=artifacts, run="dlrm", every_steps=5, dense_every=2)
     hook.on_start(dmp, step=0, restored_from=None)
     try:
-        for step in range(1, 13):
-            batch = make_batch(step, rank, BATCH)
-            loss = dmp(batch.dense, batch.sparse, batch.seq, batch.labels)
-            dense_optimizer.zero_grad()
-            loss.backward()
-            dense_optimizer.step()
-            hook.after_step(step)
-        hook.on_end(step)
+        train_steps(dmp, dense_optimizer, hook, rank, 12, BATCH)
     finally:
         hook.close()
     batch = make_batch(999, rank, BATCH)

@@ -15,6 +15,7 @@ import datetime
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,30 @@ def export_shards(dmp: torch.nn.Module, directory: str, rank: int) -> str:
     return path
 
 
+def train_steps(
+    dmp: torch.nn.Module,
+    dense_optimizer: torch.optim.Optimizer,
+    hook: Any,
+    rank: int,
+    steps: int,
+    batch_size: int,
+) -> torch.Tensor:
+    """Train steps ``1..steps`` on this rank's batches; return the last step's loss.
+
+    The caller has started ``hook``; it is told after each step and at the end.
+    """
+    loss = torch.zeros(())
+    for step in range(1, steps + 1):
+        batch = make_batch(step, rank, batch_size)
+        loss = dmp(batch.dense, batch.sparse, batch.seq, batch.labels)
+        dense_optimizer.zero_grad()
+        loss.backward()
+        dense_optimizer.step()
+        hook.after_step(step)
+    hook.on_end(steps)
+    return loss
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Train the DLRM for ``DELTAREC_STEPS`` steps with delta dumps; returns the exit code."""
     parser = argparse.ArgumentParser(prog="dlrm_team.train")
@@ -63,19 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     hook = hook_from_env()
     try:
         hook.on_start(dmp, step=0, restored_from=None)
-        step = 0
-        for step in range(1, steps + 1):
-            batch = make_batch(step, rank, args.batch_size)
-            loss = dmp(batch.dense, batch.sparse, batch.seq, batch.labels)
-            dense_optimizer.zero_grad()
-            loss.backward()
-            dense_optimizer.step()
-            hook.after_step(step)
-        hook.on_end(step)
+        loss = train_steps(dmp, dense_optimizer, hook, rank, steps, args.batch_size)
         if args.export:
             export_shards(dmp, args.export, rank)
         if rank == 0:
-            print(f"dlrm_team: trained {step} steps, last loss {loss.item():.4f}", flush=True)
+            print(f"dlrm_team: trained {steps} steps, last loss {loss.item():.4f}", flush=True)
     finally:
         hook.close()
         dist.destroy_process_group()
