@@ -27,6 +27,7 @@ from torchrec.modules.mc_modules import (
 )
 
 from deltarec.tracking.types import TouchedRows
+from deltarec.tracking.zch.cpu import presize_zch_history
 
 DIM = 4
 SHARDED_ZCH = 16  # 8 rows per rank of 2, 7 usable
@@ -234,3 +235,13 @@ def train_step(dmp: Any, opt: torch.optim.Optimizer, ids: list[int]) -> None:
     opt.zero_grad()
     dmp(*kjts(ids)).backward()
     opt.step()
+
+
+def presized_model(
+    zch_size: int, policy: str, history: int, interval: int = 1
+) -> tuple[ZchModel, torch.optim.Optimizer]:
+    """A :class:`ZchModel` whose eviction history has room for ``history`` ids from the start
+    (no resize in the middle of a test), and its SGD optimizer."""
+    model = ZchModel(zch_size=zch_size, policy=policy, interval=interval)
+    presize_zch_history(model, history)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)

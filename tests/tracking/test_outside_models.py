@@ -122,23 +122,27 @@ def _build(layout: Layout):
     )
     from torchrec.models.dlrm import DLRM, DLRM_DCN
 
+    def on_meta(collection, config, dim, tables):
+        """A ``collection`` of ``tables`` (``config`` each, ``dim`` wide) on the meta device."""
+        return collection(
+            tables=[
+                config(
+                    name=t.name,
+                    embedding_dim=dim,
+                    num_embeddings=t.rows,
+                    feature_names=list(t.features),
+                )
+                for t in tables
+            ],
+            device=torch.device("meta"),
+        )
+
     class SeqTower(nn.Module):
         """Sum-pools each sequence, then one linear layer (named ``layout.linear``)."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.ec = EmbeddingCollection(
-                tables=[
-                    EmbeddingConfig(
-                        name=t.name,
-                        embedding_dim=SEQ_DIM,
-                        num_embeddings=t.rows,
-                        feature_names=list(t.features),
-                    )
-                    for t in layout.seqs
-                ],
-                device=torch.device("meta"),
-            )
+            self.ec = on_meta(EmbeddingCollection, EmbeddingConfig, SEQ_DIM, layout.seqs)
             setattr(self, layout.linear, nn.Linear(SEQ_DIM, 1))
 
         def forward(self, seqs):
@@ -153,18 +157,7 @@ def _build(layout: Layout):
             return getattr(self, layout.linear)(pooled).squeeze(1)
 
     def bag_collection():
-        return EmbeddingBagCollection(
-            tables=[
-                EmbeddingBagConfig(
-                    name=t.name,
-                    embedding_dim=DIM,
-                    num_embeddings=t.rows,
-                    feature_names=list(t.features),
-                )
-                for t in layout.bags
-            ],
-            device=torch.device("meta"),
-        )
+        return on_meta(EmbeddingBagCollection, EmbeddingBagConfig, DIM, layout.bags)
 
     class Ranker(nn.Module):
         def __init__(self) -> None:

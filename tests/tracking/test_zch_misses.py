@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tests._helpers.zch import ZchModel, kjts, model_state
+from tests._helpers.zch import ZchModel, kjts, model_state, presized_model
 
 from deltarec.tracking.types import SourceOptions, TouchedRows
 from deltarec.tracking.zch import ZchTableSource, discover_zch_sources
 from deltarec.tracking.zch import recorder as zch_recorder
-from deltarec.tracking.zch.cpu import presize_zch_history
 
 
 def _train(model: ZchModel, opt: torch.optim.Optimizer, ids: list[int]) -> None:
@@ -43,9 +42,7 @@ def test_ids_never_admitted_are_dumped_with_the_fallback_row_only_when_asked(
     if compact_every is not None:  # lookups compacted to one entry per id every few ids
         monkeypatch.setattr(zch_recorder, "_COMPACT_MIN", compact_every)
     torch.manual_seed(0)
-    model = ZchModel(zch_size=4, policy="lfu", interval=2)  # 3 usable slots, LFU
-    presize_zch_history(model, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = presized_model(4, "lfu", history=16, interval=2)  # 3 usable slots, LFU
     sources = {s.table_id: s for s in discover_zch_sources(model)}
     source = sources["mc_ebc.bag"]
     assert isinstance(source, ZchTableSource)
@@ -109,9 +106,7 @@ def test_an_id_admitted_then_evicted_in_one_interval_is_dumped_once_with_op_1() 
 
 
 def test_a_looked_up_raw_id_minus_one_that_misses_is_not_dumped_as_the_fallback_key() -> None:
-    model = ZchModel(zch_size=4, policy="lfu", interval=2)
-    presize_zch_history(model, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = presized_model(4, "lfu", history=16, interval=2)
     sources = {s.table_id: s for s in discover_zch_sources(model)}
     for s in sources.values():
         s.configure(SourceOptions(zch_misses=True))

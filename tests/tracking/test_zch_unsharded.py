@@ -12,6 +12,7 @@ from tests._helpers.zch import (
     kjts,
     model_parts,
     model_state,
+    presized_model,
     stream,
 )
 
@@ -23,7 +24,6 @@ from deltarec.tracking.zch import (
     discover_zch_sources,
     zch_embedding_fqns,
 )
-from deltarec.tracking.zch.cpu import presize_zch_history
 
 
 def _train(model: ZchModel, opt: torch.optim.Optimizer, ids: list[int]) -> None:
@@ -49,9 +49,7 @@ def _fresh_table(
 @pytest.mark.parametrize("policy", ["lru", "lfu", "dlfu"])
 def test_replayed_collects_equal_the_model_state_after_every_interval(policy: str) -> None:
     torch.manual_seed(0)
-    model = ZchModel(zch_size=8, policy=policy)
-    presize_zch_history(model, 64)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = presized_model(8, policy, history=64)
     sources = _sources(model)
     assert set(sources) == {"mc_ebc.bag", "mc_ec.seq"}
     replay: dict[str, dict[int, np.ndarray]] = {t: {} for t in sources}
@@ -86,9 +84,7 @@ def test_spec_says_zch_with_global_sizes_and_fqns_name_both_module_paths() -> No
 
 
 def test_id_admitted_after_the_last_collect_is_dumped_without_a_new_lookup() -> None:
-    model = ZchModel(zch_size=8, policy="lru", interval=2)
-    presize_zch_history(model, 8)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = presized_model(8, "lru", history=8, interval=2)
     source = _sources(model)["mc_ebc.bag"]
     mch, weight = model_parts(model)["mc_ebc.bag"]
     _train(model, opt, [7])  # a miss: 7 waits in the eviction history
@@ -180,9 +176,7 @@ def test_close_restores_the_module_methods_and_a_second_source_may_then_track() 
 
 
 def test_lookups_between_before_eval_and_after_eval_are_not_dumped() -> None:
-    model = ZchModel(zch_size=8, policy="lfu")
-    presize_zch_history(model, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = presized_model(8, "lfu", history=16)
     source = _sources(model)["mc_ebc.bag"]
     _train(model, opt, [1, 2])
     assert source.collect().keys.tolist() == [-1, 1, 2]
