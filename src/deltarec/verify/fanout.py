@@ -8,50 +8,29 @@ a single verification of every key, and writes the record promote requires. ``de
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
+from typing import Any
 
 from deltarec.artifacts import ArtifactRoot
-from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn, VerifyOptions
+from deltarec.verify.options import DEFAULT_MAX_MISMATCHES
 from deltarec.verify.partition import Partition, combine
-from deltarec.verify.records import write_record
-from deltarec.verify.run import verify_url
+from deltarec.verify.run import keep_record, run_verification
 from deltarec.verify.types import VerifyResult
 
 __all__ = ["combine_partitions", "verify_partition"]
 
-log = logging.getLogger(__name__)
-
 
 def verify_partition(
-    artifacts: str,
-    run: str,
-    store_url: str,
-    partition: Partition,
-    *,
-    generation: int | None = None,
-    through_seq: int | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    batch_size: int = DEFAULT_BATCH,
-    max_mismatches: int = DEFAULT_MAX_MISMATCHES,
-    progress: ProgressFn | None = None,
+    artifacts: str, run: str, store_url: str, partition: Partition, **options: Any
 ) -> VerifyResult:
     """Verify partition ``partition`` of a generation through a dump against the store.
 
-    The arguments are those of a whole verification (``sample=None``: every key of the
-    partition's ranges, and the store keys in them the lineage never wrote). No record is
-    written: a partition proves only its share.
+    ``options`` are the keyword arguments of a whole verification
+    (:func:`~deltarec.verify.run.run_verification`: ``generation``, ``through_seq``,
+    ``sample``, ...; ``sample=None``: every key of the partition's ranges, and the store keys
+    in them the lineage never wrote). No record is written: a partition proves only its share.
     """
-    options = VerifyOptions(
-        sample=sample,
-        seed=seed,
-        batch_size=batch_size,
-        max_mismatches=max_mismatches,
-        progress=progress,
-        partition=partition,
-    )
-    return verify_url(ArtifactRoot(artifacts), run, store_url, options, generation, through_seq)
+    return run_verification(artifacts, run, store_url, **options, partition=partition, record=False)
 
 
 def combine_partitions(
@@ -68,8 +47,5 @@ def combine_partitions(
     """
     result = combine(results, max_mismatches)
     if record:
-        root = ArtifactRoot(artifacts)
-        path = write_record(root, result)
-        if path:
-            log.info("verification record: %s", root.url(path))
+        keep_record(ArtifactRoot(artifacts), result)
     return result

@@ -12,10 +12,11 @@ from deltarec.artifacts import ArtifactRoot
 from deltarec.stores import open_store
 from deltarec.verify.engine import verify as verify_store
 from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn, VerifyOptions
+from deltarec.verify.partition import Partition
 from deltarec.verify.records import write_record as write_verification
 from deltarec.verify.types import VerifyResult
 
-__all__ = ["run_verification", "verify_url"]
+__all__ = ["keep_record", "run_verification", "verify_url"]
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,13 @@ def run_verification(
     max_mismatches: int = DEFAULT_MAX_MISMATCHES,
     record: bool = True,
     progress: ProgressFn | None = None,
+    partition: Partition | None = None,
 ) -> VerifyResult:
     """Verify a generation through a dump against the store; leaves the verification record.
 
     ``sample=None`` checks every key and scans the store for keys the lineage never wrote.
-    The record (which promote requires) is written unless ``record`` is False.
+    The record (which promote requires) is written unless ``record`` is False. ``partition``
+    checks only that partition's share (:mod:`deltarec.verify.partition`).
     """
     root = ArtifactRoot(artifacts)
     options = VerifyOptions(
@@ -46,13 +49,19 @@ def run_verification(
         batch_size=batch_size,
         max_mismatches=max_mismatches,
         progress=progress,
+        partition=partition,
     )
     result = verify_url(root, run, store_url, options, generation, through_seq)
     if record:
-        path = write_verification(root, result)
-        if path:
-            log.info("verification record: %s", root.url(path))
+        keep_record(root, result)
     return result
+
+
+def keep_record(root: ArtifactRoot, result: VerifyResult) -> None:
+    """Write the verification record of ``result`` under ``root`` and log where it is."""
+    path = write_verification(root, result)
+    if path:
+        log.info("verification record: %s", root.url(path))
 
 
 def verify_url(
