@@ -114,30 +114,10 @@ class RanksFailedError(Exception):
         return "\n".join(parts)
 
 
-def run_on_ranks(
-    fn: Callable[..., Any],
-    world_size: int = 2,
-    *,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    backend: str = "gloo",
-    timeout_s: float = 300.0,
-    grace_s: float = 20.0,
-    threads: int = 1,
-    env: Mapping[str, str] | None = None,
-) -> list[Any]:
+def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, **options: Any) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return values.
 
-    Args:
-        fn: a module-level function.
-        world_size: number of ranks (processes).
-        args: positional arguments after ``rank, world_size`` (picklable).
-        kwargs: keyword arguments (picklable).
-        backend: the process group backend (``gloo`` on CPU, ``nccl`` on CUDA).
-        timeout_s: the whole run is killed after this many seconds.
-        grace_s: after a rank fails, the others are killed after this many seconds.
-        threads: ``torch.set_num_threads`` in each rank.
-        env: extra environment variables for the ranks.
+    ``options`` are those of :func:`spawn_ranks` (``args``, ``kwargs``, ``backend``, ...).
 
     Returns:
         ``[value of rank 0, value of rank 1, ...]``.
@@ -145,17 +125,7 @@ def run_on_ranks(
     Raises:
         RanksFailedError: if any rank raised, died or timed out (every rank's outcome inside).
     """
-    outcomes = spawn_ranks(
-        fn,
-        world_size,
-        args=args,
-        kwargs=kwargs,
-        backend=backend,
-        timeout_s=timeout_s,
-        grace_s=grace_s,
-        threads=threads,
-        env=env,
-    )
+    outcomes = spawn_ranks(fn, world_size, **options)
     if not all(o.ok for o in outcomes):
         raise RanksFailedError(outcomes)
     return [o.value for o in outcomes]
@@ -173,7 +143,21 @@ def spawn_ranks(
     threads: int = 1,
     env: Mapping[str, str] | None = None,
 ) -> list[RankOutcome]:
-    """Like :func:`run_on_ranks` but return every rank's :class:`RankOutcome`, never raise for one.
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; every outcome.
+
+    Unlike :func:`run_on_ranks` this never raises for a failed rank: each rank's
+    :class:`RankOutcome` says how it ended.
+
+    Args:
+        fn: a module-level function.
+        world_size: number of ranks (processes).
+        args: positional arguments after ``rank, world_size`` (picklable).
+        kwargs: keyword arguments (picklable).
+        backend: the process group backend (``gloo`` on CPU, ``nccl`` on CUDA).
+        timeout_s: the whole run is killed after this many seconds.
+        grace_s: after a rank fails, the others are killed after this many seconds.
+        threads: ``torch.set_num_threads`` in each rank.
+        env: extra environment variables for the ranks.
 
     Raises:
         ValueError: if ``fn`` is not a module-level function or ``world_size < 1``.
