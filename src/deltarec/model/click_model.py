@@ -10,6 +10,7 @@ concatenation of everything predicts the click logit. ``forward`` returns
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,9 +29,24 @@ from torchrec.modules.mc_modules import (
     MCHManagedCollisionModule,
 )
 
-from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig
+from deltarec.model.config import HISTORY, ZCH_TABLE, ModelConfig, TableConfig
 
 __all__ = ["HISTORY", "ZCH_TABLE", "ClickModel", "SparseArch"]
+
+
+def _table_configs(
+    config_type: type[EmbeddingBagConfig] | type[EmbeddingConfig], tables: dict[str, TableConfig]
+) -> list[Any]:
+    """One ``config_type`` per table, each looked up by the feature of the table's name."""
+    return [
+        config_type(
+            name=name,
+            embedding_dim=t.dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=[name],
+        )
+        for name, t in tables.items()
+    ]
 
 
 class SparseArch(nn.Module):
@@ -45,28 +61,10 @@ class SparseArch(nn.Module):
     def __init__(self, config: ModelConfig, world_size: int, device: torch.device) -> None:
         super().__init__()
         self.ebc = EmbeddingBagCollection(
-            [
-                EmbeddingBagConfig(
-                    name=name,
-                    embedding_dim=t.dim,
-                    num_embeddings=t.num_embeddings,
-                    feature_names=[name],
-                )
-                for name, t in config.tables.items()
-            ],
-            device=device,
+            _table_configs(EmbeddingBagConfig, config.tables), device=device
         )
-        h = config.history
         self.ec = EmbeddingCollection(
-            [
-                EmbeddingConfig(
-                    name=HISTORY,
-                    embedding_dim=h.dim,
-                    num_embeddings=h.num_embeddings,
-                    feature_names=[HISTORY],
-                )
-            ],
-            device=device,
+            _table_configs(EmbeddingConfig, {HISTORY: config.history}), device=device
         )
         self.zch = _build_zch(config, world_size, device)
 
