@@ -38,6 +38,16 @@ CALLS: list[tuple[str, str]] = []
 """(operation, thread name) of every collective run on the default (``recording``) group."""
 
 
+def _recorded(op: str):
+    """The collective ``op`` of the gloo group underneath, recorded in :data:`CALLS` first."""
+
+    def collective(self, *args):
+        CALLS.append((op, threading.current_thread().name))
+        return getattr(self.inner, op)(*args)
+
+    return collective
+
+
 class _RecordingGroup(dist.ProcessGroup):
     """A default process group that is not gloo: gloo underneath, every collective recorded."""
 
@@ -45,28 +55,11 @@ class _RecordingGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self.inner = inner
 
-    def _record(self, op: str) -> None:
-        CALLS.append((op, threading.current_thread().name))
-
-    def allreduce(self, tensors, opts):
-        self._record("allreduce")
-        return self.inner.allreduce(tensors, opts)
-
-    def allgather(self, outputs, inputs, opts):
-        self._record("allgather")
-        return self.inner.allgather(outputs, inputs, opts)
-
-    def broadcast(self, tensors, opts):
-        self._record("broadcast")
-        return self.inner.broadcast(tensors, opts)
-
-    def gather(self, outputs, inputs, opts):
-        self._record("gather")
-        return self.inner.gather(outputs, inputs, opts)
-
-    def barrier(self, opts):
-        self._record("barrier")
-        return self.inner.barrier(opts)
+    allreduce = _recorded("allreduce")
+    allgather = _recorded("allgather")
+    broadcast = _recorded("broadcast")
+    gather = _recorded("gather")
+    barrier = _recorded("barrier")
 
     def getBackendName(self) -> str:
         return BACKEND
