@@ -99,6 +99,84 @@ def step_pod(environ: dict[str, str] | None = None) -> OwnerPod | None:
 
 
 @dataclass(frozen=True)
+class JobResource:
+    """A Kubeflow job kind (PyTorchJob, TrainJob) and the API calls both launchers make.
+
+    Where the API serves the kind, how a job's state reads, and get, create or follow, delete
+    and stop one job of it.
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    state_of: Callable[[dict[str, Any]], tuple[str, str]]
+    """``(state, message)`` of a job object of this kind."""
+    ended: tuple[str, ...]
+    """The states a job of this kind ends in."""
+
+    def get(self, api: CustomObjectsApiLike, namespace: str, name: str) -> dict[str, Any]:
+        """The job object as the API has it now."""
+        return api.get_namespaced_custom_object(
+            self.group, self.version, namespace, self.plural, name
+        )
+
+    def create_or_follow(
+        self, api: CustomObjectsApiLike, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Create the job from ``body``, or return the existing one of the same name.
+
+        Raises:
+            TrainJobFailedError: it cannot be created, or the existing job of that name has
+                already failed (delete it, or run the step under a new pipeline run).
+        """
+        try:
+            created = api.create_namespaced_custom_object(
+                self.group, self.version, namespace, self.plural, body
+            )
+            log.info("created %s %s/%s", self.kind, namespace, name)
+            return created
+        except Exception as e:
+            if getattr(e, "status", None) != 409:
+                problem = f"could not be created: {e}"
+                raise TrainJobFailedError(namespace, name, problem, self.kind) from e
+        existing = self.get(api, namespace, name)
+        state, message = self.state_of(existing)
+        if state == "Failed":
+            problem = f"exists from an earlier attempt and failed: {message}"
+            raise TrainJobFailedError(namespace, name, problem, self.kind)
+        log.info("%s %s/%s exists (%s); following it", self.kind, namespace, name, state)
+        return existing
+
+    def delete(self, api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
+        """Delete the job and its pods (foreground propagation); False if it was already gone."""
+        try:
+            api.delete_namespaced_custom_object(
+                self.group, self.version, namespace, self.plural, name,
+                propagation_policy="Foreground",
+            )  # fmt: skip
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return False
+            raise
+        log.warning(
+            "deleted %s %s/%s: the step that created it is stopping", self.kind, namespace, name
+        )
+        return True
+
+    def stop_unfinished(self, api: CustomObjectsApiLike, namespace: str, name: str) -> None:
+        """Delete the job unless it already ended (a finished job is kept for its record)."""
+        try:
+            state, _ = self.state_of(self.get(api, namespace, name))
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return
+            state = "Unknown"
+        if state not in self.ended:
+            self.delete(api, namespace, name)
+
+
+@dataclass(frozen=True)
 class TrainJobSpec:
     """What one multi-node training job needs.
 
@@ -232,20 +310,8 @@ def create_or_follow(api: CustomObjectsApiLike, manifest: dict[str, Any]) -> dic
         TrainJobFailedError: the existing job of that name has already failed (delete it, or
             run the step under a new pipeline run, to train again).
     """
-    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    try:
-        created = api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
-        log.info("created PyTorchJob %s/%s", ns, name)
-        return created
-    except Exception as e:
-        if getattr(e, "status", None) != 409:
-            raise TrainJobFailedError(ns, name, f"could not be created: {e}") from e
-    existing = api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    state, message = job_state(existing)
-    if state == "Failed":
-        raise TrainJobFailedError(ns, name, f"exists from an earlier attempt and failed: {message}")
-    log.info("PyTorchJob %s/%s exists (%s); following it", ns, name, state)
-    return existing
+    meta = manifest["metadata"]
+    return PYTORCHJOB.create_or_follow(api, meta["namespace"], meta["name"], manifest)
 
 
 def job_state(job: dict[str, Any]) -> tuple[str, str]:
@@ -262,6 +328,9 @@ def job_state(job: dict[str, Any]) -> tuple[str, str]:
     newest = final[-1] if final else true[-1]
     detail = " ".join(str(newest.get(k) or "") for k in ("reason", "message")).strip()
     return str(newest.get("type")), detail
+
+
+PYTORCHJOB = JobResource(GROUP, VERSION, PLURAL, KIND, job_state, ("Succeeded", "Failed"))
 
 
 def wait_for_job(
@@ -283,7 +352,7 @@ def wait_for_job(
     deadline = clock() + timeout_s
     last = ""
     while True:
-        job = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        job = PYTORCHJOB.get(api, namespace, name)
         state, message = job_state(job)
         if state != last:
             log.info("PyTorchJob %s/%s: %s %s", namespace, name, state, message)
@@ -343,16 +412,7 @@ def _signals_raise(signals: tuple[int, ...]) -> Iterator[None]:
 
 def delete_job(api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
     """Delete the job and its pods (foreground propagation); False if it was already gone."""
-    try:
-        api.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground"
-        )
-    except Exception as e:
-        if getattr(e, "status", None) == 404:
-            return False
-        raise
-    log.warning("deleted PyTorchJob %s/%s: the step that created it is stopping", namespace, name)
-    return True
+    return PYTORCHJOB.delete(api, namespace, name)
 
 
 def run_train_job(
@@ -395,19 +455,5 @@ def run_train_job(
                 sleep=sleep,
             )
         except BaseException:
-            _stop_unfinished(api, spec.namespace, spec.name)
+            PYTORCHJOB.stop_unfinished(api, spec.namespace, spec.name)
             raise
-
-
-def _stop_unfinished(api: CustomObjectsApiLike, namespace: str, name: str) -> None:
-    """Delete the job unless it already ended (a finished job is kept for its record)."""
-    try:
-        state, _ = job_state(
-            api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        )
-    except Exception as e:
-        if getattr(e, "status", None) == 404:
-            return
-        state = "Unknown"
-    if state not in ("Succeeded", "Failed"):
-        delete_job(api, namespace, name)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.orchestrate.pytorchjob import (
     CustomObjectsApiLike,
+    JobResource,
     OwnerPod,
     _signals_raise,
     step_pod,
@@ -213,6 +214,9 @@ def job_state(job: dict[str, Any]) -> tuple[str, str]:
     return "Created", ""
 
 
+TRAINJOB = JobResource(GROUP, VERSION, PLURAL, KIND, job_state, ("Complete", "Failed"))
+
+
 def failing_node(core: CoreV1ApiLike, namespace: str, name: str) -> str:
     """The failed nodes of a TrainJob and why (``"node 1 (pod p): Error, exit code 3"``).
 
@@ -246,22 +250,8 @@ def create_or_follow(api: CustomObjectsApiLike, job: Any) -> dict[str, Any]:
         TrainJobFailedError: the existing job of that name has already failed (delete it, or
             run the step under a new pipeline run, to train again), or it cannot be created.
     """
-    ns, name = job.metadata.namespace, job.metadata.name
-    try:
-        created = api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job.to_dict())
-        log.info("created TrainJob %s/%s", ns, name)
-        return created
-    except Exception as e:
-        if getattr(e, "status", None) != 409:
-            raise TrainJobFailedError(ns, name, f"could not be created: {e}", KIND) from e
-    existing = api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    state, message = job_state(existing)
-    if state == "Failed":
-        raise TrainJobFailedError(
-            ns, name, f"exists from an earlier attempt and failed: {message}", KIND
-        )
-    log.info("TrainJob %s/%s exists (%s); following it", ns, name, state)
-    return existing
+    meta = job.metadata
+    return TRAINJOB.create_or_follow(api, meta.namespace, meta.name, job.to_dict())
 
 
 def wait_for_job(
@@ -284,7 +274,7 @@ def wait_for_job(
     deadline = clock() + timeout_s
     last = ""
     while True:
-        job = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        job = TRAINJOB.get(api, namespace, name)
         state, message = job_state(job)
         if state != last:
             log.info("TrainJob %s/%s: %s %s", namespace, name, state, message)
@@ -304,29 +294,7 @@ def wait_for_job(
 
 def delete_job(api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
     """Delete the TrainJob and its pods (foreground); False if it was already gone."""
-    try:
-        api.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground"
-        )
-    except Exception as e:
-        if getattr(e, "status", None) == 404:
-            return False
-        raise
-    log.warning("deleted TrainJob %s/%s: the step that created it is stopping", namespace, name)
-    return True
-
-
-def _stop_unfinished(api: CustomObjectsApiLike, namespace: str, name: str) -> None:
-    try:
-        state, _ = job_state(
-            api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        )
-    except Exception as e:
-        if getattr(e, "status", None) == 404:
-            return
-        state = "Unknown"
-    if state not in ("Complete", "Failed"):
-        delete_job(api, namespace, name)
+    return TRAINJOB.delete(api, namespace, name)
 
 
 def kubernetes_apis() -> tuple[CustomObjectsApiLike, CoreV1ApiLike]:  # pragma: no cover
@@ -374,7 +342,7 @@ def run_train_job(
                 timeout_s=spec.timeout_s + 300, poll_s=poll_s, sleep=sleep,
             )  # fmt: skip
         except BaseException:
-            _stop_unfinished(api, spec.namespace, spec.name)
+            TRAINJOB.stop_unfinished(api, spec.namespace, spec.name)
             raise
 
 
