@@ -197,3 +197,25 @@ def test_a_store_file_locked_by_another_process_at_open_is_a_transient_error(tmp
     again = sqlite3.connect(path)  # the first opener switched the file to WAL for good
     assert again.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     again.close()
+
+
+def test_the_spill_gives_back_a_repeated_key_s_rows_in_the_order_they_were_added():
+    dim = 4
+    keys = [np.array([9, 3, 5], np.int64), np.array([5, 1, 9], np.int64)]
+    with spillmod.Spill() as spill:
+        for i, k in enumerate(keys):
+            rows = np.full((3, dim), float(i), np.float32)
+            spill.add(k, rows, np.full(3, 10 + i, np.int64), np.zeros(3, np.int8), None)
+        got = list(spill.rows())
+    out_keys = np.concatenate([g[0] for g in got])
+    out_versions = np.concatenate([g[2] for g in got])
+    assert out_keys.tolist() == [1, 3, 5, 5, 9, 9]
+    assert out_versions.tolist() == [11, 10, 10, 11, 10, 11]  # first added, first back
+
+
+def test_key_order_is_stable_where_a_key_repeats_and_sorted_everywhere():
+    rng = np.random.default_rng(3)
+    unique = rng.permutation(np.arange(10_000, dtype=np.int64))
+    np.testing.assert_array_equal(unique[spillmod.key_order(unique)], np.sort(unique))
+    repeated = rng.integers(0, 50, 10_000).astype(np.int64)
+    np.testing.assert_array_equal(spillmod.key_order(repeated), np.argsort(repeated, kind="stable"))
