@@ -148,6 +148,44 @@ class JobResource:
         log.info("%s %s/%s exists (%s); following it", self.kind, namespace, name, state)
         return existing
 
+    def wait(
+        self,
+        api: CustomObjectsApiLike,
+        namespace: str,
+        name: str,
+        *,
+        timeout_s: float,
+        poll_s: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        failed_where: Callable[[], str] | None = None,
+    ) -> dict[str, Any]:
+        """Poll the job until it succeeds (the first of :attr:`ended`); its final object.
+
+        Raises:
+            TrainJobFailedError: the job failed (its reason and message, then what
+                ``failed_where`` says, if given), or it did not finish within ``timeout_s``
+                (with the last state seen).
+        """
+        deadline = clock() + timeout_s
+        last = ""
+        while True:
+            job = self.get(api, namespace, name)
+            state, message = self.state_of(job)
+            if state != last:
+                log.info("%s %s/%s: %s %s", self.kind, namespace, name, state, message)
+                last = state
+            if state == self.ended[0]:
+                return job
+            if state == "Failed":
+                where = failed_where() if failed_where is not None else ""
+                problem = f"failed: {message or 'no message'}" + (f"; {where}" if where else "")
+                raise TrainJobFailedError(namespace, name, problem, self.kind)
+            if clock() >= deadline:
+                problem = f"did not finish within {timeout_s:.0f} s (last state {state})"
+                raise TrainJobFailedError(namespace, name, problem, self.kind)
+            sleep(poll_s)
+
     def delete(self, api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
         """Delete the job and its pods (foreground propagation); False if it was already gone."""
         try:
@@ -349,23 +387,9 @@ def wait_for_job(
         TrainJobFailedError: the job failed (with the operator's reason and message), or it
             did not finish within ``timeout_s`` (with the last state seen).
     """
-    deadline = clock() + timeout_s
-    last = ""
-    while True:
-        job = PYTORCHJOB.get(api, namespace, name)
-        state, message = job_state(job)
-        if state != last:
-            log.info("PyTorchJob %s/%s: %s %s", namespace, name, state, message)
-            last = state
-        if state == "Succeeded":
-            return job
-        if state == "Failed":
-            raise TrainJobFailedError(namespace, name, f"failed: {message or 'no message'}")
-        if clock() >= deadline:
-            raise TrainJobFailedError(
-                namespace, name, f"did not finish within {timeout_s:.0f} s (last state {state})"
-            )
-        sleep(poll_s)
+    return PYTORCHJOB.wait(
+        api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep
+    )
 
 
 def current_namespace(default: str = "default") -> str:

@@ -34,7 +34,7 @@ from deltarec.orchestrate.pytorchjob import (
     step_pod,
 )
 from deltarec.orchestrate.pytorchjob import TrainJobSpec as JobSpec
-from deltarec.orchestrate.types import CREDENTIAL_ENV, TrainJobFailedError
+from deltarec.orchestrate.types import CREDENTIAL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -271,25 +271,13 @@ def wait_for_job(
         TrainJobFailedError: the job failed (its reason, and the failing node's from its pods
             when ``core`` is given), or it did not finish within ``timeout_s``.
     """
-    deadline = clock() + timeout_s
-    last = ""
-    while True:
-        job = TRAINJOB.get(api, namespace, name)
-        state, message = job_state(job)
-        if state != last:
-            log.info("TrainJob %s/%s: %s %s", namespace, name, state, message)
-            last = state
-        if state == "Complete":
-            return job
-        if state == "Failed":
-            nodes = failing_node(core, namespace, name) if core is not None else ""
-            problem = f"failed: {message or 'no message'}" + (f"; {nodes}" if nodes else "")
-            raise TrainJobFailedError(namespace, name, problem, KIND)
-        if clock() >= deadline:
-            raise TrainJobFailedError(
-                namespace, name, f"did not finish within {timeout_s:.0f} s (last {state})", KIND
-            )
-        sleep(poll_s)
+    def nodes() -> str:
+        return failing_node(core, namespace, name) if core is not None else ""
+
+    return TRAINJOB.wait(
+        api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep,
+        failed_where=nodes,
+    )  # fmt: skip
 
 
 def delete_job(api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
