@@ -271,6 +271,7 @@ def wait_for_job(
         TrainJobFailedError: the job failed (its reason, and the failing node's from its pods
             when ``core`` is given), or it did not finish within ``timeout_s``.
     """
+
     def nodes() -> str:
         return failing_node(core, namespace, name) if core is not None else ""
 
