@@ -8,7 +8,7 @@ from pathlib import Path
 import deltarec
 
 LAYERS = [
-    {"__init__", "errors", "ids", "_lazy", "stats", "faults", "ports"},
+    {"__init__", "errors", "ids", "_lazy", "stats", "faults", "ports", "environ"},
     {"artifacts"},
     {"stores", "tracking"},
     {"verify", "model", "serving"},

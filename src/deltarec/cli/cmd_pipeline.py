@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from deltarec.cli.common import add_engine_argument
+from deltarec.environ import environ_set
 from deltarec.errors import BadInputError, CheckFailedError
 
 
@@ -242,15 +243,8 @@ def _launcher_of_children() -> Iterator[None]:
     """
     from deltarec.train.launch import LAUNCHER_PID_ENV
 
-    before = os.environ.get(LAUNCHER_PID_ENV)
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
-    try:
+    with environ_set(LAUNCHER_PID_ENV, str(os.getpid())):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(LAUNCHER_PID_ENV, None)
-        else:
-            os.environ[LAUNCHER_PID_ENV] = before
 
 
 def _run_engine(args: argparse.Namespace, params: Any) -> int:

@@ -40,6 +40,7 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+from deltarec.environ import environ_set
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.orchestrate.params import PipelineParams
 from deltarec.orchestrate.pytorchjob import TrainJobSpec, _signals_raise
@@ -88,15 +89,8 @@ def local_backend(params: PipelineParams) -> Iterator[None]:
         BadInputError: see :func:`check_launcher` (before anything runs).
     """
     check_launcher(params)
-    before = os.environ.get(BACKEND_ENV)
-    os.environ[BACKEND_ENV] = "local"
-    try:
+    with environ_set(BACKEND_ENV, "local"):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(BACKEND_ENV, None)
-        else:
-            os.environ[BACKEND_ENV] = before
 
 
 def import_path() -> list[str]:
@@ -242,21 +236,14 @@ def _python_on_path() -> Iterator[None]:
     Raises:
         ConfigError: there is no ``python`` next to this interpreter.
     """
-    before = os.environ.get("PATH")
     here = os.path.dirname(sys.executable)
-    os.environ["PATH"] = os.pathsep.join([here, before or os.defpath])
-    try:
+    with environ_set("PATH", os.pathsep.join([here, os.environ.get("PATH") or os.defpath])):
         found = shutil.which("python")
         if found is None or not os.path.samefile(os.path.dirname(found), here):
             raise ConfigError(
                 f"the local TrainJob backend needs a 'python' next to {sys.executable}"
             )
         yield
-    finally:
-        if before is None:
-            os.environ.pop("PATH", None)
-        else:
-            os.environ["PATH"] = before
 
 
 def _tail(client: Any, name: str, seen: int) -> int:
