@@ -29,15 +29,19 @@ and its dumps are checked, so a block without the hook never runs beside dump wo
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import gc
+import io
 import json
 import os
 import platform
+import pstats
 import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +225,7 @@ class Bench:
             n: torch.zeros(w.shape[0], dtype=torch.bool, device=dev) for n, w in self.tables.items()
         }
         self.root = ArtifactRoot(work)
+        self.probe = Probe(a.profile_dumps, a.sync_debug)
 
     @property
     def dumper(self) -> Any:
@@ -240,7 +245,7 @@ class Bench:
             taken = d.dumps_taken
             if hooked:
                 self.hook_step += 1
-                self.hook.after_step(self.hook_step)
+                self.probe.after_step(self.hook, self.hook_step)
             sync(self.dev)
             ms = (time.perf_counter() - t0) * 1e3
             if hooked:
@@ -294,6 +299,58 @@ class Bench:
             rows += len(keys)
         shutil.rmtree(dump_dir)  # keep the disk from filling; the manifest was read
         return {"seq": seq, "rows": rows, "ok": ok, "commit_s": latency}
+
+
+class Probe:
+    """Calls ``after_step``, optionally under cProfile and CUDA's sync debug mode.
+
+    ``profile``: every ``after_step`` of the training thread runs under one cProfile profile
+    (the dump steps dominate it), printed by :meth:`report`. ``sync_debug``: the host
+    synchronizations CUDA reports inside ``after_step`` (``torch.cuda.set_sync_debug_mode``)
+    are counted per call site.
+    """
+
+    def __init__(self, profile: bool, sync_debug: bool) -> None:
+        self.prof = cProfile.Profile() if profile else None
+        self.sync_debug = sync_debug
+        self.syncs: dict[str, int] = {}
+        self.calls = 0
+
+    def after_step(self, hook: Any, step: int) -> None:
+        self.calls += 1
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                if self.prof is not None:
+                    self.prof.enable()
+                try:
+                    hook.after_step(step)
+                finally:
+                    if self.prof is not None:
+                        self.prof.disable()
+        finally:
+            if self.sync_debug:
+                torch.cuda.set_sync_debug_mode(0)
+        for w in seen:
+            if "synchroniz" in str(w.message):
+                where = f"{os.path.basename(w.filename)}:{w.lineno}"
+                self.syncs[where] = self.syncs.get(where, 0) + 1
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"after_step_calls": self.calls}
+        if self.sync_debug:
+            out["syncs"] = self.syncs
+            print(f"host synchronizations inside after_step: {self.syncs or 'none'}")
+        if self.prof is not None:
+            text = io.StringIO()
+            pstats.Stats(self.prof, stream=text).sort_stats("tottime").print_stats(30)
+            out["profile"] = text.getvalue()
+            print(text.getvalue())
+        return out
 
 
 def _taken_at(m: Any) -> float:
@@ -360,6 +417,12 @@ def main() -> None:
     p.add_argument(
         "--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (GIL)"
     )
+    p.add_argument(
+        "--profile-dumps", action="store_true", help="cProfile the training thread's after_step"
+    )
+    p.add_argument(
+        "--sync-debug", action="store_true", help="count host synchronizations in after_step"
+    )
     a = p.parse_args()
     if a.switch_interval_ms is not None:
         sys.setswitchinterval(a.switch_interval_ms / 1e3)
@@ -423,6 +486,7 @@ def main() -> None:
     finally:
         bench.hook.close()
         shutil.rmtree(work, ignore_errors=True)
+    res["probe"] = bench.probe.report()
     res["total_s"] = time.perf_counter() - began
     if a.json:
         with open(a.json, "w") as f:

@@ -587,6 +587,9 @@ class Dumper:
         timing = {}
         self._dump_over.clear()
         try:
+            if kind is not DumpKind.SNAPSHOT:
+                for source in self.sources:  # every table's dedup queued: one sync for all
+                    source.prepare_collect()
             for source in self.sources:
                 t0 = time.perf_counter()
                 gathered = (

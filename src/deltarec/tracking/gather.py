@@ -71,6 +71,34 @@ def dedup_ids(ids: torch.Tensor, num_rows: int | None = None) -> torch.Tensor:
     return torch.unique(flat, sorted=True)
 
 
+def unique_ids_bounded(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted unique ids, padded to a length the host knows, and their count on the device.
+
+    :func:`dedup_ids` ends in a compaction whose length the host must learn at once
+    (``nonzero`` waits for every kernel queued before it). Here the length is an upper bound
+    the host already knows, ``min(ids.numel(), num_rows)``, so nothing waits: the first
+    ``count`` entries are the sorted unique ids, the rest ``-1``. ``count`` is a 0-d int64
+    tensor on the ids' device; a caller learns it later, once for many tables
+    (:meth:`~deltarec.tracking.plain.RowShardSource.prepare_collect`). The ids are marked in
+    a bitmap of ``num_rows`` flags.
+
+    Args:
+        ids: any-shaped integer tensor of row indices in ``[0, num_rows)``.
+        num_rows: the table's (local part's) row count.
+
+    Returns:
+        ``(ids, count)``: 1-D int64 ``[bound]``, and the number of unique ids.
+    """
+    flat = ids.reshape(-1)
+    if flat.dtype != torch.int64:
+        flat = flat.to(torch.int64)
+    bound = min(int(flat.numel()), int(num_rows))
+    seen = torch.zeros(num_rows, dtype=torch.bool, device=flat.device)
+    seen.index_fill_(0, flat, True)  # a scalar fill: no value tensor to copy in
+    unique = torch.nonzero_static(seen, size=bound, fill_value=-1).reshape(-1)
+    return unique, (unique >= 0).sum()  # a sum over the bound, not over the table's rows
+
+
 @dataclass
 class HostRows:
     """A chunk of gathered rows in host memory (pinned on CUDA), ready to encode.
@@ -556,13 +584,14 @@ def stage_on_device(
         return None
     try:
         rows = weight.index_select(0, ids)
-        k = ids + key_offset if keys is None else keys
+        k = (ids + key_offset if key_offset else ids) if keys is None else keys
         k = k.to(device=device, dtype=torch.int64)
     except torch.OutOfMemoryError:
         budget.give_back(device, nbytes)
         budget.full += 1
         return None
-    ops = torch.zeros(n, dtype=torch.int8, device=device)
+    # all upserts; the host copy makes its own (to_host), so none is written on the device
+    ops = torch.zeros((), dtype=torch.int8).expand(n)
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return DeviceRows(k, rows, ops, gathered=event, budget=budget, device_bytes=nbytes)

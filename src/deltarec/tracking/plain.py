@@ -23,7 +23,13 @@ import torch
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.tracking.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
-from deltarec.tracking.gather import HostRows, dedup_ids, gather_to_host, rows_to_host
+from deltarec.tracking.gather import (
+    HostRows,
+    dedup_ids,
+    gather_to_host,
+    rows_to_host,
+    unique_ids_bounded,
+)
 from deltarec.tracking.tracker import TrackerHub
 from deltarec.tracking.types import Gathered, RankGroup, TableSource, TouchedRows
 
@@ -123,6 +129,21 @@ def _join(chunks: Iterator[HostRows], dim: int) -> TouchedRows:
     )
 
 
+class _Prepared:
+    """A table's deduplicated ids on the device, their count on its way to host memory."""
+
+    def __init__(self, padded: torch.Tensor, count: torch.Tensor) -> None:
+        self.padded = padded
+        self.count = count.to("cpu", non_blocking=True)
+        self.ready = torch.cuda.Event()
+        self.ready.record()
+
+    def ids(self) -> torch.Tensor:
+        """The sorted unique ids (waits for the deduplications queued so far)."""
+        self.ready.synchronize()
+        return self.padded[: int(self.count)]
+
+
 class RowShardSource(_TrackedSource):
     """A table-wise, row-wise or table-row-wise table's block of rows on this rank.
 
@@ -149,14 +170,42 @@ class RowShardSource(_TrackedSource):
         self.weight = weight
         self.row_offset = int(row_offset)
         self.writes = weight is not None and weight.shape[0] > 0
+        self._prepared: _Prepared | None = None
 
     def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
         if self.weight is None:
             if self.hub is not None:
                 self.hub.take(self.fqn)
             return
-        ids = self._take_ids(self.weight.device, self.weight.shape[0])
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            ids = prepared.ids()
+        else:
+            ids = self._take_ids(self.weight.device, self.weight.shape[0])
         yield from gather_to_host(self.weight, ids, chunk_rows, key_offset=self.row_offset)
+
+    def prepare_collect(self) -> None:
+        """Queue the deduplication of a CUDA table's touched ids, without waiting for it.
+
+        The dumper calls this for every source before it collects any: the count of unique
+        ids comes back to host memory asynchronously, and the first table's
+        :meth:`iter_collect` waits once for every table's deduplication (one host
+        synchronization per dump instead of one per table). CPU tables, and a rank without
+        rows, deduplicate in :meth:`iter_collect` as before.
+        """
+        self._prepared = None
+        if self.weight is None or not self.weight.is_cuda or self.hub is None:
+            return
+        recorded = self.hub.take_recorded(self.fqn)
+        if recorded is None:
+            recorded = torch.empty(0, dtype=torch.int64, device=self.weight.device)
+        elif recorded.device != self.weight.device:
+            recorded = recorded.to(self.weight.device)
+        self._prepared = _Prepared(*unique_ids_bounded(recorded, self.weight.shape[0]))
+
+    def discard(self) -> None:  # noqa: D102
+        self._prepared = None
+        super().discard()
 
     def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
         if self.weight is None:

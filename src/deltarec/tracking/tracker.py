@@ -132,12 +132,17 @@ class TrackerHub:
             fqn: the tracker FQN.
             num_rows: rows of the table's local part (lets :func:`dedup_ids` use a bitmap).
         """
+        ids = self.take_recorded(fqn)
+        return None if ids is None else dedup_ids(ids, num_rows)
+
+    def take_recorded(self, fqn: str) -> torch.Tensor | None:
+        """All pending ids of ``fqn`` as recorded (duplicates kept; None if none), cleared."""
         self.poll()
         parts = self._pending.get(fqn)
         if not parts:
             return None
         self._pending[fqn] = []
-        return dedup_ids(parts[0] if len(parts) == 1 else torch.cat(parts), num_rows)
+        return parts[0].reshape(-1) if len(parts) == 1 else torch.cat(parts)
 
     def hold(self) -> None:
         """Evaluation begins: keep what training recorded so far."""

@@ -129,6 +129,13 @@ class TableSource(abc.ABC):
         """The current rows of the given serving keys this rank writes (restore republish)."""
         return _split(self.read_keys(keys), chunk_rows)
 
+    def prepare_collect(self) -> None:  # noqa: B027 - optional hook
+        """Queue device work for the next :meth:`dump_collect` without waiting for it.
+
+        The dumper calls it on every source before it collects any, so that device sources
+        can share one host synchronization per dump.
+        """
+
     def configure(self, options: SourceOptions) -> None:  # noqa: B027 - optional hook
         """Take the dumper's settings for sources (every rank, at start, before ``bind``)."""
 
