@@ -60,6 +60,9 @@ def default_batch_bytes(store: Store) -> int:
     return store.capabilities.batch_bytes
 
 
+MAX_TRANSACTION_ROWS = 2 << 20
+"""Rows per store transaction at most, whatever ``batch_bytes`` says: a transaction's per-row
+state (SQLite's key-order spill index, 16 bytes a row) stays within 32 MB for narrow rows too."""
 _PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch sizing
 
 
@@ -283,8 +286,8 @@ class DumpPublisher:
         return todo
 
     def _batch_rows(self, spec: TableSpec) -> int:
-        """Rows per store transaction."""
-        return _rows_in(self.batch_bytes, spec)
+        """Rows per store transaction: ``batch_bytes`` of rows, at most MAX_TRANSACTION_ROWS."""
+        return min(_rows_in(self.batch_bytes, spec), MAX_TRANSACTION_ROWS)
 
     @staticmethod
     def _read_rows(spec: TableSpec) -> int:
