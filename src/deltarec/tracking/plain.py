@@ -132,14 +132,17 @@ def _join(chunks: Iterator[HostRows], dim: int) -> TouchedRows:
 class _Prepared:
     """A table's deduplicated ids on the device, their count on its way to host memory."""
 
-    def __init__(self, padded: torch.Tensor, count: torch.Tensor) -> None:
+    def __init__(self, padded: torch.Tensor, count: torch.Tensor | None) -> None:
         self.padded = padded
-        self.count = count.to("cpu", non_blocking=True)
-        self.ready = torch.cuda.Event()
-        self.ready.record()
+        self.count = count.to("cpu", non_blocking=True) if count is not None else None
+        self.ready = torch.cuda.Event() if count is not None else None
+        if self.ready is not None:
+            self.ready.record()
 
     def ids(self) -> torch.Tensor:
         """The sorted unique ids (waits for the deduplications queued so far)."""
+        if self.ready is None or self.count is None:
+            return self.padded  # nothing was recorded: nothing queued
         self.ready.synchronize()
         return self.padded[: int(self.count)]
 
@@ -197,9 +200,11 @@ class RowShardSource(_TrackedSource):
         if self.weight is None or not self.weight.is_cuda or self.hub is None:
             return
         recorded = self.hub.take_recorded(self.fqn)
-        if recorded is None:
-            recorded = torch.empty(0, dtype=torch.int64, device=self.weight.device)
-        elif recorded.device != self.weight.device:
+        if recorded is None:  # no lookups since the last dump: no bitmap, no copy, no event
+            none = torch.empty(0, dtype=torch.int64, device=self.weight.device)
+            self._prepared = _Prepared(none, None)
+            return
+        if recorded.device != self.weight.device:
             recorded = recorded.to(self.weight.device)
         self._prepared = _Prepared(*unique_ids_bounded(recorded, self.weight.shape[0]))
 
