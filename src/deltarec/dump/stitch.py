@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +40,9 @@ _RG_COLUMNS, _RG_FILE_OFFSET, _RG_ORDINAL = 1, 5, 7
 _CC_FILE_OFFSET, _CC_META = 2, 3
 _CC_OFFSET_INDEX, _CC_COLUMN_INDEX = 4, 6
 _CMD_OFFSETS = (9, 10, 11, 14)  # data page, index page, dictionary page, bloom filter
+
+_Visit = Callable[[int, int, int], "int | None"]
+"""A struct walker's field reader: ``(field id, type, position) -> position after, or None``."""
 
 # what a cut (a varint taken out of a piece's row groups) becomes in the shard
 _SHIFT, _ORDINAL = 0, 1
@@ -72,13 +75,10 @@ def _skip(d: bytes, p: int, t: int) -> int:
         n, p = _varint(d, p)
         return p + n
     if t == _STRUCT:
-        return _skip_struct(d, p)
+        return _walk_struct(d, p)
     if t in (_LIST, _SET):
-        head = d[p]
-        p += 1
-        size, et = head >> 4, head & 0x0F
-        if size == 15:
-            size, p = _varint(d, p)
+        et = d[p] & 0x0F
+        size, p = _list_size(d, p)
         if et in (_TRUE, _FALSE, _BYTE):
             return p + size
         if et == _DOUBLE:
@@ -113,15 +113,31 @@ def _field(d: bytes, p: int, last: int) -> tuple[int, int, int]:
     return (n >> 1) ^ -(n & 1), t, p
 
 
-def _skip_struct(d: bytes, p: int) -> int:
+def _walk_struct(d: bytes, p: int, visit: _Visit | None = None) -> int:
+    """Walk the struct whose first field header is at ``p``; the position after its stop.
+
+    ``visit(fid, type, at)`` reads a field's value at ``at`` and returns the position after it,
+    or None to have the value skipped (as every value is when ``visit`` is None).
+    """
     last = 0
     while True:
         fid, t, p = _field(d, p, last)
         if t == _STOP:
             return p
-        if t not in (_TRUE, _FALSE):
+        end = visit(fid, t, p) if visit is not None else None
+        if end is not None:
+            p = end
+        elif t not in (_TRUE, _FALSE):
             p = _skip(d, p, t)
         last = fid
+
+
+def _list_size(d: bytes, p: int) -> tuple[int, int]:
+    """``(element count, position of the first element)`` of the list header at ``p``."""
+    size = d[p] >> 4
+    if size == 15:
+        return _varint(d, p + 1)
+    return size, p + 1
 
 
 class _Cuts:
@@ -136,62 +152,42 @@ class _Cuts:
         return end
 
 
-def _scan_row_group(d: bytes, p: int, cuts: _Cuts, ordinal: int) -> int:
-    last = 0
-    while True:
-        fid, t, p = _field(d, p, last)
-        if t == _STOP:
-            return p
+def _scan_row_groups(d: bytes, p: int, count: int, cuts: _Cuts) -> int:
+    """Take the cuts of the ``count`` row groups from ``p``; the position after the last."""
+    ordinal = 0
+
+    def row_group(fid: int, t: int, p: int) -> int | None:
         if fid == _RG_FILE_OFFSET:
-            p = cuts.take(d, p, _SHIFT)
-        elif fid == _RG_ORDINAL:
+            return cuts.take(d, p, _SHIFT)
+        if fid == _RG_ORDINAL:
             _, end = _varint(d, p)
             cuts.flat.extend((p, end, _ORDINAL, ordinal))
-            p = end
-        elif fid == _RG_COLUMNS and t == _LIST:
-            head = d[p]
-            p += 1
-            size = head >> 4
-            if size == 15:
-                size, p = _varint(d, p)
+            return end
+        if fid == _RG_COLUMNS and t == _LIST:
+            size, p = _list_size(d, p)
             for _ in range(size):
-                p = _scan_column_chunk(d, p, cuts)
-        elif t not in (_TRUE, _FALSE):
-            p = _skip(d, p, t)
-        last = fid
-
-
-def _scan_column_chunk(d: bytes, p: int, cuts: _Cuts) -> int:
-    last = 0
-    while True:
-        fid, t, p = _field(d, p, last)
-        if t == _STOP:
+                p = _walk_struct(d, p, column_chunk)
             return p
+        return None
+
+    def column_chunk(fid: int, t: int, p: int) -> int | None:
         if fid == _CC_FILE_OFFSET:
             n, end = _varint(d, p)
             if (n >> 1) ^ -(n & 1) > 0:
                 cuts.take(d, p, _SHIFT)
-            p = end
-        elif fid in (_CC_OFFSET_INDEX, _CC_COLUMN_INDEX):
+            return end
+        if fid in (_CC_OFFSET_INDEX, _CC_COLUMN_INDEX):
             raise StitchError("pieces with page indexes cannot be stitched")
-        elif fid == _CC_META and t == _STRUCT:
-            p = _scan_column_meta(d, p, cuts)
-        elif t not in (_TRUE, _FALSE):
-            p = _skip(d, p, t)
-        last = fid
+        if fid == _CC_META and t == _STRUCT:
+            return _walk_struct(d, p, column_meta)
+        return None
 
+    def column_meta(fid: int, t: int, p: int) -> int | None:
+        return cuts.take(d, p, _SHIFT) if fid in _CMD_OFFSETS else None
 
-def _scan_column_meta(d: bytes, p: int, cuts: _Cuts) -> int:
-    last = 0
-    while True:
-        fid, t, p = _field(d, p, last)
-        if t == _STOP:
-            return p
-        if fid in _CMD_OFFSETS:
-            p = cuts.take(d, p, _SHIFT)
-        elif t not in (_TRUE, _FALSE):
-            p = _skip(d, p, t)
-        last = fid
+    for ordinal in range(count):  # noqa: B007 (row_group reads it)
+        p = _walk_struct(d, p, row_group)
+    return p
 
 
 def _zigzag_varint(n: int) -> bytes:
@@ -304,14 +300,9 @@ def _scan_footer(d: bytes, body_size: int) -> PieceMeta:
                 rows, rows_at, rows_end = (n >> 1) ^ -(n & 1), at, p
             elif fid == _FMD_ROW_GROUPS and t == _LIST:
                 groups_at = at
-                head = d[at]
-                p = at + 1
-                count = head >> 4
-                if count == 15:
-                    count, p = _varint(d, p)
+                count, p = _list_size(d, at)
                 groups_start = p
-                for i in range(count):
-                    p = _scan_row_group(d, p, cuts, i)
+                p = _scan_row_groups(d, p, count, cuts)
                 groups_end = p
             elif t in (_TRUE, _FALSE):
                 p = at
