@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -382,57 +382,67 @@ def _param_reader(module: torch.nn.Module, name: str) -> Callable[[], torch.Tens
     return read
 
 
+class _Placement(NamedTuple):
+    """Where a ZCH table's rows live: the fields of :class:`ZchTable` that sharding decides."""
+
+    weight: Callable[[], torch.Tensor]
+    row_offset: int
+    num_embeddings: int
+    sharded: bool
+    rank: int
+    world_size: int
+
+
+def _tables(
+    fqn: str, module: Any, bagged: bool, check: bool, place: Callable[[str, Any], _Placement]
+) -> list[ZchTable]:
+    """The module's MCH tables; ``place(name, mch)`` says where each one's rows live."""
+    owner = _clean_fqn(fqn)
+    modules = module._managed_collision_collection._managed_collision_modules
+    return [
+        ZchTable(
+            table_id=table_id(fqn, name),
+            module_fqn=fqn,
+            table_name=name,
+            mch=mch,
+            embedding_fqns=_fqns(owner, bagged, name),
+            **place(name, mch)._asdict(),
+        )
+        for name, mch in _mch_modules(fqn, modules, check)
+    ]
+
+
+def _embedding_group(module: Any, bagged: bool) -> Any:
+    emb = module._embedding_module
+    return emb.embedding_bags if bagged else emb.embeddings
+
+
 def _unsharded_tables(fqn: str, module: Any, check: bool) -> list[ZchTable]:
     from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 
     bagged = isinstance(module, ManagedCollisionEmbeddingBagCollection)
-    emb = module._embedding_module
-    group = emb.embedding_bags if bagged else emb.embeddings
-    mcc = module._managed_collision_collection
-    owner = _clean_fqn(fqn)
-    tables = []
-    for name, mch in _mch_modules(fqn, mcc._managed_collision_modules, check):
-        table_module = group[name]
-        tables.append(
-            ZchTable(
-                table_id=table_id(fqn, name),
-                module_fqn=fqn,
-                table_name=name,
-                mch=mch,
-                weight=_param_reader(table_module, "weight"),
-                row_offset=0,
-                num_embeddings=int(mch._zch_size),
-                sharded=False,
-                rank=dist.get_rank() if dist.is_available() and dist.is_initialized() else 0,
-                world_size=1,
-                embedding_fqns=_fqns(owner, bagged, name),
-            )
-        )
-    return tables
+    group = _embedding_group(module, bagged)
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+    def place(name: str, mch: Any) -> _Placement:
+        weight = _param_reader(group[name], "weight")
+        return _Placement(weight, 0, int(mch._zch_size), False, rank, 1)
+
+    return _tables(fqn, module, bagged, check, place)
 
 
 def _sharded_tables(fqn: str, module: Any, check: bool) -> list[ZchTable]:
     bagged = bool(module.bagged)
-    emb = module._embedding_module
-    group = emb.embedding_bags if bagged else emb.embeddings
-    mcc = module._managed_collision_collection
-    owner = _clean_fqn(fqn)
-    tables = []
-    for name, mch in _mch_modules(fqn, mcc._managed_collision_modules, check):
-        config = emb._table_name_to_config[name]
-        tables.append(
-            ZchTable(
-                table_id=table_id(fqn, name),
-                module_fqn=fqn,
-                table_name=name,
-                mch=mch,
-                weight=_param_reader(group, f"{name}.weight"),
-                row_offset=int(mcc._table_to_offset[name]),
-                num_embeddings=int(config.num_embeddings),
-                sharded=True,
-                rank=int(module._env.rank),
-                world_size=int(module._env.world_size),
-                embedding_fqns=_fqns(owner, bagged, name),
-            )
+    group = _embedding_group(module, bagged)
+    configs = module._embedding_module._table_name_to_config
+    offsets = module._managed_collision_collection._table_to_offset
+    env = module._env
+
+    def place(name: str, mch: Any) -> _Placement:
+        weight = _param_reader(group, f"{name}.weight")
+        rows = int(configs[name].num_embeddings)
+        return _Placement(
+            weight, int(offsets[name]), rows, True, int(env.rank), int(env.world_size)
         )
-    return tables
+
+    return _tables(fqn, module, bagged, check, place)
