@@ -176,7 +176,7 @@ def test_job_that_never_finishes_times_out_naming_the_last_state():
     api.objects[("ml", "j")] = {"metadata": {"name": "j"}}
     clock = FakeClock()
     with pytest.raises(TrainJobFailedError, match=r"within 60 s \(last state Running\)"):
-        pj.wait_for_job(api, "ml", "j", timeout_s=60, poll_s=10, clock=clock, sleep=clock.sleep)
+        pj.PYTORCHJOB.wait(api, "ml", "j", timeout_s=60, poll_s=10, clock=clock, sleep=clock.sleep)
     assert clock.t == 60 and api.gets == 7
 
 

@@ -169,14 +169,13 @@ def test_status_maps_to_the_step_outcome_with_the_failing_nodes_reason():
     assert tj.job_state({}) == ("Created", "")
     api = FakeTrainerApi([RUNNING, RUNNING, COMPLETE])
     tj.create_or_follow(api, tj.build_train_job(spec()))
-    done = tj.wait_for_job(api, None, "ml", "deltarec-ctr-abc", timeout_s=100, poll_s=1,
-                           sleep=lambda s: None)  # fmt: skip
+    done = tj.TRAINJOB.wait(api, "ml", "deltarec-ctr-abc", timeout_s=100, poll_s=1,
+                            sleep=lambda s: None)  # fmt: skip
     assert done["status"] == COMPLETE
-    api.statuses = [RUNNING, FAILED]
+    api = FakeTrainerApi([RUNNING, FAILED])
     core = FakeCoreApi([failed_pod(2)])
     with pytest.raises(TrainJobFailedError) as e:
-        tj.wait_for_job(api, core, "ml", "deltarec-ctr-abc", timeout_s=100, poll_s=1,
-                        sleep=lambda s: None)  # fmt: skip
+        tj.run_train_job(spec(), api=api, core=core, poll_s=1, sleep=lambda s: None)
     assert str(e.value) == (
         "TrainJob ml/deltarec-ctr-abc: failed: JobFailed jobset failed: job node failed; "
         "node 2 (pod deltarec-ctr-abc-node-0-2): node: Error, exit code 3; "

@@ -3,7 +3,7 @@
 The train step of the pipeline runs ``torchrun`` in its own container for one node. For several
 nodes it builds a ``PyTorchJob`` manifest (:func:`build_manifest`), creates it through the
 Kubernetes API's ``CustomObjectsApi`` (:func:`create_or_follow`) and follows its status
-(:func:`wait_for_job`) until the job succeeds, fails or runs out of time.
+(``PYTORCHJOB.wait``) until the job succeeds, fails or runs out of time.
 
 Every pod runs ``torchrun --no-python -- deltarec train ...``; the operator sets ``PET_NODE_RANK``,
 ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``, which torchrun reads from the environment.
@@ -155,9 +155,9 @@ class JobResource:
         name: str,
         *,
         timeout_s: float,
-        poll_s: float,
-        clock: Callable[[], float],
-        sleep: Callable[[float], None],
+        poll_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         failed_where: Callable[[], str] | None = None,
     ) -> dict[str, Any]:
         """Poll the job until it succeeds (the first of :attr:`ended`); its final object.
@@ -185,6 +185,34 @@ class JobResource:
                 problem = f"did not finish within {timeout_s:.0f} s (last state {state})"
                 raise TrainJobFailedError(namespace, name, problem, self.kind)
             sleep(poll_s)
+
+    def run(
+        self,
+        api: CustomObjectsApiLike,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        timeout_s: float,
+        poll_s: float,
+        sleep: Callable[[float], None],
+        failed_where: Callable[[], str] | None = None,
+    ) -> dict[str, Any]:
+        """Create (or follow) the job from ``body``, then :meth:`wait` for it.
+
+        The job is deleted, unless it already ended, when SIGTERM, SIGINT or SIGHUP stops the
+        call (as :class:`StepStopped`) or following it fails (API errors, timeouts).
+        """
+        with _signals_raise((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+            self.create_or_follow(api, namespace, name, body)
+            try:
+                return self.wait(
+                    api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, sleep=sleep,
+                    failed_where=failed_where,
+                )  # fmt: skip
+            except BaseException:
+                self.stop_unfinished(api, namespace, name)
+                raise
 
     def delete(self, api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
         """Delete the job and its pods (foreground propagation); False if it was already gone."""
@@ -371,27 +399,6 @@ def job_state(job: dict[str, Any]) -> tuple[str, str]:
 PYTORCHJOB = JobResource(GROUP, VERSION, PLURAL, KIND, job_state, ("Succeeded", "Failed"))
 
 
-def wait_for_job(
-    api: CustomObjectsApiLike,
-    namespace: str,
-    name: str,
-    *,
-    timeout_s: float,
-    poll_s: float = 15.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any]:
-    """Poll the job until it succeeds; return its final object.
-
-    Raises:
-        TrainJobFailedError: the job failed (with the operator's reason and message), or it
-            did not finish within ``timeout_s`` (with the last state seen).
-    """
-    return PYTORCHJOB.wait(
-        api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep
-    )
-
-
 def current_namespace(default: str = "default") -> str:
     """The namespace of the pod this runs in (service account file), else ``default``."""
     try:
@@ -467,17 +474,7 @@ def run_train_job(
             POD_UID_ENV,
             spec.name,
         )
-    with _signals_raise((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
-        create_or_follow(api, build_manifest(spec, owner))
-        try:
-            return wait_for_job(
-                api,
-                spec.namespace,
-                spec.name,
-                timeout_s=spec.timeout_s + 300,
-                poll_s=poll_s,
-                sleep=sleep,
-            )
-        except BaseException:
-            PYTORCHJOB.stop_unfinished(api, spec.namespace, spec.name)
-            raise
+    return PYTORCHJOB.run(
+        api, spec.namespace, spec.name, build_manifest(spec, owner),
+        timeout_s=spec.timeout_s + 300, poll_s=poll_s, sleep=sleep,
+    )  # fmt: skip

@@ -19,7 +19,6 @@ local process backend (tests/orchestrate/test_trainjob_local.py); no cluster is 
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from deltarec.orchestrate.pytorchjob import (
     CustomObjectsApiLike,
     JobResource,
     OwnerPod,
-    _signals_raise,
     step_pod,
 )
 from deltarec.orchestrate.pytorchjob import TrainJobSpec as JobSpec
@@ -254,33 +252,6 @@ def create_or_follow(api: CustomObjectsApiLike, job: Any) -> dict[str, Any]:
     return TRAINJOB.create_or_follow(api, meta.namespace, meta.name, job.to_dict())
 
 
-def wait_for_job(
-    api: CustomObjectsApiLike,
-    core: CoreV1ApiLike | None,
-    namespace: str,
-    name: str,
-    *,
-    timeout_s: float,
-    poll_s: float = 15.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any]:
-    """Poll the TrainJob until it is ``Complete``; return its final object.
-
-    Raises:
-        TrainJobFailedError: the job failed (its reason, and the failing node's from its pods
-            when ``core`` is given), or it did not finish within ``timeout_s``.
-    """
-
-    def nodes() -> str:
-        return failing_node(core, namespace, name) if core is not None else ""
-
-    return TRAINJOB.wait(
-        api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, clock=clock, sleep=sleep,
-        failed_where=nodes,
-    )  # fmt: skip
-
-
 def delete_job(api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
     """Delete the TrainJob and its pods (foreground); False if it was already gone."""
     return TRAINJOB.delete(api, namespace, name)
@@ -323,16 +294,15 @@ def run_train_job(
         api, core = kubernetes_apis()
     owner = owner if owner is not None else step_pod()
     job = build_train_job(spec, settings, owner)
-    with _signals_raise((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
-        create_or_follow(api, job)
-        try:
-            return wait_for_job(
-                api, core, spec.namespace, spec.name,
-                timeout_s=spec.timeout_s + 300, poll_s=poll_s, sleep=sleep,
-            )  # fmt: skip
-        except BaseException:
-            TRAINJOB.stop_unfinished(api, spec.namespace, spec.name)
-            raise
+    meta = job.metadata
+
+    def nodes() -> str:
+        return failing_node(core, spec.namespace, spec.name) if core is not None else ""
+
+    return TRAINJOB.run(
+        api, meta.namespace, meta.name, job.to_dict(),
+        timeout_s=spec.timeout_s + 300, poll_s=poll_s, sleep=sleep, failed_where=nodes,
+    )  # fmt: skip
 
 
 __all__ = [
@@ -344,5 +314,4 @@ __all__ = [
     "failing_node",
     "job_state",
     "run_train_job",
-    "wait_for_job",
 ]

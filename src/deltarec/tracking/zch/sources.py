@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,20 +72,35 @@ _INT64_MAX = (1 << 63) - 1
 
 
 @dataclass
-class ZchTable:
-    """Where one ZCH table's parts live on this rank.
+class ZchPlacement:
+    """Where one ZCH table's rows live on this rank (what sharding decides).
 
     Attributes:
-        table_id: the table id (owning module FQN without DMP prefixes + ``.`` + table name).
-        module_fqn: the owning MC-EBC/MC-EC module's FQN in ``model.named_modules()``.
-        table_name: the torchrec table name.
-        mch: this rank's ``MCHManagedCollisionModule`` of the table.
         weight: returns this rank's embedding rows ``[local_rows, dim]`` (a live view).
         row_offset: the global row of local row 0.
         num_embeddings: the table's global row count (= its global zch_size).
         sharded: True for a DMP-sharded (row-wise) table.
         rank: this rank (0 when not distributed).
         world_size: the number of ranks sharing the table (1 when unsharded).
+    """
+
+    weight: Callable[[], torch.Tensor]
+    row_offset: int
+    num_embeddings: int
+    sharded: bool
+    rank: int
+    world_size: int
+
+
+@dataclass
+class ZchTable(ZchPlacement):
+    """Where one ZCH table's parts live on this rank (its rows: the :class:`ZchPlacement` fields).
+
+    Attributes:
+        table_id: the table id (owning module FQN without DMP prefixes + ``.`` + table name).
+        module_fqn: the owning MC-EBC/MC-EC module's FQN in ``model.named_modules()``.
+        table_name: the torchrec table name.
+        mch: this rank's ``MCHManagedCollisionModule`` of the table.
         embedding_fqns: FQNs under which trackers may key the table's rows.
     """
 
@@ -93,12 +108,6 @@ class ZchTable:
     module_fqn: str
     table_name: str
     mch: Any
-    weight: Callable[[], torch.Tensor]
-    row_offset: int
-    num_embeddings: int
-    sharded: bool
-    rank: int
-    world_size: int
     embedding_fqns: tuple[str, ...]
 
 
@@ -382,19 +391,8 @@ def _param_reader(module: torch.nn.Module, name: str) -> Callable[[], torch.Tens
     return read
 
 
-class _Placement(NamedTuple):
-    """Where a ZCH table's rows live: the fields of :class:`ZchTable` that sharding decides."""
-
-    weight: Callable[[], torch.Tensor]
-    row_offset: int
-    num_embeddings: int
-    sharded: bool
-    rank: int
-    world_size: int
-
-
 def _tables(
-    fqn: str, module: Any, bagged: bool, check: bool, place: Callable[[str, Any], _Placement]
+    fqn: str, module: Any, bagged: bool, check: bool, place: Callable[[str, Any], ZchPlacement]
 ) -> list[ZchTable]:
     """The module's MCH tables; ``place(name, mch)`` says where each one's rows live."""
     owner = _clean_fqn(fqn)
@@ -406,7 +404,7 @@ def _tables(
             table_name=name,
             mch=mch,
             embedding_fqns=_fqns(owner, bagged, name),
-            **place(name, mch)._asdict(),
+            **vars(place(name, mch)),
         )
         for name, mch in _mch_modules(fqn, modules, check)
     ]
@@ -424,9 +422,9 @@ def _unsharded_tables(fqn: str, module: Any, check: bool) -> list[ZchTable]:
     group = _embedding_group(module, bagged)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-    def place(name: str, mch: Any) -> _Placement:
+    def place(name: str, mch: Any) -> ZchPlacement:
         weight = _param_reader(group[name], "weight")
-        return _Placement(weight, 0, int(mch._zch_size), False, rank, 1)
+        return ZchPlacement(weight, 0, int(mch._zch_size), False, rank, 1)
 
     return _tables(fqn, module, bagged, check, place)
 
@@ -438,10 +436,10 @@ def _sharded_tables(fqn: str, module: Any, check: bool) -> list[ZchTable]:
     offsets = module._managed_collision_collection._table_to_offset
     env = module._env
 
-    def place(name: str, mch: Any) -> _Placement:
+    def place(name: str, mch: Any) -> ZchPlacement:
         weight = _param_reader(group, f"{name}.weight")
         rows = int(configs[name].num_embeddings)
-        return _Placement(
+        return ZchPlacement(
             weight, int(offsets[name]), rows, True, int(env.rank), int(env.world_size)
         )
 
