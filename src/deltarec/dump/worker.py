@@ -356,22 +356,18 @@ class DumpWorker:
             state.writers[table] = writer
         return writer
 
-    def _write_rows(
-        self,
-        state: _DumpState,
-        table: str,
-        step: int,
-        keys: np.ndarray,
-        values: np.ndarray,
-        ops: np.ndarray | None,
+    def _write_assembled(
+        self, state: _DumpState, part: Part, keys: np.ndarray, values: np.ndarray
     ) -> None:
+        """Encode and write an assembled table's rows (all upserts) of ``part``."""
+        table, step = part.table, part.step
         if self.encoder is not None:
-            self.encoder.send_rows(state.seq, table, step, keys, values, ops)
+            self.encoder.send_rows(state.seq, table, step, keys, values, None)
             return
         spec = self.tables[table]
 
         def job() -> Encoded:
-            return encode_rows(keys, values, ops, step, spec.dtype, spec.dim, self.pool.arena)
+            return encode_rows(keys, values, None, step, spec.dtype, spec.dim, self.pool.arena)
 
         self._writer(state, table).write(job, None, self._keeper(state, table))
 
@@ -406,7 +402,7 @@ class DumpWorker:
                 return
             whole = asm.assemble([g[0] for g in got], [g[1] for g in got])
             if whole is not None and len(whole[0]):
-                self._write_rows(state, part.table, part.step, whole[0], whole[1], None)
+                self._write_assembled(state, part, whole[0], whole[1])
         except Exception as e:
             state.error = (part.table, f"{type(e).__name__}: {e}")
             log.exception("assembling dump %s table %s failed", part.seq, part.table)
