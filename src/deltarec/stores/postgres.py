@@ -39,7 +39,7 @@ from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
 from deltarec.stores.pgcopy import FLOAT4_OID, decode_float4_array
 from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
-from deltarec.stores.relational import RelationalStore
+from deltarec.stores.relational import LowestVersion, RelationalStore
 from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
@@ -229,7 +229,8 @@ class PostgresStore(RelationalStore):
         self._check_mark(mark)
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        first, it = first_batch(table, batches)
+        lowest = LowestVersion(batches)
+        first, it = first_batch(table, lowest)
         with self._tx() as cur:
             # The share lock holds off a snapshot sweep (which raises the floor) until commit.
             floor, tombstones = self._view_state(cur, view.name, " FOR SHARE")
@@ -266,6 +267,7 @@ class PostgresStore(RelationalStore):
                         cur.execute(f"DROP INDEX {source}_key")
             if mark is not None:
                 self._write_mark(cur, mark, stage)
+            self._lower_low_mark(cur, view, lowest)
         return sent.rows
 
     @staticmethod

@@ -16,6 +16,11 @@ Registry tables (plain SQL, so operators can query them; times are unix seconds)
 * ``deltarec_serving(id, run, generation, seq, promoted_at, note)``: the serving pointer history;
   the current pointer is the newest row of a run.
 * ``deltarec_freshness(run, generation, seq, rank, committed_at, visible_at)``.
+* ``deltarec_low_marks(name, version)``: per live view a version no row of it is below, so
+  a snapshot's sweep of a view holding nothing older is no scan (see :meth:`_sweep`). Set at
+  provision for a view created empty, lowered in every write's transaction that brings rows
+  older than it, raised by a completed sweep, removed by a merge; a view without one is
+  scanned.
 
 SQL here is written with ``?`` placeholders; the PostgreSQL backend rewrites them to ``%s``.
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -40,6 +45,7 @@ from deltarec.stores.sqlregistry import SqlRegistry
 from deltarec.stores.types import (
     Capabilities,
     ReadResult,
+    RowBatch,
     ViewInfo,
 )
 
@@ -83,7 +89,29 @@ REGISTRY_DDL = (
         run TEXT NOT NULL, generation BIGINT NOT NULL, seq BIGINT NOT NULL, rank BIGINT NOT NULL,
         committed_at DOUBLE PRECISION NOT NULL, visible_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (run, generation, seq, rank))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_low_marks (
+        name TEXT PRIMARY KEY, version BIGINT NOT NULL)""",
 )
+
+
+_NO_ROWS = (1 << 63) - 1
+"""The low mark of a view holding no rows (no version is above it)."""
+
+
+class LowestVersion:
+    """Passes batches on and keeps the lowest version among their rows (None: no rows)."""
+
+    def __init__(self, batches: Iterable[RowBatch]) -> None:
+        self._batches = batches
+        self.version: int | None = None
+
+    def __iter__(self) -> Iterator[RowBatch]:
+        for batch in self._batches:
+            versions = np.asarray(batch.versions)
+            if versions.size:
+                low = int(versions.min())
+                self.version = low if self.version is None else min(self.version, low)
+            yield batch
 
 
 class RelationalStore(RunViews, SqlRegistry, BatchStore):
@@ -124,20 +152,47 @@ class RelationalStore(RunViews, SqlRegistry, BatchStore):
     """The dialect's two-argument maximum (SQLite's scalar ``MAX``, PostgreSQL's ``GREATEST``)."""
 
     def _sweep(self, cur: Any, view: ViewInfo, version: int) -> None:
-        """Delete rows and tombstones of ``view`` older than ``version``; raise its floor."""
+        """Delete rows and tombstones of ``view`` older than ``version``; raise its floor.
+
+        The view's rows are scanned only if its low mark is below ``version`` or it has none;
+        afterwards no row is below ``version``, so the mark is raised to it.
+        """
         self._exec(
             cur,
             f"UPDATE deltarec_views SET floor_version = {self._GREATEST}(floor_version, ?) "
             "WHERE name = ?",
             (version, view.name),
         )
-        self._exec(cur, f"DELETE FROM {quote(view.name)} WHERE version < ?", (version,))
+        low = self._rows(cur, "SELECT version FROM deltarec_low_marks WHERE name = ?", (view.name,))
+        if not low or int(low[0][0]) < version:
+            self._exec(cur, f"DELETE FROM {quote(view.name)} WHERE version < ?", (version,))
         self._exec(
             cur,
             "DELETE FROM deltarec_tombstones WHERE name = ? AND version < ?",
             (view.name, version),
         )
+        self._exec(
+            cur,
+            "INSERT INTO deltarec_low_marks (name, version) VALUES (?, ?) ON CONFLICT (name) "
+            f"DO UPDATE SET version = {self._GREATEST}(deltarec_low_marks.version, "
+            "excluded.version)",
+            (view.name, version),
+        )
         self._views_cache.clear()
+
+    def _lower_low_mark(self, cur: Any, view: ViewInfo, lowest: LowestVersion) -> None:
+        """Lower live ``view``'s low mark to the lowest version written (in the write's tx).
+
+        Call it last in the transaction: on PostgreSQL the update locks the mark's row until
+        commit, and only a write bringing rows older than the mark takes that lock.
+        """
+        if view.staging_generation or lowest.version is None:
+            return
+        self._exec(
+            cur,
+            "UPDATE deltarec_low_marks SET version = ? WHERE name = ? AND version > ?",
+            (lowest.version, view.name, lowest.version),
+        )
 
     @abc.abstractmethod
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
@@ -261,6 +316,14 @@ class RelationalStore(RunViews, SqlRegistry, BatchStore):
             )
         for ddl in self._create_view_sql(name, spec, staging=bool(stage)):
             self._exec(cur, ddl)
+        self._exec(cur, "DELETE FROM deltarec_low_marks WHERE name = ?", (name,))
+        if not stage:  # a view created empty holds nothing below any version
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_low_marks (name, version) SELECT ?, ? "
+                f"WHERE NOT EXISTS (SELECT 1 FROM {quote(name)})",
+                (name, _NO_ROWS),
+            )
         self._exec(
             cur,
             "INSERT INTO deltarec_views (name, run, table_id, staging_generation, dim, dtype, "
@@ -355,6 +418,9 @@ class RelationalStore(RunViews, SqlRegistry, BatchStore):
         with self._tx() as cur:
             for stage in stages:
                 live = lives[stage.table]
+                # the staged rows' versions are not known here: the view's mark is dropped
+                # (a later sweep scans it once and sets it again)
+                self._exec(cur, "DELETE FROM deltarec_low_marks WHERE name = ?", (live.name,))
                 merged += self._merge_view(cur, stage, live)
                 snaps = self._rows(
                     cur,

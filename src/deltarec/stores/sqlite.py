@@ -29,7 +29,7 @@ from deltarec.stores.base import first_batch
 from deltarec.stores.config import SqliteConfig
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
-from deltarec.stores.relational import RelationalStore
+from deltarec.stores.relational import LowestVersion, RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.spill import Spill
 from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo
@@ -300,7 +300,8 @@ class SqliteStore(RelationalStore):
             self._check_mark(mark)
         stage = int(staging_generation or 0)
         view = self._view(table, stage)
-        first, it = first_batch(table, batches)
+        lowest = LowestVersion(batches)
+        first, it = first_batch(table, lowest)
         now = time.time()
         with self._tx() as cur:
             floor, tombstones = self._view_state(cur, view.name)
@@ -312,6 +313,7 @@ class SqliteStore(RelationalStore):
                 n = self._write_many(cur, table, view, rest, floor, tombstones, now)
             for mark in marks:
                 self._write_mark(cur, mark, stage)
+            self._lower_low_mark(cur, view, lowest)
         return n
 
     def _write_one(
