@@ -36,6 +36,7 @@ from deltarec.stores.types import (
     ServingPointer,
     SnapshotRecord,
     ViewInfo,
+    Write,
 )
 
 _CAPABILITIES = Capabilities(deletes=True, scan=True)
@@ -146,7 +147,7 @@ class ReplicaStore(Store, Registry):
         """Refused: a replica's tables come from its run's outbox."""
         raise self._read_only("provisioning views")
 
-    def write(self, table: str, *args: Any, **kwargs: Any) -> int:
+    def apply(self, write: Write) -> int:
         """Refused: a replica changes only by following its run's outbox."""
         raise self._read_only("writing rows")
 

@@ -52,6 +52,7 @@ from deltarec.stores.types import (
     ServingPointer,
     SnapshotRecord,
     ViewInfo,
+    Write,
 )
 
 
@@ -94,7 +95,6 @@ class Store(abc.ABC):
         """
 
     # ---- rows ----------------------------------------------------------------------------
-    @abc.abstractmethod
     def write(
         self,
         table: str,
@@ -119,6 +119,8 @@ class Store(abc.ABC):
         Returns:
             The number of rows in the batch (applied or already superseded).
         """
+        batch = RowBatch(keys, embedding, ops, versions)
+        return self.apply(Write(table, (batch,), mark, staging_generation))
 
     def write_batches(
         self,
@@ -131,21 +133,26 @@ class Store(abc.ABC):
 
         ``batches`` is consumed once, in order, so the caller holds one batch at a time however
         many rows the call writes; at least one batch (it may be empty) must come. Keys are
-        unique within the whole call. The SQL backends apply everything in one transaction,
-        in key order (a B-tree takes a large write in random key order several times faster
-        sorted); the default here writes each batch as it comes (each one atomic where
-        ``capabilities.atomic_marks``) and the mark with the last one, so after a failure the
-        rows before the mark are replayed, which the versioned upsert makes harmless.
+        unique within the whole call.
 
         Returns:
             The number of rows in all batches.
         """
-        batch, it = first_batch(table, batches)
-        total = 0
-        for following in it:
-            total += self.write(table, *batch, staging_generation=staging_generation)
-            batch = following
-        return total + self.write(table, *batch, mark=mark, staging_generation=staging_generation)
+        return self.apply(Write(table, batches, mark, staging_generation))
+
+    @abc.abstractmethod
+    def apply(self, write: Write) -> int:
+        """Apply one :meth:`write` or :meth:`write_batches` call (what a backend implements).
+
+        All rows and the mark, or nothing, where ``capabilities.atomic_marks``. The SQL
+        backends apply everything in one transaction, in key order (a B-tree takes a large
+        write in random key order several times faster sorted); Redis applies a MULTI/EXEC per
+        batch and the mark with the last, so after a failure the rows before the mark are
+        replayed, which the versioned upsert makes harmless.
+
+        Returns:
+            The number of rows in all batches (applied or already superseded).
+        """
 
     @abc.abstractmethod
     def read(
@@ -380,39 +387,6 @@ __all__ = [
     "Store",
     "ViewInfo",
 ]
-
-
-class BatchStore(Store):
-    """A store whose one-batch :meth:`write` is a :meth:`write_batches` of that one batch.
-
-    For backends that apply several batches better together than one after another (the SQL
-    stores' one key-ordered transaction, FeatureStore's one fence): they implement only
-    :meth:`write_batches`.
-    """
-
-    def write(
-        self,
-        table: str,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        ops: np.ndarray,
-        versions: np.ndarray,
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write`: a :meth:`write_batches` of one batch."""
-        batch = RowBatch(keys, embedding, ops, versions)
-        return self.write_batches(table, [batch], mark, staging_generation)
-
-    @abc.abstractmethod
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write_batches` (the backend's own)."""
 
 
 def first_batch(table: str, batches: Iterable[RowBatch]) -> tuple[RowBatch, Iterator[RowBatch]]:

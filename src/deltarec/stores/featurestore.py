@@ -55,7 +55,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -64,7 +64,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import FALLBACK_KEY, TableSpec
 from deltarec.errors import BadInputError, ConfigError, StoreError
-from deltarec.stores.base import BatchStore, Registry, first_batch
+from deltarec.stores.base import Registry, Store, first_batch
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.featurestore_sdk import (
     PK_FIELD,
@@ -89,10 +89,10 @@ from deltarec.stores.fsregistry import (
     registry_location,
 )
 from deltarec.stores.rows import checked_arrays
-from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo
+from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo, Write
 
 
-class FeatureStoreStore(BatchStore):
+class FeatureStoreStore(Store):
     """The PAI FeatureStore backend (rows in FeatureStore, registry in a relational side store).
 
     Args:
@@ -329,22 +329,17 @@ class FeatureStoreStore(BatchStore):
             return self._last_ts
 
     # ---- rows ----------------------------------------------------------------------------
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
+    def apply(self, write: Write) -> int:
         """MERGE the rows under one fence (one registry transaction), then ``mark``.
 
-        ``op = 1`` rows are written as given (the fallback row); :meth:`write` is this call with
-        one batch. See the module docstring for the fence. Raises:
+        ``op = 1`` rows are written as given (the fallback row); :meth:`write` is a call with one
+        batch. See the module docstring for the fence. Raises:
             StaleGenerationError: a newer generation of the run is registered (nothing sent).
             StoreUnavailableError: a transient failure (the writer was drained and the client is
                 rebuilt on the next call, with fresh credentials).
             StoreError: a failure retrying cannot fix (names the view, the table, the fix).
         """
+        table, batches, mark, staging_generation = write
         if staging_generation:
             raise self._unsupported("staging views")
         run = self._writer("writing rows")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,7 +40,7 @@ from deltarec.stores.naming import quote
 from deltarec.stores.pgcopy import FLOAT4_OID, decode_float4_array
 from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
 from deltarec.stores.relational import LowestVersion, RelationalStore
-from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo
+from deltarec.stores.types import ReadResult, ViewInfo, Write
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
 _WALK = 4
@@ -211,14 +211,8 @@ class PostgresStore(RelationalStore):
         ]
 
     # ---- rows ----------------------------------------------------------------------------
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write_batches`: one transaction, rows copied, then one merge.
+    def apply(self, write: Write) -> int:
+        """See :meth:`Store.apply`: one transaction, rows copied, then one merge.
 
         Each batch is sorted by key. Rows of keys the view does not hold yet are copied
         straight into it (see :func:`~deltarec.stores.pgload.copy_direct`); the others go
@@ -226,6 +220,7 @@ class PostgresStore(RelationalStore):
         ``ORDER BY`` only where they did not come in key order), so the view's index is walked,
         not probed at random.
         """
+        table, batches, mark, staging_generation = write
         self._check_mark(mark)
         stage = int(staging_generation or 0)
         view = self._view(table, stage)

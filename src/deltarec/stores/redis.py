@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -78,6 +78,7 @@ from deltarec.stores.types import (
     ServingPointer,
     SnapshotRecord,
     ViewInfo,
+    Write,
 )
 
 _SWEEP_STEP = 4000
@@ -240,35 +241,14 @@ class RedisStore(RunViews, Store, Registry):
         return {_text(t): _text(r) for t, r in raw.items()}
 
     # ---- rows ----------------------------------------------------------------------------
-    def write(
-        self,
-        table: str,
-        keys: np.ndarray,
-        embedding: np.ndarray,
-        ops: np.ndarray,
-        versions: np.ndarray,
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write`: one MULTI/EXEC of version-guarded scripts and the mark."""
-        batch = RowBatch(keys, embedding, ops, versions)
-        queue, n = self._prepared(table, batch, mark, staging_generation)
-        self._execute_fenced(queue, mark)
-        return n
-
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write_batches`: a MULTI/EXEC per batch, the mark with the last.
+    def apply(self, write: Write) -> int:
+        """See :meth:`Store.apply`: a MULTI/EXEC per batch, the mark with the last.
 
         While the server applies one batch (on a thread of this call), the next one is checked
         and encoded; a batch is sent only after the one before it has been applied, and the
         mark's batch only after all of them, so a failure stops the call before the mark.
         """
+        table, batches, mark, staging_generation = write
         batch, it = first_batch(table, batches)
         total = 0
         with ThreadPoolExecutor(1, thread_name_prefix="deltarec-redis") as sender:

@@ -37,7 +37,7 @@ import numpy as np
 
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, ViewMismatchError
-from deltarec.stores.base import BatchStore
+from deltarec.stores.base import Store
 from deltarec.stores.legacy import migrate_legacy_views
 from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.runviews import RunViews
@@ -114,7 +114,7 @@ class LowestVersion:
             yield batch
 
 
-class RelationalStore(RunViews, SqlRegistry, BatchStore):
+class RelationalStore(RunViews, SqlRegistry, Store):
     """Rows and registry of the SQL backends: provisioning, the registry tables, snapshots.
 
     Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
@@ -209,7 +209,7 @@ class RelationalStore(RunViews, SqlRegistry, BatchStore):
         return list(cur.fetchall())
 
     # ---- rows ----------------------------------------------------------------------------
-    # write is a write_batches of one batch (BatchStore); subclasses write in one transaction.
+    # subclasses apply a write in one transaction (Store.apply).
     _read_chunk: int
     """Keys per ``SELECT`` of :meth:`read` (the dialect's limits)."""
 

@@ -32,7 +32,7 @@ from deltarec.stores.naming import quote
 from deltarec.stores.relational import LowestVersion, RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.spill import Spill
-from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo
+from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo, Write
 
 
 def _transient(e: BaseException) -> bool:
@@ -263,14 +263,8 @@ class SqliteStore(RelationalStore):
         ]
 
     # ---- rows ----------------------------------------------------------------------------
-    def write_batches(
-        self,
-        table: str,
-        batches: Iterable[RowBatch],
-        mark: ProgressMark | None = None,
-        staging_generation: int | None = None,
-    ) -> int:
-        """See :meth:`Store.write_batches`: one ``BEGIN IMMEDIATE`` transaction.
+    def apply(self, write: Write) -> int:
+        """See :meth:`Store.apply`: one ``BEGIN IMMEDIATE`` transaction.
 
         A single batch is sorted and applied at once. Of several, those that come in key order
         (each sorted and after the one before, as a dump of a plain table is) are applied as
@@ -278,6 +272,7 @@ class SqliteStore(RelationalStore):
         (:class:`~deltarec.stores.spill.Spill`, each batch sorted) and are applied in one
         key-ordered pass at the end.
         """
+        table, batches, mark, staging_generation = write
         marks = [] if mark is None else [mark]
         return self.write_parts(table, batches, marks, staging_generation)
 

@@ -7,6 +7,7 @@ type), identical to the parquet ``embedding`` column, so nothing is re-encoded o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -130,6 +131,20 @@ class ProgressMark:
     def version(self) -> int:
         """The dump's version, ``generation << 32 | seq``."""
         return make_version(self.generation, self.seq)
+
+
+class Write(NamedTuple):
+    """One write call as a backend applies it: what :meth:`~deltarec.stores.Store.apply` gets.
+
+    ``batches`` is consumed once, in order, and holds at least one batch (it may be empty);
+    keys are unique within the whole call. ``mark`` is committed with the rows;
+    ``staging_generation``, if set, writes into that generation's staging view.
+    """
+
+    table: str
+    batches: Iterable[RowBatch]
+    mark: ProgressMark | None = None
+    staging_generation: int | None = None
 
 
 @dataclass(frozen=True)
