@@ -27,19 +27,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from deltarec.artifacts import (
-    ArtifactRoot,
-    DType,
-    DumpKind,
-    GenerationInfo,
-    ShardRows,
-    TableSpec,
-    write_dump,
-)
+from deltarec.artifacts import ArtifactRoot, DType, ShardRows, TableSpec
 from deltarec.artifacts.shards import iter_shard
 from deltarec.publish import DumpPublisher
 from deltarec.publish.publisher import READ_BYTES
 from deltarec.stores import open_store
+from deltarec.testing.dumps import new_generation, random_rows, write_dump
 
 TABLE = "sparse.ebc.item_id"
 RUN = "mem"
@@ -73,12 +66,12 @@ def peak_during(fn: Callable[[], object]) -> tuple[float, float, float]:
     return before, max(peak[0], rss_mb()), seconds
 
 
-def _chunks(lo: int, hi: int, dim: int, rng: np.random.Generator, step: int):
+def _chunks(
+    lo: int, hi: int, spec: TableSpec, rng: np.random.Generator, step: int
+) -> Iterator[ShardRows]:
     for start in range(lo, hi, 65536):
         keys = rng.permutation(np.arange(start, min(start + 65536, hi), dtype=np.int64))
-        n = len(keys)
-        values = rng.standard_normal((n, dim), dtype=np.float32)
-        yield ShardRows(keys, values, np.zeros(n, np.int8), np.full(n, step, np.int64))
+        yield random_rows(keys, spec, seed=int(rng.integers(1 << 31)), step=step)
 
 
 def main() -> None:
@@ -90,13 +83,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="deltarec-bench-pubmem-") as tmp:
         root = ArtifactRoot(os.path.join(tmp, "art"))
         spec = TableSpec(dim=a.dim, dtype=DType.FLOAT32, num_embeddings=a.rows)
-        info = root.allocate_generation(GenerationInfo(RUN, 1, 1, {TABLE: spec}))
+        info = new_generation(root, RUN, {TABLE: spec}, world_size=1)
         rng = np.random.default_rng(0)
         small = write_dump(
-            root, info, 1, DumpKind.DELTA, {TABLE: {0: _chunks(0, 1000, a.dim, rng, 1)}}, 1, 1
+            root, info, 1, {TABLE: {0: _chunks(0, 1000, spec, rng, 1)}}, first_step=1, last_step=1
         )
         big = write_dump(
-            root, info, 2, DumpKind.DELTA, {TABLE: {0: _chunks(0, a.rows, a.dim, rng, 2)}}, 2, 2
+            root, info, 2, {TABLE: {0: _chunks(0, a.rows, spec, rng, 2)}}, first_step=2, last_step=2
         )
         server = None
         if a.store == "sqlite":

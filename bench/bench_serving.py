@@ -35,7 +35,6 @@ from deltarec.artifacts import (
     ArtifactRoot,
     DType,
     DumpKind,
-    GenerationInfo,
     ShardRows,
     TableSpec,
     iter_shard,
@@ -45,6 +44,7 @@ from deltarec.artifacts import (
 from deltarec.serving.follow import FixedPointer, Follower, FollowOptions
 from deltarec.serving.replica import Replica
 from deltarec.stores.types import ServingPointer
+from deltarec.testing.dumps import new_generation
 
 RUN, TABLE = "bench", "sparse.ebc.item_id"
 
@@ -157,7 +157,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         root = ArtifactRoot(d)
         spec = TableSpec(dim=args.dim, dtype=DType.FLOAT32, num_embeddings=args.rows)
-        info = root.allocate_generation(GenerationInfo(RUN, 1, 1, {TABLE: spec}))
+        info = new_generation(root, RUN, {TABLE: spec}, world_size=1)
         snap = _rows(np.arange(args.rows), args.dim, rng, 0.0)
         _dump(root, info, 0, snap, DumpKind.SNAPSHOT)
         replica = Replica(root, RUN, args.device)
