@@ -7,15 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests._helpers import zch
 from tests._helpers.dump import read_dump
-from tests._helpers.zch import (
-    assert_same_state,
-    build_sharded,
-    model_state,
-    sharded_parts,
-    stream,
-    train_step,
-)
 
 from deltarec.artifacts import ArtifactRoot, TableKind
 from deltarec.artifacts.lineage import expected_state
@@ -32,15 +25,15 @@ RUN = "zch"
 
 def _states(dmp: Any, rank: int) -> dict[str, dict[int, np.ndarray]]:
     return {
-        table: model_state(mch, weight, offset, with_fallback=rank == 0)
-        for table, (mch, weight, offset) in sharded_parts(dmp).items()
+        table: zch.model_state(mch, weight, offset, with_fallback=rank == 0)
+        for table, (mch, weight, offset) in zch.sharded_parts(dmp).items()
     }
 
 
 def _fallbacks(dmp: Any) -> dict[str, np.ndarray]:
     """This rank's fallback (miss slot) row of each table."""
     out = {}
-    for table, (mch, weight, offset) in sharded_parts(dmp).items():
+    for table, (mch, weight, offset) in zch.sharded_parts(dmp).items():
         miss = int(mch._output_global_offset) + int(mch._zch_size) - 1
         out[table] = weight.detach()[miss - offset].numpy().copy()
     return out
@@ -51,12 +44,12 @@ def _steps(world_size: int, first: int, last: int) -> set[int]:
     ids: set[int] = set()
     for step in range(first, last + 1):
         for rank in range(world_size):
-            ids.update(stream(step - 1, seed=rank + 1, batch=BATCH, halves=2))
+            ids.update(zch.stream(step - 1, seed=rank + 1, batch=BATCH, halves=2))
     return ids
 
 
 def _dump_rank(rank: int, world_size: int, root: str, zch_misses: bool = False) -> dict[int, Any]:
-    dmp, opt = build_sharded(world_size)
+    dmp, opt = zch.build_sharded(world_size)
     prepare_zch_for_training(dmp, max_ids_per_step=BATCH * world_size)
     config = DumperConfig(
         artifacts=root, run=RUN, every_steps=3, chunk_rows=5, fsync=False, zch_misses=zch_misses
@@ -66,17 +59,17 @@ def _dump_rank(rank: int, world_size: int, root: str, zch_misses: bool = False) 
     states = {0: _states(dmp, rank)}
     fallbacks = {0: _fallbacks(dmp)}
     for step in range(1, 10):
-        train_step(dmp, opt, stream(step - 1, seed=rank + 1, batch=BATCH, halves=2))
+        zch.train_step(dmp, opt, zch.stream(step - 1, seed=rank + 1, batch=BATCH, halves=2))
         seq = dumper.maybe_dump(step)
         if seq is not None:
             states[seq] = _states(dmp, rank)
             fallbacks[seq] = _fallbacks(dmp)
-    train_step(dmp, opt, stream(9, seed=rank + 1, batch=BATCH, halves=2))
+    zch.train_step(dmp, opt, zch.stream(9, seed=rank + 1, batch=BATCH, halves=2))
     final = dumper.final_dump(10)
     states[final.seq] = _states(dmp, rank)
     fallbacks[final.seq] = _fallbacks(dmp)
     dumper.close()
-    mch = sharded_parts(dmp)["mc_ebc.bag"][0]
+    mch = zch.sharded_parts(dmp)["mc_ebc.bag"][0]
     assert "remap" not in mch.__dict__  # the dumper closed the ZCH sources
     return {"states": states, "fallbacks": fallbacks} if zch_misses else states
 
@@ -130,6 +123,6 @@ def test_every_dump_of_a_sharded_zch_model_replays_to_the_model_state(tmp_path: 
             exp = expected.tables[table]
             keys = exp.present_keys()
             got = dict(zip(keys.tolist(), exp.load(keys), strict=True))
-            assert_same_state(got, {**want0, **want1})
+            zch.assert_same_state(got, {**want0, **want1})
             evicted_seen += int((exp.ops == 1).sum())
     assert evicted_seen > 0
