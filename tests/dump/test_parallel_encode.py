@@ -148,17 +148,12 @@ def test_the_worker_reserves_host_bytes_without_waiting_for_queued_items():
         q.reserve(100)
         waited.append(time.perf_counter() - t0)
 
-    blocked = threading.Event()  # set when reserve starts waiting on the queue's condition
-    real_wait = q._cond.wait
-
-    def wait(timeout=None):
-        blocked.set()
-        return real_wait(timeout)
-
-    q._cond.wait = wait
     t = threading.Thread(target=reserve_more)
     t.start()  # the worker holds 1500 bytes other threads will release: it waits for them
-    assert blocked.wait(30), "reserve did not wait within 30 s"
+    deadline = time.monotonic() + 30
+    while q.blocked_reserves == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert q.blocked_reserves == 1, "reserve did not wait within 30 s"
     assert not waited and t.is_alive()  # still waiting in reserve
     assert q.outstanding_bytes == 1900
     q.release(900)

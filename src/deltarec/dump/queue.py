@@ -37,6 +37,7 @@ class ByteBoundedQueue:
         peak_bytes: the most bytes ever outstanding.
         blocked_seconds: total time producers spent waiting for space.
         blocked_puts: number of puts that had to wait.
+        blocked_reserves: number of :meth:`reserve` calls that had to wait.
     """
 
     def __init__(self, capacity: int, abort_check: Callable[[], None] | None = None) -> None:
@@ -52,6 +53,7 @@ class ByteBoundedQueue:
         self.peak_bytes = 0
         self.blocked_seconds = 0.0
         self.blocked_puts = 0
+        self.blocked_reserves = 0
 
     @property
     def outstanding_bytes(self) -> int:
@@ -118,11 +120,15 @@ class ByteBoundedQueue:
         """
         nbytes = max(0, int(nbytes))
         with self._cond:
+            waited = False
             while (
                 not self._closed
                 and self._outstanding - self._queued - held > 0
                 and self._outstanding + nbytes > self.capacity
             ):
+                if not waited:
+                    waited = True
+                    self.blocked_reserves += 1
                 self._cond.wait(timeout=0.5)
             if self._closed:
                 raise QueueClosedError("the dump queue is closed")
