@@ -100,11 +100,8 @@ class PostgresStore(RelationalStore):
         return f"postgresql://{user}{c.host}:{c.port}/{c.dbname}"
 
     # ---- connection ----------------------------------------------------------------------
-    def _connect(self) -> psycopg.Connection[Any]:
-        if self._closed:
-            raise StoreError(f"{self.describe()} is closed")
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
+    def _params(self) -> dict[str, Any]:
+        """``psycopg.connect``'s arguments for this store's server."""
         c = self.config
         params: dict[str, Any] = {
             "host": c.host,
@@ -116,8 +113,16 @@ class PostgresStore(RelationalStore):
         for name in ("user", "password", "sslmode"):
             if getattr(c, name):
                 params[name] = getattr(c, name)
+        return params
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError(f"{self.describe()} is closed")
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        c = self.config
         with _ERRORS.map_errors(self.describe()):
-            conn = psycopg.connect(autocommit=True, **params)
+            conn = psycopg.connect(autocommit=True, **self._params())
             schema = quote(c.schema_name)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             conn.execute(f"SET search_path TO {schema}")
@@ -405,38 +410,52 @@ class PostgresStore(RelationalStore):
     def scan_rows(
         self, table: str, batch_rows: int = 65536
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:
-        """Every row of a live view, ascending, in keyset pages (one read transaction each).
+        """Every row of a live view once, in pages of about ``batch_rows`` rows, in no key order.
 
-        Each page comes back as one value: the server concatenates the page's rows into one
-        ``bytea`` of fixed-width records (key, version, embedding; see :func:`_page_sql`), sent
-        in binary, which numpy decodes at once, instead of a Python tuple per row.
+        On PostgreSQL 14+ a page is a range of the view's heap blocks (a TID range scan: no
+        index, no sort), every page read in one ``REPEATABLE READ`` snapshot on a connection
+        of the scan's own, so a row that moves while the scan runs still comes once, and the
+        store's connection stays free for other calls. Elsewhere (wire-compatible stores that
+        report older versions) keyset pages by key, one read transaction each. Each page comes
+        back as one value: the server concatenates the page's rows into one ``bytea`` of
+        fixed-width records (key, version, embedding; see :func:`_page_sql`), sent in binary,
+        which numpy decodes at once, instead of a Python tuple per row.
 
         Raises:
             StoreError: a stored row is not of the view's width (names the view).
         """
         view = self._view(table)
         records = _page_records(view, self.layout)
-        last: int | None = None
-        while True:
-            with self._tx(write=False) as cur:
-                after = "" if last is None else "WHERE key > %s "
-                params = (batch_rows,) if last is None else (last, batch_rows)
-                cur.execute(_page_sql(view.name, self.layout, after), params, binary=True)
-                n, blob = cur.fetchone()
-            if not n:
-                return
-            page = np.frombuffer(blob, records) if len(blob) == n * records.itemsize else None
-            emb = None if page is None else _page_rows(page, view, self.layout)
-            if page is None or emb is None:
-                raise StoreError(
-                    f"{self.describe()}: view {view.name!r} holds rows that are not "
-                    f"{view.describe()} layout={self.layout}"
-                )
-            keys = page["k"].astype(np.int64)
-            yield keys, ReadResult(np.ones(n, bool), page["v"].astype(np.int64), emb)
-            last = int(keys[-1])
-            if n < batch_rows:
-                return
+        with _ERRORS.map_errors(self.describe()):
+            conn = psycopg.connect(autocommit=True, **self._params())
+        try:
+            with _ERRORS.map_errors(self.describe()):
+                conn.execute(f"SET search_path TO {quote(self.config.schema_name)}")
+                conn.execute("SET jit = off")
+                by_blocks = int(conn.info.server_version) >= _BLOCK_SCANS
+                if by_blocks:
+                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            pages = _block_pages if by_blocks else _key_pages
+            with _ERRORS.map_errors(self.describe()):
+                for blob, n in pages(conn, view.name, self.layout, records.itemsize, batch_rows):
+                    yield self._page(view, records, blob, n)
+        finally:
+            conn.close()
+
+    def _page(
+        self, view: ViewInfo, records: np.dtype, blob: bytes, n: int
+    ) -> tuple[np.ndarray, ReadResult]:
+        """One page of :func:`_page_sql` decoded (see :meth:`scan_rows`)."""
+        page = np.frombuffer(blob, records) if len(blob) == n * records.itemsize else None
+        emb = None if page is None else _page_rows(page, view, self.layout)
+        if page is None or emb is None:
+            raise StoreError(
+                f"{self.describe()}: view {view.name!r} holds rows that are not "
+                f"{view.describe()} layout={self.layout}"
+            )
+        return page["k"].astype(np.int64), ReadResult(
+            np.ones(n, bool), page["v"].astype(np.int64), emb
+        )
 
     # ---- snapshot / staging --------------------------------------------------------------
     def _merge_view(self, cur: Any, stage: ViewInfo, live: ViewInfo) -> int:
@@ -460,19 +479,78 @@ class PostgresStore(RelationalStore):
             return super().merge_staging(run, generation)
 
 
-def _page_sql(name: str, layout: str, after: str) -> str:
-    """One keyset page of view ``name`` (``after``: its ``WHERE``) as ``(rows, records)``.
+def _page_sql(name: str, layout: str, where: str, limit: str = "") -> str:
+    """One page of view ``name`` as ``(rows, records)``.
 
-    The records are one ``bytea``: per row, in key order, the key and the version (``int8send``,
-    big-endian) and the embedding (``bytea``: as stored; ``float4[]``: ``array_send``, the
-    binary array format that :func:`~deltarec.stores.pgcopy.embedding_field` writes).
+    ``where`` is the page's condition, ``limit`` a keyset page's ``ORDER BY ... LIMIT``. The
+    records are one ``bytea``: per row, in no particular order, the key and the version
+    (``int8send``, big-endian) and the embedding (``bytea``: as stored; ``float4[]``:
+    ``array_send``, the binary array format that :func:`~deltarec.stores.pgcopy.embedding_field`
+    writes).
     """
     emb = "embedding" if layout == "bytea" else "array_send(embedding)"
     return (
-        f"SELECT count(*), string_agg(int8send(key) || int8send(version) || {emb}, ''::bytea "
-        f"ORDER BY key) FROM (SELECT key, version, embedding FROM {quote(name)} {after}"
-        "ORDER BY key LIMIT %s) AS page"
+        f"SELECT count(*), string_agg(int8send(key) || int8send(version) || {emb}, ''::bytea) "
+        f"FROM (SELECT key, version, embedding FROM {quote(name)} WHERE {where}{limit}) AS page"
     )
+
+
+_BLOCK_SCANS = 140000
+"""The first server version with TID range scans (PostgreSQL 14), which block pages need."""
+_SCAN_BLOCKS_MAX = 8192
+"""Most heap blocks (8 kB each) in one page of a block-range scan."""
+
+
+def _block_pages(
+    conn: Any, name: str, layout: str, width: int, batch_rows: int
+) -> Iterator[tuple[bytes, int]]:
+    """Pages of view ``name`` by ranges of its heap blocks, ``(records, rows)`` each.
+
+    Each range is sized from the rows per block seen so far (first as if blocks were full);
+    the last one is open-ended, for blocks added since the scan's first page.
+    """
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::bigint",
+            (quote(name),),
+        )
+        blocks = int(cur.fetchone()[0])
+        step = max(1, min(_SCAN_BLOCKS_MAX, batch_rows * (width + 32) // 8192))
+        at = 0
+        while True:
+            last = at >= blocks
+            where = "ctid >= %s::tid" + ("" if last else " AND ctid < %s::tid")
+            params = [f"({at},0)"] if last else [f"({at},0)", f"({at + step},0)"]
+            cur.execute(_page_sql(name, layout, where), params, binary=True)
+            n, blob = cur.fetchone()
+            if n:
+                yield blob, int(n)
+            if last:
+                return
+            at += step
+            step = max(1, min(_SCAN_BLOCKS_MAX, 4 * step, step * batch_rows // max(1, int(n))))
+
+
+def _key_pages(
+    conn: Any, name: str, layout: str, width: int, batch_rows: int
+) -> Iterator[tuple[bytes, int]]:
+    """Keyset pages of view ``name``, ``(records, rows)`` each, one transaction per page."""
+    last: int | None = None
+    with conn.cursor() as cur:
+        while True:
+            where = "true" if last is None else "key > %s"
+            params = [batch_rows] if last is None else [last, batch_rows]
+            sql = _page_sql(name, layout, where, " ORDER BY key LIMIT %s")
+            cur.execute(sql, params, binary=True)
+            n, blob = cur.fetchone()
+            if not n:
+                return
+            yield blob, int(n)
+            if n < batch_rows:
+                return
+            # the page's largest key (records: big-endian key first)
+            keys = np.frombuffer(blob, np.dtype([("k", ">i8"), ("x", np.void, width - 8)]))
+            last = int(keys["k"].max())
 
 
 def _page_records(view: ViewInfo, layout: str) -> np.dtype:
