@@ -20,7 +20,7 @@ from deltarec.artifacts import (
     iter_shard,
     read_shard,
 )
-from deltarec.artifacts.shards import READ_ROWS
+from deltarec.artifacts.shards import READ_ROWS, ShardPlace
 from deltarec.artifacts.types import ShardInfo
 from deltarec.errors import ArtifactError, ChecksumError
 
@@ -42,7 +42,7 @@ def test_a_shard_of_many_blocks_has_the_sha256_and_size_of_its_bytes_and_reads_b
     root = ArtifactRoot(str(tmp_path))
     rng = np.random.default_rng(0)
     parts = [_rows(rng, 40_000, 64) for _ in range(8)]  # ~83 MB: helper thread, early syncs
-    w = ShardWriter(root, "r", 1, 3, "m.t", 2, DType.FLOAT32, 64, fsync=fsync)
+    w = ShardWriter(root, ShardPlace("r", 1, 3, "m.t", 2), DType.FLOAT32, 64, fsync=fsync)
     for p in parts:
         w.write(p)
     info = w.close()
@@ -68,7 +68,7 @@ def test_a_shard_of_many_blocks_has_the_sha256_and_size_of_its_bytes_and_reads_b
 def test_a_small_shard_is_hashed_inline_without_a_helper_thread(tmp_path):
     root = ArtifactRoot(str(tmp_path))
     before = threading.active_count()
-    w = ShardWriter(root, "r", 1, 4, "m.t", 0, DType.FLOAT16, 8)
+    w = ShardWriter(root, ShardPlace("r", 1, 4, "m.t", 0), DType.FLOAT16, 8)
     w.write(_rows(np.random.default_rng(1), 10, 8))
     assert threading.active_count() == before
     info = w.close()
@@ -80,7 +80,7 @@ def test_a_small_shard_is_hashed_inline_without_a_helper_thread(tmp_path):
 def test_an_aborted_shard_leaves_no_file_and_no_hashing_thread(tmp_path, rows):
     root = ArtifactRoot(str(tmp_path))
     before = threading.active_count()
-    w = ShardWriter(root, "r", 1, 5, "m.t", 0, DType.FLOAT32, 64)
+    w = ShardWriter(root, ShardPlace("r", 1, 5, "m.t", 0), DType.FLOAT32, 64)
     w.write(_rows(np.random.default_rng(2), rows, 64))  # 60k rows: more than one hash block
     w.abort()
     assert threading.active_count() == before
@@ -92,7 +92,7 @@ def test_encoded_rows_of_every_dtype_round_trip_through_a_shard(tmp_path):
     root = ArtifactRoot(str(tmp_path))
     values = np.random.default_rng(1).standard_normal((50, 16)).astype(np.float32)
     for i, dtype in enumerate(DType):
-        w = ShardWriter(root, "r", 1, i, "t.z", 0, dtype, 16)
+        w = ShardWriter(root, ShardPlace("r", 1, i, "t.z", 0), dtype, 16)
         w.write(
             ShardRows(
                 np.arange(50),
@@ -114,7 +114,7 @@ def _shard(tmp_path, groups: list[int]) -> tuple[ArtifactRoot, str, ShardInfo, S
     root = ArtifactRoot(str(tmp_path))
     rng = np.random.default_rng(3)
     parts = [_rows(rng, n, 4) for n in groups]
-    with ShardWriter(root, "r", 1, 0, "t.r", 0, DType.FLOAT32, 4, fsync=False) as w:
+    with ShardWriter(root, ShardPlace("r", 1, 0, "t.r", 0), DType.FLOAT32, 4, fsync=False) as w:
         for p in parts:
             w.write(p)
         info = w.close()

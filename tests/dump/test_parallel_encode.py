@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deltarec.artifacts import ArtifactRoot, DType, codec, read_shard
-from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.shards import ShardPlace, ShardRows
 from deltarec.dump.encode import EncodePool, ParallelShardWriter, encode_piece, encode_rows
 from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.staging import (
@@ -68,7 +68,9 @@ def test_a_file_that_is_not_parquet_is_refused_by_name():
 def test_a_parallel_shard_keeps_chunk_order_and_verifies_when_early_chunks_are_slow(tmp_path):
     root = ArtifactRoot(str(tmp_path))
     pool = EncodePool(4)
-    w = ParallelShardWriter(root, "r", 1, 2, "m.t", 0, DType.FLOAT16, 16, pool, fsync=True)
+    w = ParallelShardWriter(
+        root, ShardPlace("r", 1, 2, "m.t", 0), DType.FLOAT16, 16, pool, fsync=True
+    )
     rng = np.random.default_rng(1)
     want_keys, released, kept = [], [], []
     later_encoded = threading.Event()  # set once chunk 5 (behind the slow ones) is encoded
@@ -101,7 +103,9 @@ def test_a_parallel_shard_keeps_chunk_order_and_verifies_when_early_chunks_are_s
 def test_a_failing_chunk_fails_the_shard_releases_every_chunk_and_leaves_no_file(tmp_path):
     root = ArtifactRoot(str(tmp_path))
     pool = EncodePool(2)
-    w = ParallelShardWriter(root, "r", 1, 3, "m.t", 0, DType.FLOAT32, 4, pool, fsync=False)
+    w = ParallelShardWriter(
+        root, ShardPlace("r", 1, 3, "m.t", 0), DType.FLOAT32, 4, pool, fsync=False
+    )
     released = []
     lock = threading.Lock()
 
@@ -128,7 +132,9 @@ def test_a_failing_chunk_fails_the_shard_releases_every_chunk_and_leaves_no_file
 def test_an_empty_parallel_shard_is_a_valid_parquet_file_with_no_rows(tmp_path):
     root = ArtifactRoot(str(tmp_path))
     pool = EncodePool(1)
-    info = ParallelShardWriter(root, "r", 1, 4, "m.t", 0, DType.INT8_ROWWISE, 8, pool).close()
+    info = ParallelShardWriter(
+        root, ShardPlace("r", 1, 4, "m.t", 0), DType.INT8_ROWWISE, 8, pool
+    ).close()
     pool.close()
     got = read_shard(root, root.dump_dir("r", 1, 4), info, DType.INT8_ROWWISE)
     assert info.rows == 0 and len(got) == 0
@@ -186,10 +192,10 @@ def test_a_shard_that_cannot_be_opened_fails_the_dump_and_gives_its_bytes_back(
 
     real_init = ParallelShardWriter.__init__
 
-    def init(self, root, run, generation, seq, table, *args, **kw):
-        if table == "sparse.b":
+    def init(self, root, place, *args, **kw):
+        if place.table == "sparse.b":
             raise PermissionError("read-only artifact root")
-        real_init(self, root, run, generation, seq, table, *args, **kw)
+        real_init(self, root, place, *args, **kw)
 
     monkeypatch.setattr(ParallelShardWriter, "__init__", init)
     tables = HandTables(seed=9)

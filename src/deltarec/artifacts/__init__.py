@@ -5,7 +5,7 @@ imports torch: publishers, verifiers and other writers use it without the traini
 
 Exports:
     ArtifactRoot: paths, atomic writes, generation allocation, listing, manifests.
-    ShardWriter, ShardRows, iter_shard, read_shard, check_shard: parquet shards.
+    ShardWriter, ShardPlace, ShardRows, iter_shard, read_shard, check_shard: parquet shards.
     write_dump: commit a dump written by one process (shards first, manifest last).
     GenerationInfo, Manifest, ShardInfo, TableSpec, Parent: the JSON records.
     DType, TableKind, DumpKind, Op, FALLBACK_KEY: enums and constants.
@@ -14,7 +14,14 @@ Exports:
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot, dump_name, gen_name, shard_relpath
-from deltarec.artifacts.shards import ShardRows, ShardWriter, check_shard, iter_shard, read_shard
+from deltarec.artifacts.shards import (
+    ShardPlace,
+    ShardRows,
+    ShardWriter,
+    check_shard,
+    iter_shard,
+    read_shard,
+)
 from deltarec.artifacts.types import (
     FALLBACK_KEY,
     DType,
@@ -41,6 +48,7 @@ __all__ = [
     "Op",
     "Parent",
     "ShardInfo",
+    "ShardPlace",
     "ShardRows",
     "ShardWriter",
     "TableKind",

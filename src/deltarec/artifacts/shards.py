@@ -313,6 +313,17 @@ class _StreamShardFile:
             self.sink.finish()
 
 
+@dataclass(frozen=True)
+class ShardPlace:
+    """Which shard: one table's rows of one rank in one dump of a run's generation."""
+
+    run: str
+    generation: int
+    seq: int
+    table: str
+    rank: int
+
+
 class ShardTarget:
     """Where one table's shard of one rank and dump is written: its paths and its encoding.
 
@@ -321,31 +332,24 @@ class ShardTarget:
 
     Args:
         root: the artifact root.
-        run, generation, seq, table, rank: where the shard goes.
+        place: which shard.
         dtype, dim: the table's encoding.
         fsync: make the file durable before the rename (local disks).
     """
 
     def __init__(
-        self,
-        root: ArtifactRoot,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        rank: int,
-        dtype: DType,
-        dim: int,
-        fsync: bool = True,
+        self, root: ArtifactRoot, place: ShardPlace, dtype: DType, dim: int, fsync: bool = True
     ) -> None:
         self.root = root
-        self.table = table
-        self.rank = rank
+        self.table = place.table
+        self.rank = place.rank
         self.dtype = DType(dtype)
         self.dim = dim
         self.fsync = fsync
-        self.relpath = shard_relpath(table, rank)
-        self.final = root.shard_path(run, generation, seq, table, rank)
+        self.relpath = shard_relpath(place.table, place.rank)
+        self.final = root.shard_path(
+            place.run, place.generation, place.seq, place.table, place.rank
+        )
         self.tmp = root.tmp_path(self.final)
         self.rows = 0
         root.makedirs(posixpath.dirname(self.final))
@@ -364,7 +368,7 @@ class ShardWriter(ShardTarget):
 
     Args:
         root: the artifact root.
-        run, generation, seq, table, rank: where the shard goes.
+        place: which shard.
         dtype, dim: the table's encoding.
         fsync: make the file durable before the rename (local disks).
     """

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows, ShardWriter
+from deltarec.artifacts.shards import ShardPlace, ShardRows, ShardWriter
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, ShardInfo
 from deltarec.errors import BadInputError
 
@@ -82,9 +82,8 @@ def write_dump(
     for table, by_rank in rows.items():
         spec = info.tables[table]
         for rank, parts in sorted(by_rank.items()):
-            with ShardWriter(
-                root, info.run, info.generation, seq, table, rank, spec.dtype, spec.dim, fsync=fsync
-            ) as writer:
+            place = ShardPlace(info.run, info.generation, seq, table, rank)
+            with ShardWriter(root, place, spec.dtype, spec.dim, fsync=fsync) as writer:
                 for part in [parts] if isinstance(parts, ShardRows) else parts:
                     writer.write(part)
                 shards.append(writer.close())

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows, ShardTarget
+from deltarec.artifacts.shards import ShardPlace, ShardRows, ShardTarget
 from deltarec.artifacts.types import DType, ShardInfo
 from deltarec.dump.staging import ARENA_MAX
 from deltarec.dump.stitch import MAGIC, Piece, PieceMeta, footer_tail, stitched_footer
@@ -244,7 +244,7 @@ class ParallelShardWriter(ShardTarget):
 
     Args:
         root: the artifact root.
-        run, generation, seq, table, rank: where the shard goes.
+        place: which shard.
         dtype, dim: the table's encoding.
         pool: the encoding threads.
         fsync: make the file durable before the rename (local disks).
@@ -257,18 +257,14 @@ class ParallelShardWriter(ShardTarget):
     def __init__(
         self,
         root: ArtifactRoot,
-        run: str,
-        generation: int,
-        seq: int,
-        table: str,
-        rank: int,
+        place: ShardPlace,
         dtype: DType,
         dim: int,
         pool: EncodePool,
         fsync: bool = True,
         max_pending: int | None = None,
     ) -> None:
-        super().__init__(root, run, generation, seq, table, rank, dtype, dim, fsync)
+        super().__init__(root, place, dtype, dim, fsync)
         self.pool = pool
         self.size = 0
         self._metas: list[PieceMeta] = []

@@ -364,6 +364,7 @@ class _Child:
             self.seq = seq
 
     def encode(self, msg: tuple[Any, ...]) -> None:
+        from deltarec.artifacts.shards import ShardPlace
         from deltarec.dump.encode import ParallelShardWriter, encode_rows
 
         kind, seq, table, step, token = msg[:5]
@@ -388,13 +389,11 @@ class _Child:
 
             writer = self.writers.get(table)
             if writer is None:
+                setup = self.setup
+                place = ShardPlace(setup["run"], setup["generation"], seq, table, setup["rank"])
                 writer = self.writers[table] = ParallelShardWriter(
                     self.root,
-                    self.setup["run"],
-                    self.setup["generation"],
-                    seq,
-                    table,
-                    self.setup["rank"],
+                    place,
                     dtype,
                     dim,
                     self.pool,

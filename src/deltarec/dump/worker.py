@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows
+from deltarec.artifacts.shards import ShardPlace, ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
 from deltarec.dump.encode import (
     Encoded,
@@ -343,11 +343,7 @@ class DumpWorker:
             spec = self.tables[table]
             writer = ParallelShardWriter(
                 self.root,
-                self.run,
-                self.generation,
-                state.seq,
-                table,
-                self.exchange.rank,
+                ShardPlace(self.run, self.generation, state.seq, table, self.exchange.rank),
                 spec.dtype,
                 spec.dim,
                 self.pool,
