@@ -92,8 +92,11 @@ def test_kill_9_of_a_local_pipeline_run_leaves_no_trainer_and_a_rerun_succeeds(
     if engine == "airflow" and importlib.util.find_spec("airflow") is None:
         pytest.skip("the airflow extra is not installed")
     root = ArtifactRoot(str(tmp_path / "art"))
+    jobs_tmp = tmp_path / "tmp"  # where a local TrainJob's venv is made
+    jobs_tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(jobs_tmp)}
     run = subprocess.Popen(
-        _pipeline(tmp_path, engine, 1_000_000, *more),
+        _pipeline(tmp_path, engine, 1_000_000, *more), env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -120,7 +123,10 @@ def test_kill_9_of_a_local_pipeline_run_leaves_no_trainer_and_a_rerun_succeeds(
     holder = current_holder(root, "orphan")
     assert holder is not None and not holder.alive(time.time())  # its holder is gone
     again = subprocess.run(
-        _pipeline(tmp_path, engine, 20, *more), capture_output=True, text=True, timeout=900
-    )
+        _pipeline(tmp_path, engine, 20, *more), env=env, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "verify PASS" in again.stdout
+    # the killed run's job folder (its venv) went with the re-run, which removed its own
+    assert [p.name for p in jobs_tmp.glob("deltarec-trainjob-*")] == []

@@ -233,3 +233,28 @@ def test_multi_node_train_step_creates_a_trainjob_by_default_and_reports_the_gen
     assert (t["numNodes"], t["numProcPerNode"]) == (2, 4)
     assert t["args"][t["args"].index("--metrics-port") + 1] == "9400"
     assert (record.generation, record.rows, record.last_step) == (1, 9, 100)
+
+
+def test_a_local_job_folder_goes_with_its_launcher_and_one_left_by_a_killed_launcher_goes_next(
+    tmp_path, monkeypatch
+):
+    import subprocess
+    import sys
+    import tempfile
+
+    from deltarec.orchestrate.trainjob_local import JOB_TMP_PREFIX, job_tempdir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / f"{JOB_TMP_PREFIX}abc-{gone.pid}"  # its launcher was killed: no cleanup
+    (left / "venv").mkdir(parents=True)
+    running = tmp_path / f"{JOB_TMP_PREFIX}def-{os.getppid()}"  # a launcher still running
+    running.mkdir()
+    with job_tempdir() as ours:
+        assert tempfile.gettempdir() == ours and ours.endswith(f"-{os.getpid()}")
+        venv = tempfile.mkdtemp(prefix="deltarec-ctr-")  # as the SDK makes the job's venv
+        assert os.path.dirname(venv) == ours
+        assert not left.exists() and running.is_dir()
+    assert tempfile.gettempdir() == str(tmp_path)
+    assert not os.path.exists(ours) and running.is_dir()

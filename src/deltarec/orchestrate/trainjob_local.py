@@ -254,6 +254,46 @@ def _tail(client: Any, name: str, seen: int) -> int:
     return len(lines)
 
 
+JOB_TMP_PREFIX = "deltarec-trainjob-"
+"""The folders :func:`job_tempdir` makes: ``<tmp>/deltarec-trainjob-<random>-<launcher pid>``."""
+
+
+@contextlib.contextmanager
+def job_tempdir() -> Iterator[str]:
+    """A folder of this process that is ``tempfile``'s default inside; removed on the way out.
+
+    The SDK makes the job's venv (hundreds of MB, kept when a job fails) in ``tempfile``'s
+    default folder, so inside this context it lands here and goes with it. A launcher killed
+    with SIGKILL cleans nothing up: its folder is removed by the next launcher on this machine,
+    which removes every such folder whose launcher process is gone (the job's ranks end with
+    their launcher, so nothing runs from it).
+    """
+    base = tempfile.gettempdir()
+    for old in glob.glob(os.path.join(base, JOB_TMP_PREFIX + "*")):
+        pid = old.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            log.info("removing %s, left by a launcher that is gone", old)
+            shutil.rmtree(old, ignore_errors=True)
+    ours = tempfile.mkdtemp(prefix=JOB_TMP_PREFIX, suffix=f"-{os.getpid()}", dir=base)
+    saved = tempfile.tempdir
+    tempfile.tempdir = ours
+    try:
+        yield ours
+    finally:
+        tempfile.tempdir = saved
+        shutil.rmtree(ours, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def run_local_train_job(spec: TrainJobSpec, *, poll_s: float = 1.0) -> str:
     """Run ``spec`` through ``TrainerClient`` with the local process backend, to its end.
 
@@ -271,9 +311,7 @@ def run_local_train_job(spec: TrainJobSpec, *, poll_s: float = 1.0) -> str:
     client = TrainerClient(backend_config=LocalProcessBackendConfig(cleanup_venv=True))
     program, args = _program(spec)
     cwd = os.getcwd()
-    tmp = tempfile.gettempdir()
-    venvs_before = set(glob.glob(os.path.join(tmp, f"{spec.name}*")))
-    with tempfile.TemporaryDirectory(prefix="deltarec-job-env-") as wheels:
+    with job_tempdir(), tempfile.TemporaryDirectory(prefix="deltarec-job-env-") as wheels:
         build_env_wheel(wheels)
         trainer = CustomTrainer(
             func=_rank,
@@ -297,8 +335,6 @@ def run_local_train_job(spec: TrainJobSpec, *, poll_s: float = 1.0) -> str:
             finally:
                 # the SDK's job thread chdirs this whole process into the venv while it runs
                 os.chdir(cwd)
-                for venv in set(glob.glob(os.path.join(tmp, f"{spec.name}*"))) - venvs_before:
-                    shutil.rmtree(venv, ignore_errors=True)  # the SDK keeps a failed job's
     if status != "Complete":
         reason = failure_reason(list(client.get_job_logs(name)))
         raise TrainJobFailedError("local", name, f"{status}: {reason}", KIND)
