@@ -172,7 +172,7 @@ def test_a_bad_row_in_a_later_batch_leaves_nothing_and_no_spill_file(
         store.write_batches(T, parts, ProgressMark("r", 1, 1, T, 0, 30, True))
     assert not store.read(T, keys).found.any()
     assert store.progress("r", 1) == []
-    assert made == [str(tmp_path / "spill")]  # the spill went where SQLITE_TMPDIR says
+    assert made and set(made) == {str(tmp_path / "spill")}  # where SQLITE_TMPDIR says
     assert list((tmp_path / "spill").iterdir()) == []  # and left nothing there
     store.close()
 

@@ -19,14 +19,17 @@ import numpy as np
 from deltarec.errors import StoreError
 
 SPILL_READ_BYTES = 8 << 20
-"""Rows read back from a write's spill file at a time, in key order."""
+"""Rows read back from a write's spill files at a time, in key order."""
+_META = np.dtype([("version", "<i8"), ("op", "i1")])
+"""A spilled row's version and op, kept in a file beside the rows'."""
 
 
 class Spill:
     """The rows of one write that wait in a file until all have come, then come back in key order.
 
-    Each batch is appended sorted by key, as records (version, op, row); only the keys stay in
-    memory (8 bytes a row). A bulk upsert into SQLite's B-tree is several times faster in key
+    Each batch is appended sorted by key: its rows to one file, their versions and ops to
+    another (each a plain array, so the copies are contiguous); only the keys stay in memory
+    (8 bytes a row). A bulk upsert into SQLite's B-tree is several times faster in key
     order. Reading back, a chunk of consecutive keys holds one contiguous range of each batch,
     so it takes one read per batch. The file is unlinked from the start (it goes to
     ``SQLITE_TMPDIR``, else Python's temporary directory) and needs about the write's size.
@@ -35,9 +38,10 @@ class Spill:
     def __init__(self) -> None:
         tmp = os.environ.get("SQLITE_TMPDIR") or None
         self._file = tempfile.TemporaryFile(dir=tmp)  # noqa: SIM115 (closed by __exit__)
+        self._meta = tempfile.TemporaryFile(dir=tmp)  # noqa: SIM115 (closed by __exit__)
         self._keys: list[np.ndarray] = []
-        self._record: np.dtype | None = None
-        self._buffer: np.ndarray[Any, Any] = np.empty(0)  # reused records, sized on first use
+        self._rows: np.ndarray[Any, Any] | None = None  # reused, sized on first use
+        self._metas: np.ndarray[Any, Any] = np.empty(0, _META)
 
     def __enter__(self) -> Spill:
         return self
@@ -49,6 +53,7 @@ class Spill:
         trace: TracebackType | None,
     ) -> None:
         self._file.close()
+        self._meta.close()
 
     def add(
         self,
@@ -61,17 +66,18 @@ class Spill:
         """Append the rows ``keep`` marks (None: all), sorted by key (a stable sort)."""
         rows = np.arange(len(keys)) if keep is None else np.flatnonzero(keep)
         rows = rows[key_order(keys[rows])]
-        if self._record is None:  # the rows of one view: one width, one dtype
-            self._record = np.dtype(
-                [("version", "<i8"), ("op", "i1"), ("row", embedding.dtype, embedding.shape[1:])]
-            )
-            self._buffer = np.empty(max(1, SPILL_READ_BYTES // self._record.itemsize), self._record)
-        for start in range(0, len(rows), len(self._buffer)):
-            part = rows[start : start + len(self._buffer)]
-            out = self._buffer[: len(part)]
-            out["version"], out["op"] = versions[part], ops[part]
-            np.take(embedding, part, axis=0, out=out["row"], mode="clip")  # part is in range
-            self._file.write(out.view(np.uint8).data)
+        if self._rows is None:  # the rows of one view: one width, one dtype
+            row_bytes = embedding.dtype.itemsize * int(np.prod(embedding.shape[1:]))
+            n = max(1, SPILL_READ_BYTES // (row_bytes + _META.itemsize))
+            self._rows = np.empty((n, *embedding.shape[1:]), embedding.dtype)
+            self._metas = np.empty(n, _META)
+        for start in range(0, len(rows), len(self._rows)):
+            part = rows[start : start + len(self._rows)]
+            out, meta = self._rows[: len(part)], self._metas[: len(part)]
+            np.take(embedding, part, axis=0, out=out, mode="clip")  # part is in range
+            meta["version"], meta["op"] = versions[part], ops[part]
+            self._file.write(out.data)
+            self._meta.write(meta.data)
         self._keys.append(keys[rows])
 
     def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
@@ -79,27 +85,35 @@ class Spill:
 
         Rows of one key keep the order in which they were added.
         """
-        if self._record is None:
+        if self._rows is None:
             return
         self._file.flush()
+        self._meta.flush()
         keys = np.concatenate(self._keys)
         self._keys = []
         order = key_order(keys)
         if len(order) < 2**31:
             order = order.astype(np.int32)
-        size = self._record.itemsize
-        for start in range(0, len(order), len(self._buffer)):
-            take = order[start : start + len(self._buffer)]
-            at = np.sort(take)  # positions in the file: one contiguous range per batch
-            buf = self._buffer[: len(at)]
-            raw = buf.view(np.uint8).data
+        size, meta_size = self._rows[0].nbytes, _META.itemsize
+        for start in range(0, len(order), len(self._rows)):
+            take = order[start : start + len(self._rows)]
+            at = np.sort(take)  # positions in the files: one contiguous range per batch
+            rows, metas = self._rows[: len(at)], self._metas[: len(at)]
+            raw, raw_meta = rows.data.cast("B"), metas.data.cast("B")
             bounds = np.concatenate([[0], np.flatnonzero(np.diff(at) != 1) + 1, [len(at)]])
             for a, b in itertools.pairwise(bounds.tolist()):
-                _read_exactly(self._file.fileno(), raw[a * size : b * size], int(at[a]) * size)
+                first = int(at[a])
+                _read_exactly(self._file.fileno(), raw[a * size : b * size], first * size)
+                _read_exactly(
+                    self._meta.fileno(),
+                    raw_meta[a * meta_size : b * meta_size],
+                    first * meta_size,
+                )
             pos = np.searchsorted(at, take)
-            # Each column gathered on its own: the rows come contiguous, so the store can bind
-            # a statement's rows as a view of them (no further copy).
-            yield keys[take], buf["row"][pos], buf["version"][pos], buf["op"][pos]
+            # Gathered into new contiguous arrays, so the store can bind a statement's rows
+            # as a view of them (no further copy).
+            meta = metas[pos]
+            yield keys[take], rows[pos], meta["version"], meta["op"]
 
 
 def key_order(keys: np.ndarray) -> np.ndarray:
