@@ -259,6 +259,9 @@ class Bench:
         out = {"steps": steps, "dump_steps": dump_steps, "gc": self.gc.take()}
         out["dump_wall"] = list(d.dump_host_seconds)[-len(dump_steps) :] if dump_steps else []
         out["dump_cpu"] = list(d.dump_cpu_seconds)[-len(dump_steps) :] if dump_steps else []
+        k = len(dump_steps)
+        out["dump_prepare"] = PREPARED[-k:] if k else []
+        out["dump_tables"] = [sum(t.values()) for t in list(d.dump_timings)[-k:]] if k else []
         if hooked:
             t0 = time.perf_counter()
             d.wait_idle()
@@ -299,6 +302,24 @@ class Bench:
             rows += len(keys)
         shutil.rmtree(dump_dir)  # keep the disk from filling; the manifest was read
         return {"seq": seq, "rows": rows, "ok": ok, "commit_s": latency}
+
+
+PREPARED: list[float] = []
+"""Training-thread seconds of each dump's ``prepare_collects`` (every table's deduplication
+queued), timed around the dumper's call."""
+
+
+def _time_prepare() -> None:
+    import deltarec.dump.dumper as dumper_module
+
+    inner = dumper_module.prepare_collects
+
+    def timed(sources: Any) -> None:
+        t0 = time.perf_counter()
+        inner(sources)
+        PREPARED.append(time.perf_counter() - t0)
+
+    dumper_module.prepare_collects = timed
 
 
 class Probe:
@@ -347,7 +368,8 @@ class Probe:
             print(f"host synchronizations inside after_step: {self.syncs or 'none'}")
         if self.prof is not None:
             text = io.StringIO()
-            pstats.Stats(self.prof, stream=text).sort_stats("tottime").print_stats(30)
+            for order in ("tottime", "cumulative"):
+                pstats.Stats(self.prof, stream=text).sort_stats(order).print_stats(30)
             out["profile"] = text.getvalue()
             print(text.getvalue())
         return out
@@ -384,6 +406,12 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
         "hold_ms": stats([x * 1e3 for x in holds]),
         "dump_wall_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_wall"]]),
         "dump_cpu_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_cpu"]]),
+        "dump_prepare_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_prepare"]]),
+        "dump_tables_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_tables"]]),
+        "first_dump": {
+            key: next((r[key][0] * 1e3 for r in runs if r["hooked"] and r[key]), None)
+            for key in ("dump_wall", "dump_prepare", "dump_tables")
+        },
         "commit_s": stats([c["commit_s"] for c in checks]),
         "rows_per_dump": stats([float(c["rows"]) for c in checks]),
         "dumps_checked": len(checks),
@@ -441,6 +469,7 @@ def main() -> None:
         "tables": a.tables,
         "results": {},
     }
+    _time_prepare()
     bench = Bench(a, dev, work)
     d = bench.dumper
     res["on_start_s"] = bench.start_s
@@ -513,7 +542,9 @@ def report(name: str, s: dict[str, Any]) -> None:
         f"max {dm['max']:6.2f} ms  ({dm['n']} dumps); hold (CUDA events) "
         f"median {s['hold_ms'].get('median', 0):.2f} max {s['hold_ms'].get('max', 0):.2f} ms; "
         f"training thread in the dump: wall median {s['dump_wall_ms'].get('median', 0):.2f}, "
-        f"CPU median {s['dump_cpu_ms'].get('median', 0):.2f} ms"
+        f"CPU median {s['dump_cpu_ms'].get('median', 0):.2f} ms; of its wall: prepare median "
+        f"{s['dump_prepare_ms'].get('median', 0):.2f}, tables (wait, gather, queue) median "
+        f"{s['dump_tables_ms'].get('median', 0):.2f} ms; first dump (ms) {s['first_dump']}"
     )
     print(
         f"  ratios         mean {s['mean_ratio']:.3f} (<= 1.03)  p99 {s['p99_ratio']:.3f} "

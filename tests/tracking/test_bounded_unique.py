@@ -1,20 +1,48 @@
-"""The dump's deduplication into a length the host knows, its count left on the device."""
+"""The dump's deduplication of several tables at once, into lengths the host knows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from deltarec.tracking.gather import dedup_ids, unique_ids_bounded
+from deltarec.tracking.gather import dedup_ids
+from deltarec.tracking.plain import UniqueBatch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def test_bounded_unique_holds_the_sorted_unique_ids_then_padding() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_gives_each_table_its_sorted_unique_ids_dump_after_dump(device: str) -> None:
     gen = torch.Generator().manual_seed(3)
-    for rows, n in [(1000, 50), (1000, 5000), (7, 40), (1 << 20, 3)]:
-        ids = torch.randint(0, rows, (n,), generator=gen)
-        padded, count = unique_ids_bounded(ids.view(-1, 1).to(torch.int32), rows)
-        want = dedup_ids(ids)
-        assert padded.dtype == torch.int64
-        assert padded.shape == (min(n, rows),)  # the bound the host knew without asking
-        assert int(count) == len(want)
-        assert torch.equal(padded[: int(count)], want)
-        assert bool((padded[int(count) :] == -1).all())
+    rows = [1000, 7, 1 << 20, 1000]
+    batch = UniqueBatch(rows, torch.device(device))
+    for sizes in [(50, 40, 3, 5000), (5000, 0, 100_000, 1), (1, 1, 1, 1)]:
+        recorded = [
+            torch.randint(0, r, (n,), generator=gen).to(device, torch.int32) if n else None
+            for r, n in zip(rows, sizes, strict=True)
+        ]
+        dump = batch.queue(recorded)
+        for i, ids in enumerate(recorded):
+            want = dedup_ids(ids.cpu()) if ids is not None else torch.empty(0, dtype=torch.int64)
+            got = dump.ids(i)
+            assert got.dtype == torch.int64 and got.device.type == device
+            assert torch.equal(got.cpu(), want)
+        assert not bool(batch.bitmap.any())  # cleared for the next dump
+
+
+def test_warming_up_leaves_the_batch_clear_and_the_tables_unchanged() -> None:
+    ws = [torch.randn(30, 4), torch.randn(5, 2)]
+    before = [w.clone() for w in ws]
+    batch = UniqueBatch([30, 5], torch.device("cpu"))
+    batch.warm_up(ws)
+    assert not bool(batch.bitmap.any())
+    assert all(torch.equal(a, b) for a, b in zip(ws, before, strict=True))
+    dump = batch.queue([torch.tensor([3, 3, 29]), torch.tensor([4])])
+    assert dump.ids(0).tolist() == [3, 29] and dump.ids(1).tolist() == [4]
+
+
+def test_a_batch_without_any_recorded_id_queues_nothing() -> None:
+    batch = UniqueBatch([10, 20], torch.device("cpu"))
+    dump = batch.queue([None, None])
+    assert dump.unique is None
+    assert dump.ids(0).numel() == 0 and dump.ids(1).numel() == 0

@@ -47,9 +47,9 @@ from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
-from deltarec.tracking.gather import PinnedRing, pinned_slot_bytes
+from deltarec.tracking.gather import DeviceRows, PinnedRing, pinned_slot_bytes
 from deltarec.tracking.staging import DeviceBudget, device_staging
-from deltarec.tracking.types import Gathered, SourceOptions, TableSource
+from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +276,10 @@ class Dumper:
             clock_sync=self._agreed_clock,
             max_gap=self.config.time_sync_max_steps,
         )
+        if torch.cuda.is_initialized():
+            # sources allocate their dump buffers and load their kernels now, not in the first
+            # dump; whatever this takes of the ids recorded so far is discarded just below
+            prepare_collects(self.sources)
         self._discard_pending()
         if parent is not None:
             self._republish(step, parent)
@@ -585,11 +589,11 @@ class Dumper:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
         timing = {}
+        staged: list[Chunk] = []
         self._dump_over.clear()
         try:
             if kind is not DumpKind.SNAPSHOT:
-                for source in self.sources:  # every table's dedup queued: one sync for all
-                    source.prepare_collect()
+                prepare_collects(self.sources)  # every table's dedup queued: one sync for all
             for source in self.sources:
                 t0 = time.perf_counter()
                 gathered = (
@@ -597,10 +601,12 @@ class Dumper:
                     if kind is DumpKind.SNAPSHOT
                     else source.dump_collect(self.config.chunk_rows)
                 )
-                self._enqueue_gathered(seq, source.table_id, step, gathered)
+                self._enqueue_gathered(seq, source.table_id, step, gathered, staged)
                 timing[source.table_id] = time.perf_counter() - t0
         finally:
             self._dump_over.set()
+            for chunk in staged:  # the worker would only wait for the dump's end to copy them
+                self.queue.put(chunk, 0)
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dumps_taken += 1
         self.dump_host_seconds.append(time.perf_counter() - started)
@@ -619,11 +625,20 @@ class Dumper:
             self._cadence.start(step)
         return seq
 
-    def _enqueue_gathered(self, seq: int, table: str, step: int, gathered: Gathered) -> None:
+    def _enqueue_gathered(
+        self,
+        seq: int,
+        table: str,
+        step: int,
+        gathered: Gathered,
+        staged: list[Chunk] | None = None,
+    ) -> None:
         """Queue what a source answered: its local part of an assembled table, or chunks.
 
         Chunks are gathered within the device staging scope: a CUDA table's rows may stay on
-        the device, in one staging buffer.
+        the device, in one staging buffer. With ``staged``, such buffers are appended to it
+        instead, for the caller to queue once the dump is over: queued now, each would wake
+        the worker, whose Python then takes the GIL from the training thread's next calls.
         """
         if isinstance(gathered, LocalParts):
             self._enqueue_parts(seq, table, step, gathered)
@@ -632,7 +647,10 @@ class Dumper:
             for host in gathered:
                 if len(host) == 0:
                     continue
-                self.queue.put(Chunk(seq, table, step, host), host.nbytes)
+                if staged is not None and isinstance(host, DeviceRows):
+                    staged.append(Chunk(seq, table, step, host))
+                else:
+                    self.queue.put(Chunk(seq, table, step, host), host.nbytes)
 
     def _enqueue_parts(self, seq: int, table: str, step: int, parts: LocalParts) -> None:
         """Queue this rank's part of an assembled table: always at least one item."""

@@ -71,34 +71,6 @@ def dedup_ids(ids: torch.Tensor, num_rows: int | None = None) -> torch.Tensor:
     return torch.unique(flat, sorted=True)
 
 
-def unique_ids_bounded(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted unique ids, padded to a length the host knows, and their count on the device.
-
-    :func:`dedup_ids` ends in a compaction whose length the host must learn at once
-    (``nonzero`` waits for every kernel queued before it). Here the length is an upper bound
-    the host already knows, ``min(ids.numel(), num_rows)``, so nothing waits: the first
-    ``count`` entries are the sorted unique ids, the rest ``-1``. ``count`` is a 0-d int64
-    tensor on the ids' device; a caller learns it later, once for many tables
-    (:meth:`~deltarec.tracking.plain.RowShardSource.prepare_collect`). The ids are marked in
-    a bitmap of ``num_rows`` flags.
-
-    Args:
-        ids: any-shaped integer tensor of row indices in ``[0, num_rows)``.
-        num_rows: the table's (local part's) row count.
-
-    Returns:
-        ``(ids, count)``: 1-D int64 ``[bound]``, and the number of unique ids.
-    """
-    flat = ids.reshape(-1)
-    if flat.dtype != torch.int64:
-        flat = flat.to(torch.int64)
-    bound = min(int(flat.numel()), int(num_rows))
-    seen = torch.zeros(num_rows, dtype=torch.bool, device=flat.device)
-    seen.index_fill_(0, flat, True)  # a scalar fill: no value tensor to copy in
-    unique = torch.nonzero_static(seen, size=bound, fill_value=-1).reshape(-1)
-    return unique, (unique >= 0).sum()  # a sum over the bound, not over the table's rows
-
-
 @dataclass
 class HostRows:
     """A chunk of gathered rows in host memory (pinned on CUDA), ready to encode.
@@ -493,6 +465,16 @@ def _engine(device: torch.device) -> _CopyEngine:
     return eng
 
 
+def warm_up_gather(weight: torch.Tensor, ids: torch.Tensor) -> None:
+    """Do once what a dump's first gather of ``weight`` would (copy stream, kernels), untimed.
+
+    Called before training: on the training thread at the first dump the copy stream's
+    creation alone took 4 ms on an H200 host.
+    """
+    _engine(weight.device)
+    _ = weight.detach().index_select(0, ids), ids + 1
+
+
 def rows_to_host(
     keys: torch.Tensor, rows: torch.Tensor, ops: torch.Tensor | None = None
 ) -> HostRows:
@@ -542,7 +524,8 @@ def gather_to_host(
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    weight = weight.detach()  # a live nn.Parameter: read its values, record no autograd graph
+    if weight.requires_grad:  # a live nn.Parameter: read its values, record no autograd graph
+        weight = weight.detach()
     n = int(ids.shape[0])
     eng = _engine(weight.device)
     budget, ring = current_budget(), current_ring()
@@ -576,22 +559,29 @@ def stage_on_device(
     Returns None (nothing taken) when the rows do not fit the budget or the device has no
     memory left for them; the caller then gathers into host memory as before.
     """
-    weight = weight.detach()
+    if weight.requires_grad:
+        weight = weight.detach()
     n = int(ids.shape[0])
     nbytes = n * (int(weight.shape[1]) * weight.element_size() + 8)
     device = weight.device
     if not budget.try_take(device, nbytes, f"a table of {n} rows"):
         return None
     try:
+        # every call here is paid on the training thread at each dump: no more than needed
         rows = weight.index_select(0, ids)
         k = (ids + key_offset if key_offset else ids) if keys is None else keys
-        k = k.to(device=device, dtype=torch.int64)
+        if k.dtype != torch.int64 or k.device != device:
+            k = k.to(device=device, dtype=torch.int64)
     except torch.OutOfMemoryError:
         budget.give_back(device, nbytes)
         budget.full += 1
         return None
     # all upserts; the host copy makes its own (to_host), so none is written on the device
-    ops = torch.zeros((), dtype=torch.int8).expand(n)
+    ops = _NO_OPS.expand(n)
     event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
+    event.record()  # on the current stream: the gather's
     return DeviceRows(k, rows, ops, gathered=event, budget=budget, device_bytes=nbytes)
+
+
+_NO_OPS = torch.zeros((), dtype=torch.int8)
+"""A staged table's ops, expanded to its length (a host tensor: staging writes none)."""

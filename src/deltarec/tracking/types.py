@@ -16,7 +16,7 @@ The tracking layer sits below the dumper and imports nothing from it.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
@@ -132,9 +132,20 @@ class TableSource(abc.ABC):
     def prepare_collect(self) -> None:  # noqa: B027 - optional hook
         """Queue device work for the next :meth:`dump_collect` without waiting for it.
 
-        The dumper calls it on every source before it collects any, so that device sources
-        can share one host synchronization per dump.
+        Called by the default :meth:`prepare_collects`, for each source alone.
         """
+
+    @classmethod
+    def prepare_collects(cls, sources: Sequence[TableSource]) -> None:
+        """Queue device work for the next :meth:`dump_collect` of several sources at once.
+
+        The dumper calls it (:func:`prepare_collects`) before it collects any source, once per
+        dump for each class that defines it, with every source of that class, so that device
+        sources can share their device calls and one host synchronization per dump. The
+        default prepares each source alone (:meth:`prepare_collect`).
+        """
+        for source in sources:
+            source.prepare_collect()
 
     def configure(self, options: SourceOptions) -> None:  # noqa: B027 - optional hook
         """Take the dumper's settings for sources (every rank, at start, before ``bind``)."""
@@ -153,6 +164,20 @@ class TableSource(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release hooks or buffers installed by the source."""
+
+
+def prepare_collects(sources: Sequence[TableSource]) -> None:
+    """Prepare every source's next collection (what the dumper calls at each delta dump).
+
+    One :meth:`TableSource.prepare_collects` call per class that defines it, with that class's
+    sources in their order.
+    """
+    kinds: dict[type[TableSource], list[TableSource]] = {}
+    for source in sources:
+        owner = next(c for c in type(source).__mro__ if "prepare_collects" in c.__dict__)
+        kinds.setdefault(owner, []).append(source)
+    for owner, group in kinds.items():
+        owner.prepare_collects(group)
 
 
 def _split(touched: TouchedRows, chunk_rows: int) -> Iterator[HostRows]:
