@@ -45,6 +45,7 @@ from deltarec.errors import BadInputError, ConfigError
 from deltarec.orchestrate.params import PipelineParams
 from deltarec.orchestrate.pytorchjob import TrainJobSpec, _signals_raise
 from deltarec.orchestrate.types import CREDENTIAL_ENV, TrainJobFailedError
+from deltarec.train.launch import process_gone
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ def job_tempdir() -> Iterator[str]:
     base = tempfile.gettempdir()
     for old in glob.glob(os.path.join(base, JOB_TMP_PREFIX + "*")):
         pid = old.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and process_gone(int(pid)):
             log.info("removing %s, left by a launcher that is gone", old)
             shutil.rmtree(old, ignore_errors=True)
     ours = tempfile.mkdtemp(prefix=JOB_TMP_PREFIX, suffix=f"-{os.getpid()}", dir=base)
@@ -282,16 +283,6 @@ def job_tempdir() -> Iterator[str]:
     finally:
         tempfile.tempdir = saved
         shutil.rmtree(ours, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def run_local_train_job(spec: TrainJobSpec, *, poll_s: float = 1.0) -> str:

@@ -116,7 +116,7 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
-def _gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     """True if process ``pid`` has exited (or is a zombie, exited but not reaped)."""
     try:
         os.kill(pid, 0)
@@ -150,7 +150,7 @@ def exit_with_parent(poll_s: float = 0.5) -> None:
     def watch() -> None:
         while True:
             orphaned = os.getppid() != parent
-            if orphaned or (launcher_pid is not None and _gone(launcher_pid)):
+            if orphaned or (launcher_pid is not None and process_gone(launcher_pid)):
                 log.error("the launcher of this training process is gone; exiting")
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Event().wait(poll_s)
