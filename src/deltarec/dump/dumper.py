@@ -603,10 +603,15 @@ class Dumper:
                 )
                 self._enqueue_gathered(seq, source.table_id, step, gathered, staged)
                 timing[source.table_id] = time.perf_counter() - t0
+        except BaseException:
+            for chunk in staged:  # never queued: give their device bytes back
+                if isinstance(chunk.rows, DeviceRows):
+                    chunk.rows.release()
+            raise
         finally:
             self._dump_over.set()
-            for chunk in staged:  # the worker would only wait for the dump's end to copy them
-                self.queue.put(chunk, 0)
+        for chunk in staged:  # the worker would only wait for the dump's end to copy them
+            self.queue.put(chunk, 0)
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dumps_taken += 1
         self.dump_host_seconds.append(time.perf_counter() - started)
