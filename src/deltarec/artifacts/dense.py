@@ -123,7 +123,7 @@ def read_dense(root: ArtifactRoot, manifest: Manifest) -> tuple[DenseInfo, bytes
         return None
     path = posixpath.join(root.dump_dir(manifest.run, manifest.generation, manifest.seq), info.path)
     try:
-        with root.fs.open(path, "rb") as f:
+        with root.open(path) as f:
             data = f.read()
     except FileNotFoundError:
         raise ArtifactError(

@@ -116,7 +116,7 @@ def newer_records(root: ArtifactRoot, run: str, point: int) -> dict[str, NewerRe
 
 def _keys_ops(root: ArtifactRoot, path: str) -> tuple[np.ndarray, np.ndarray]:
     try:
-        with root.fs.open(path, "rb") as f:
+        with root.open(path) as f:
             table = pq.read_table(f, columns=[codec.KEY, codec.OP])
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None

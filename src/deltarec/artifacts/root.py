@@ -17,10 +17,7 @@ import os
 import posixpath
 import re
 import uuid
-from typing import Any
-
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from deltarec.artifacts.types import GenerationInfo, Manifest
 from deltarec.errors import ArtifactError, BadInputError
@@ -31,6 +28,9 @@ MANIFEST_FILE = "MANIFEST.json"
 _GEN_RE = re.compile(r"^gen-(\d{6,})$")
 _DUMP_RE = re.compile(r"^dump-(\d{6,})$")
 TMP_MARK = ".tmp-"
+
+if TYPE_CHECKING:
+    import fsspec
 
 
 def gen_name(generation: int) -> str:
@@ -61,13 +61,27 @@ class ArtifactRoot:
         if not uri:
             raise BadInputError("artifact root is empty")
         self.uri = uri
-        try:
-            fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-        except (ValueError, ImportError) as e:
-            raise BadInputError(f"artifact root {uri!r}: {e}") from e
-        self.fs: fsspec.AbstractFileSystem = fs
+        self._storage_options = storage_options or {}
+        self._fs: fsspec.AbstractFileSystem | None = None
+        local = None if self._storage_options else _plain_local_path(uri)
+        if local is None:
+            self._fs, path = _url_to_fs(uri, self._storage_options)
+            self.is_local = _is_local_fs(self._fs)
+        else:
+            path, self.is_local = local, True
         self.path: str = path.rstrip("/") or "/"
-        self.is_local = isinstance(fs, LocalFileSystem)
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The root's fsspec filesystem.
+
+        A root given as a plain local path builds it on first use only: the local reads and
+        listings below go to the OS directly, and fsspec's import (asyncio among it) costs
+        about 60 ms of a ``deltarec publish`` or ``verify`` that never needs it.
+        """
+        if self._fs is None:
+            self._fs = _url_to_fs(self.uri, self._storage_options)[0]
+        return self._fs
 
     def __repr__(self) -> str:
         return f"ArtifactRoot({self.uri!r})"
@@ -91,12 +105,28 @@ class ArtifactRoot:
 
     def url(self, path: str) -> str:
         """A path on this filesystem as a URI (for messages and artifact metadata)."""
+        if self._fs is None:  # a plain local path, as fsspec's local filesystem names it
+            return f"file://{_posix_abspath(path)}"
         return self.fs.unstrip_protocol(path)
 
     # ---- low-level I/O -------------------------------------------------------------------
+    def open(self, path: str, mode: str = "rb") -> BinaryIO:
+        """Open a file of the root in a binary ``mode``, locally without fsspec."""
+        f = open(path, mode) if self.is_local else self.fs.open(path, mode)  # noqa: SIM115
+        return cast(BinaryIO, f)
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists, locally without fsspec."""
+        if self.is_local:
+            return os.path.exists(path)
+        return bool(self.fs.exists(path))
+
     def makedirs(self, path: str) -> None:
         """Create a directory (no-op on object stores)."""
-        self.fs.makedirs(path, exist_ok=True)
+        if self.is_local:
+            os.makedirs(path, exist_ok=True)
+        else:
+            self.fs.makedirs(path, exist_ok=True)
 
     def tmp_path(self, final: str) -> str:
         """A unique temporary sibling of ``final`` (ignored by readers)."""
@@ -177,7 +207,7 @@ class ArtifactRoot:
     def read_json(self, path: str) -> dict[str, Any]:
         """Read and parse a JSON file; raises :class:`ArtifactError` naming the file."""
         try:
-            with self.fs.open(path, "rb") as f:
+            with self.open(path) as f:
                 obj = json.loads(f.read())
         except FileNotFoundError:
             raise ArtifactError(self.url(path), "not found") from None
@@ -193,18 +223,28 @@ class ArtifactRoot:
         Ascending, without repeats; ``[]`` if the folder does not exist. On object stores the
         listing is asked for again, never served from fsspec's cache.
         """
-        if not self.is_local:
-            self.fs.invalidate_cache(path)  # object-store listings are cached (s3fs): ask again
         try:
-            entries = self.fs.ls(path, detail=False)
+            names = self._names(path)
         except FileNotFoundError:
             return []
         found = []
-        for entry in entries:
-            m = pattern.match(posixpath.basename(str(entry).rstrip("/")))
+        for name in names:
+            m = pattern.match(name)
             if m:
                 found.append(int(m.group(1)))
         return sorted(set(found))
+
+    def _names(self, path: str) -> list[str]:
+        """The names of the entries of folder ``path``; raises FileNotFoundError if none."""
+        if self.is_local:
+            try:
+                return os.listdir(path)
+            except NotADirectoryError:
+                raise FileNotFoundError(path) from None
+        # Object-store listings are cached (s3fs): ask again (a fence must not read a cached one).
+        self.fs.invalidate_cache(path)
+        entries = self.fs.ls(path, detail=False)
+        return [posixpath.basename(str(e).rstrip("/")) for e in entries]
 
     def _holds_objects(self, path: str) -> bool:
         """Whether any file lies under ``path``.
@@ -233,16 +273,15 @@ class ArtifactRoot:
     def list_runs(self) -> list[str]:
         """Every run under the root that has at least one generation."""
         try:
-            entries = self.fs.ls(self.path, detail=False)
+            runs = self._names(self.path)
         except FileNotFoundError:
             return []
-        runs = [posixpath.basename(str(e).rstrip("/")) for e in entries]
         return sorted(r for r in runs if self.list_generations(r))
 
     def list_generations(self, run: str) -> list[int]:
         """Generations of ``run`` whose GENERATION.json exists, ascending."""
         gens = self.numbered_entries(self.run_dir(run), _GEN_RE)
-        return [g for g in gens if self.fs.exists(self.generation_file(run, g))]
+        return [g for g in gens if self.exists(self.generation_file(run, g))]
 
     def generation_file(self, run: str, generation: int) -> str:
         """Path of GENERATION.json."""
@@ -260,7 +299,6 @@ class ArtifactRoot:
 
     def newest_generation_number(self, run: str) -> int:
         """The highest ``gen-<G>`` directory of ``run`` (0 if none): one listing, no reads."""
-        self.fs.invalidate_cache(self.run_dir(run))  # a fence must not read a cached listing
         gens = self.numbered_entries(self.run_dir(run), _GEN_RE)
         return gens[-1] if gens else 0
 
@@ -310,7 +348,7 @@ class ArtifactRoot:
     def list_dumps(self, run: str, generation: int) -> list[int]:
         """Committed dumps (with a manifest) of a generation, ascending by seq."""
         seqs = self.numbered_entries(self.gen_dir(run, generation), _DUMP_RE)
-        return [s for s in seqs if self.fs.exists(self.manifest_file(run, generation, s))]
+        return [s for s in seqs if self.exists(self.manifest_file(run, generation, s))]
 
     def list_incomplete_dumps(self, run: str, generation: int) -> list[int]:
         """Dump directories that hold files but no manifest (an emptied folder is none)."""
@@ -318,7 +356,7 @@ class ArtifactRoot:
         return [
             s
             for s in seqs
-            if not self.fs.exists(self.manifest_file(run, generation, s))
+            if not self.exists(self.manifest_file(run, generation, s))
             and self._holds_objects(self.dump_dir(run, generation, s))
         ]
 
@@ -351,6 +389,43 @@ class ArtifactRoot:
                 self.fs.rm(d, recursive=True)
                 removed.append(d)
         return removed
+
+
+def _plain_local_path(uri: str) -> str | None:
+    """The absolute path ``uri`` names if it is a plain local path (no protocol), else None."""
+    if "://" in uri or "::" in uri:
+        return None
+    return _posix_abspath(uri)
+
+
+def _posix_abspath(path: str) -> str:
+    """``path`` made absolute the way fsspec's local filesystem does (``make_path_posix``)."""
+    if path.startswith("/"):
+        return path
+    if path.startswith("~"):
+        return os.path.expanduser(path)
+    if path.startswith("./"):
+        path = path[2:]
+    elif path == ".":
+        path = ""
+    return f"{os.getcwd()}/{path}"
+
+
+def _url_to_fs(uri: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem and path for ``uri``; raises :class:`BadInputError` if it has none."""
+    import fsspec  # heavy (asyncio, compression codecs): only where a root needs it
+
+    try:
+        fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    except (ValueError, ImportError) as e:
+        raise BadInputError(f"artifact root {uri!r}: {e}") from e
+    return fs, str(path)
+
+
+def _is_local_fs(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
 
 
 def _protocols(fs: Any) -> set[str]:

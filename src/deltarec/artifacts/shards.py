@@ -293,7 +293,7 @@ class _StreamShardFile:
     """A temporary shard on any fsspec filesystem, hashed while it streams through Python."""
 
     def __init__(self, root: ArtifactRoot, path: str) -> None:
-        self._raw: BinaryIO = root.fs.open(path, "wb")
+        self._raw: BinaryIO = root.open(path, "wb")
         self.sink = _HashingFile(self._raw)
 
     def written(self) -> None:
@@ -532,12 +532,17 @@ def iter_shard(
     seen = 0
     held: ShardRows | None = None
     try:
-        with root.fs.open(path, "rb") as f:
+        with contextlib.ExitStack() as stack:
+            # A local shard is read by Arrow itself: no Python file object (and GIL) per read.
+            f = path if root.is_local else stack.enter_context(root.fs.open(path, "rb"))
             if bounded_memory:
-                pf = pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+                pf = stack.enter_context(
+                    pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)
+                )
                 batches = pf.iter_batches(batch_size=min(READ_ROWS, batch_rows), use_threads=False)
             else:
-                batches = pq.ParquetFile(f).iter_batches(batch_size=batch_rows)
+                pf = stack.enter_context(pq.ParquetFile(f))
+                batches = pf.iter_batches(batch_size=batch_rows)
             for rows in _joined(batches, dtype, batch_rows if bounded_memory else 0):
                 seen += len(rows)
                 if beside is None:

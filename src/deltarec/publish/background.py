@@ -222,7 +222,7 @@ class BackgroundPublisher:
         path = self.root.manifest_file(self.run, item.generation, item.seq)
         deadline = time.monotonic() + item.wait_s
         delay = 0.05
-        while not self.root.fs.exists(path):
+        while not self.root.exists(path):
             if time.monotonic() > deadline:
                 raise StoreError(
                     f"rank {self.rank}: manifest of generation {item.generation} dump "

@@ -89,7 +89,7 @@ def read_record(
         ArtifactError: the record exists but is malformed.
     """
     path = record_path(root, run, generation, seq, store)
-    if not root.fs.exists(path):
+    if not root.exists(path):
         return None
     doc = root.read_json(path)
     try:

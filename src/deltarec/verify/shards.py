@@ -41,7 +41,7 @@ def _shard_problem(root: ArtifactRoot, ref: ShardRef) -> str | None:
         return e.problem
     path = f"{ref.dump_dir}/{ref.shard.path}"
     try:
-        with root.fs.open(path, "rb") as f:
+        with root.open(path) as f:
             rows = pq.ParquetFile(f).metadata.num_rows
     except Exception as e:  # any parquet failure is this shard's problem
         return f"unreadable parquet: {e}"
