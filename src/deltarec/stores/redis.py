@@ -51,11 +51,14 @@ from deltarec.errors import (
     StoreError,
     ViewMismatchError,
 )
-from deltarec.ids import make_version, validate_run, validate_table_id
-from deltarec.stores.base import Registry, Store, first_batch
+from deltarec.ids import validate_run, validate_table_id
+from deltarec.stores.base import Store, first_batch
 from deltarec.stores.config import RedisConfig, env_password
-from deltarec.stores.errors import DriverErrors
 from deltarec.stores.legacy import migrate_runless
+from deltarec.stores.redis_plain import Outranked, PlainBatch, PlainKeys, write_plain
+from deltarec.stores.redis_registry import ERRORS as _ERRORS
+from deltarec.stores.redis_registry import RedisRegistry
+from deltarec.stores.redis_resp import hset_bodies
 from deltarec.stores.redislua import (
     LUA_FLOOR,
     LUA_MERGE,
@@ -71,12 +74,9 @@ from deltarec.stores.rows import checked_arrays
 from deltarec.stores.runviews import RunViews
 from deltarec.stores.types import (
     Capabilities,
-    FreshnessRecord,
     ProgressMark,
     ReadResult,
     RowBatch,
-    ServingPointer,
-    SnapshotRecord,
     ViewInfo,
     Write,
 )
@@ -87,14 +87,9 @@ _SCAN_STEP = 16384
 """Fields per ``HSCAN`` step of a scan script (about 4 MB of rows of dim 64 per reply)."""
 _READ_CHUNK = 8192
 """Keys per read script."""
-_ERRORS = DriverErrors(
-    redis_lib.RedisError,
-    lambda e: isinstance(e, (redis_lib.ConnectionError, redis_lib.TimeoutError)),
-)
-"""redis-py's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
 
 
-class RedisStore(RunViews, Store, Registry):
+class RedisStore(RedisRegistry, RunViews, Store):
     """The Redis backend (redis-py). The client is thread-safe (a connection pool).
 
     Args:
@@ -165,6 +160,7 @@ class RedisStore(RunViews, Store, Registry):
             self._parked(run, table),  # the floor's field: the same wherever the view is
             *self._live_keys(run, table),
             self._reg("lows"),
+            self._reg("high", run, table),
         ]
 
     def _live_keys(self, run: str, table: str) -> list[str]:
@@ -208,12 +204,6 @@ class RedisStore(RunViews, Store, Registry):
         self._views_cache.clear()
         return out
 
-    def _records(self, key: str) -> list[tuple[str, Any]]:
-        """Every field of the registry hash ``key`` with its JSON record, decoded."""
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hgetall(key)
-        return [(_text(field), json.loads(value)) for field, value in raw.items()]
-
     def _check_layout_problem(self) -> None:
         if self._layout_problem:
             raise BadInputError(self._layout_problem)
@@ -234,12 +224,6 @@ class RedisStore(RunViews, Store, Registry):
             views.append(ViewInfo(table, name, int(obj["dim"]), dtype, int(stage), run=run))
         return views
 
-    def serving_runs(self) -> dict[str, str]:
-        """See :meth:`Registry.serving_runs`."""
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hgetall(self._reg("serves"))
-        return {_text(t): _text(r) for t, r in raw.items()}
-
     # ---- rows ----------------------------------------------------------------------------
     def apply(self, write: Write) -> int:
         """See :meth:`Store.apply`: a MULTI/EXEC per batch, the mark with the last.
@@ -254,16 +238,16 @@ class RedisStore(RunViews, Store, Registry):
         with ThreadPoolExecutor(1, thread_name_prefix="deltarec-redis") as sender:
             applied: Future[None] | None = None
             for following in it:
-                queue, n = self._prepared(table, batch, None, staging_generation)
+                queue, n, plain = self._prepared(table, batch, None, staging_generation)
                 if applied is not None:
                     applied.result()
-                applied = sender.submit(self._execute_fenced, queue, None)
+                applied = sender.submit(self._execute_fenced, queue, None, plain)
                 total += n
                 batch = following
-            queue, n = self._prepared(table, batch, mark, staging_generation)
+            queue, n, plain = self._prepared(table, batch, mark, staging_generation)
             if applied is not None:
                 applied.result()
-        self._execute_fenced(queue, mark)
+        self._execute_fenced(queue, mark, plain)
         return total + n
 
     def _prepared(
@@ -272,10 +256,12 @@ class RedisStore(RunViews, Store, Registry):
         batch: RowBatch,
         mark: ProgressMark | None,
         staging_generation: int | None,
-    ) -> tuple[Callable[[Any], None], int]:
+    ) -> tuple[Callable[[Any], None], int, PlainBatch | None]:
         """One batch checked and encoded.
 
-        Returns what queues its scripts (and ``mark``) on a pipeline, and its row count.
+        Returns what queues its scripts (and ``mark``) on a pipeline, its row count, and, for
+        upserts into a live view, the rows as plain ``HSET`` (used where no guard can refuse
+        them).
         """
         self._check_mark(mark)
         run = self._writer("writing rows")
@@ -291,6 +277,11 @@ class RedisStore(RunViews, Store, Registry):
         blob = records.view(np.uint8).data  # sliced per script without copies
         stride = 8 + row_width
         op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
+        plain = None
+        if not stage and n and not ops.any():
+            values = records.view(np.uint8).reshape(n, stride)
+            bodies = hset_bodies(keys, values, self.config.rows_per_script)
+            plain = PlainBatch(table, run, int(versions.min()), int(versions.max()), bodies)
         script_keys = self._apply_keys(view.name if stage else "", run, table)
         step = self.config.rows_per_script
         calls = [
@@ -313,14 +304,52 @@ class RedisStore(RunViews, Store, Registry):
             if mark is not None:
                 self._mark(pipe, mark, stage)
 
-        return queue, n
+        return queue, n, plain
 
-    def _execute_fenced(self, queue: Callable[[Any], None], mark: ProgressMark | None) -> None:
+    def _plain_keys(self, run: str, table: str, mark: ProgressMark | None) -> PlainKeys:
+        return PlainKeys(
+            high=self._reg("high", run, table),
+            serves=self._reg("serves"),
+            floors=self._reg("floors"),
+            lows=self._reg("lows"),
+            tomb=self._reg("tomb", run, table),
+            serving=self._serving(table),
+            parked=self._parked(run, table),
+            newest=None if mark is None else self._reg("newest", mark.run),
+        )
+
+    def _execute_fenced(
+        self,
+        queue: Callable[[Any], None],
+        mark: ProgressMark | None,
+        plain: PlainBatch | None = None,
+    ) -> None:
         """One MULTI/EXEC of what ``queue`` adds; with a mark, fenced by its generation.
 
         The run's newest-generation key is WATCHed: a registration of a newer generation
         between the check and EXEC aborts the transaction, which is then checked again.
+        ``plain``: the same rows as plain ``HSET``, written so where no guard can refuse them
+        (:mod:`deltarec.stores.redis_plain`).
         """
+        if plain is not None:
+            extra = [] if mark is None else [self._mark_command(mark, 0)]
+            with _ERRORS.map_errors(self.describe()):
+                try:
+                    newest = write_plain(
+                        self._client,
+                        self._plain_keys(plain.run, plain.table, mark),
+                        plain,
+                        extra,
+                        None if mark is None else mark.generation,
+                    )
+                except Outranked:
+                    newer = -1
+                else:
+                    newer = -1 if newest is None else newest
+                    if newest is None:
+                        return
+            if mark is not None and newer > mark.generation:
+                raise StaleGenerationError(self.describe(), mark.run, mark.generation, newer)
         with _ERRORS.map_errors(self.describe()):
             for _ in range(20):
                 pipe = self._client.pipeline(transaction=True)
@@ -328,10 +357,10 @@ class RedisStore(RunViews, Store, Registry):
                     if mark is not None:
                         key = self._reg("newest", mark.run)
                         pipe.watch(key)
-                        newest = pipe.get(key)
-                        if newest is not None and int(newest) > mark.generation:
+                        held = pipe.get(key)
+                        if held is not None and int(held) > mark.generation:
                             raise StaleGenerationError(
-                                self.describe(), mark.run, mark.generation, int(newest)
+                                self.describe(), mark.run, mark.generation, int(held)
                             )
                         pipe.multi()
                     queue(pipe)
@@ -344,6 +373,10 @@ class RedisStore(RunViews, Store, Registry):
             raise StoreError(f"{self.describe()}: the write kept racing with registrations")
 
     def _mark(self, pipe: Any, mark: ProgressMark, stage: int) -> None:
+        pipe.execute_command(*self._mark_command(mark, stage))
+
+    def _mark_command(self, mark: ProgressMark, stage: int) -> tuple[Any, ...]:
+        """The ``HSET`` of a progress mark."""
         validate_run(mark.run)
         record = {
             "rows": mark.rows,
@@ -351,7 +384,8 @@ class RedisStore(RunViews, Store, Registry):
             "staging_generation": stage,
             "written_at": time.time(),
         }
-        pipe.hset(
+        return (
+            "HSET",
             self._reg("progress", mark.run, mark.generation),
             f"{mark.seq}|{mark.table}|{mark.rank}",
             json.dumps(record),
@@ -462,36 +496,6 @@ class RedisStore(RunViews, Store, Registry):
         self._view(table)
         self._sweep(run, table, int(version))
 
-    def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
-        """See :meth:`Registry.snapshot`."""
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hget(self._reg("snapshots", run), f"{generation}|{seq}|{table}")
-        if raw is None:
-            return None
-        r = json.loads(raw)
-        swept = r["swept_at"]
-        return SnapshotRecord(
-            run,
-            generation,
-            seq,
-            table,
-            int(r["staging_generation"]),
-            int(r["version"]),
-            None if swept is None else float(swept),
-        )
-
-    def record_snapshot(self, record: SnapshotRecord) -> None:
-        """See :meth:`Registry.record_snapshot`."""
-        validate_run(record.run)
-        value = {
-            "version": record.version,
-            "staging_generation": record.staging_generation,
-            "swept_at": record.swept_at,
-        }
-        field = f"{record.generation}|{record.seq}|{record.table}"
-        with _ERRORS.map_errors(self.describe()):
-            self._client.hset(self._reg("snapshots", record.run), field, json.dumps(value))
-
     def _sweep(self, run: str, table: str, version: int) -> None:
         packed = pack_version(version)
         with _ERRORS.map_errors(self.describe()):
@@ -543,118 +547,6 @@ class RedisStore(RunViews, Store, Registry):
         self._views_cache.clear()
         return len(stages)
 
-    # ---- registry ------------------------------------------------------------------------
-    def _set_gen_field(self, run: str, generation: int, field: str, value: float) -> None:
-        key = self._reg("gens", run)
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.hget(key, str(generation))
-            record = json.loads(raw) if raw else {"registered_at": value}
-            record[field] = value
-            self._client.hset(key, str(generation), json.dumps(record))
-
-    def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Registry.register_generation`."""
-        validate_run(run)
-        record = json.dumps({"registered_at": time.time()})
-        with _ERRORS.map_errors(self.describe()):
-            self._register_script(
-                keys=[self._reg("gens", run), self._reg("newest", run)],
-                args=[str(int(generation)), record],
-            )
-
-    def generations(self, run: str) -> list[int]:
-        """See :meth:`Registry.generations`."""
-        with _ERRORS.map_errors(self.describe()):
-            return sorted(int(g) for g in self._client.hkeys(self._reg("gens", run)))
-
-    def progress(self, run: str, generation: int) -> list[ProgressMark]:
-        """See :meth:`Registry.progress`."""
-        marks = []
-        for field, r in self._records(self._reg("progress", run, generation)):
-            seq, table, rank = field.split("|")
-            marks.append(
-                ProgressMark(
-                    run,
-                    generation,
-                    int(seq),
-                    table,
-                    int(rank),
-                    int(r["rows"]),
-                    bool(r["complete"]),
-                    int(r["staging_generation"]),
-                    float(r["written_at"]),
-                )
-            )
-        return sorted(marks, key=lambda m: (m.seq, m.table, m.rank))
-
-    def record_freshness(self, record: FreshnessRecord) -> None:
-        """See :meth:`Registry.record_freshness` (the first record is kept)."""
-        value = json.dumps({"committed_at": record.committed_at, "visible_at": record.visible_at})
-        with _ERRORS.map_errors(self.describe()):
-            self._client.hsetnx(
-                self._reg("fresh", record.run),
-                f"{record.generation}|{record.seq}|{record.rank}",
-                value,
-            )
-
-    def freshness(self, run: str, generation: int | None = None) -> list[FreshnessRecord]:
-        """See :meth:`Registry.freshness`."""
-        out = []
-        for field, obj in self._records(self._reg("fresh", run)):
-            g, s, r = (int(p) for p in field.split("|"))
-            if generation is None or g == generation:
-                out.append(FreshnessRecord(run, g, s, r, obj["committed_at"], obj["visible_at"]))
-        return sorted(out, key=lambda f: (f.generation, f.seq, f.rank))
-
-    def set_serving(self, run: str, generation: int, seq: int, note: str = "") -> ServingPointer:
-        """See :meth:`Registry.set_serving`."""
-        validate_run(run)
-        make_version(generation, seq)
-        last = self.get_serving(run)
-        now = max(time.time(), (last.promoted_at + 1e-6) if last else 0.0)
-        pointer = ServingPointer(run, generation, seq, now, note)
-        record = {"generation": generation, "seq": seq, "promoted_at": now, "note": note}
-        with _ERRORS.map_errors(self.describe()):
-            self._client.rpush(self._reg("serving", run), json.dumps(record))
-            if not self._layout_problem:
-                for table in sorted(self._run_tables(run)):
-                    self._switch(run, table)
-        self._views_cache.clear()
-        return pointer
-
-    def _run_tables(self, run: str) -> set[str]:
-        """The tables ``run`` has a live view of."""
-        fields = (_text(f) for f in self._client.hkeys(self._reg("views")))
-        return {f.split("|")[1] for f in fields if f.startswith(f"{run}|") and f.endswith("|0")}
-
-    def _switch(self, run: str, table: str) -> None:
-        """Make ``table``'s serving name ``run``'s live view (see ``LUA_SWITCH``)."""
-        for _ in range(20):
-            raw = self._client.hget(self._reg("serves"), table)
-            current = _text(raw) if raw is not None else ""
-            parked_current = self._parked(current, table) if current else self._parked(run, table)
-            try:
-                self._switch_script(
-                    keys=[*self._live_keys(run, table), parked_current], args=[table, run, current]
-                )
-                return
-            except redis_lib.ResponseError as e:
-                if "serving moved" not in str(e):
-                    raise StoreError(
-                        f"{self.describe()}: serving {table!r} from run {run!r}: {e}"
-                    ) from e
-        raise StoreError(f"{self.describe()}: serving {table!r} kept moving under promote")
-
-    def serving_history(self, run: str) -> list[ServingPointer]:
-        """See :meth:`Registry.serving_history`."""
-        with _ERRORS.map_errors(self.describe()):
-            raw = self._client.lrange(self._reg("serving", run), 0, -1)
-        out = []
-        for value in raw:
-            o = json.loads(value)
-            out.append(ServingPointer(run, o["generation"], o["seq"], o["promoted_at"], o["note"]))
-        return out
-
     def close(self) -> None:
         """Close the connection pool (idempotent)."""
         self._client.close()
@@ -668,7 +560,3 @@ def _value_type(view: ViewInfo) -> np.dtype:
     row = (codec.element_type(view.dtype), (codec.encoded_width(view.dtype, view.dim),))
     op = [("o", np.uint8)] if view.staging_generation else []
     return np.dtype([("v", "<i8"), *op, ("e", *row)])
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

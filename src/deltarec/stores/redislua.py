@@ -65,20 +65,40 @@ local function lower_low(lows, field, existed, h, l)
   elseif existed then return end
   redis.call('HSET', lows, field, struct.pack('<I4I4', l, h))
 end
+-- A live view's high mark (key KEYS[9] of a write or merge, 16 bytes) is the newest version of
+-- any row of the view and of any of its tombstones (0: none): a batch of upserts none older
+-- than the first and newer than the second cannot be refused by any guard, and is written as
+-- plain HSET by the client (deltarec.stores.redis_plain). Every write that lands raises it; it
+-- is absent for a view that held rows or tombstones before it was kept (then never written).
+local function raise_high(high, known, rh, rl, th, tl)
+  if not rh and not th then return end
+  local cur = redis.call('GET', high)
+  local ah, al, bh, bl = 0, 0, 0, 0
+  if cur then
+    local l1, h1, l2, h2 = struct.unpack('<I4I4I4I4', cur)
+    ah, al, bh, bl = h1, l1, h2, l2
+  elseif not known then return end
+  local nh, nl, mh, ml = ah, al, bh, bl
+  if rh and not ge(ah, al, rh, rl) then nh, nl = rh, rl end
+  if th and not ge(bh, bl, th, tl) then mh, ml = th, tl end
+  if cur and nh == ah and nl == al and mh == bh and ml == bl then return end
+  redis.call('SET', high, struct.pack('<I4I4I4I4', nl, nh, ml, mh))
+end
 -- Apply rows (distinct keys) to a live view: values[i] (8-byte version + row), ops[i]
 -- ('0'/'1'). An upsert lands if it is not older than the row held and no tombstone is newer;
 -- a delete keeps the newest tombstone and removes a row that is not newer. The view and the
 -- tombstones are read once per piece (HMGET; the tombstones only if there are any) and
--- written once (HSET/HDEL of many fields); the low mark follows. Returns the rows that
--- changed the view.
-local function apply_rows(live, tomb, lows, field, keys, values, ops)
+-- written once (HSET/HDEL of many fields); the low and high marks follow. Returns the rows
+-- that changed the view.
+local function apply_rows(live, tomb, lows, field, high, keys, values, ops)
   local existed = redis.call('EXISTS', live) == 1
   local cur = {}
   if existed then cur = hmget(live, keys) end
+  local buried_before = redis.call('EXISTS', tomb) == 1
   local tombs = {}
-  if redis.call('EXISTS', tomb) == 1 then tombs = hmget(tomb, keys) end
+  if buried_before then tombs = hmget(tomb, keys) end
   local sets, dels, buried = {}, {}, {}
-  local lowh, lowl
+  local lowh, lowl, toph, topl, tombh, tombl
   for i = 1, #keys do
     local key, value = keys[i], values[i]
     local vh, vl = ver(value)
@@ -88,7 +108,10 @@ local function apply_rows(live, tomb, lows, field, keys, values, ops)
     if ops[i] == '1' then
       local bury = true
       if t then local th, tl = ver(t); bury = ge(vh, vl, th, tl) end
-      if bury then buried[#buried + 1] = key; buried[#buried + 1] = string.sub(value, 1, 8) end
+      if bury then
+        buried[#buried + 1] = key; buried[#buried + 1] = string.sub(value, 1, 8)
+        if not tombh or ge(vh, vl, tombh, tombl) then tombh, tombl = vh, vl end
+      end
       if newer and c then dels[#dels + 1] = key end
     elseif newer then
       local dead = false
@@ -96,11 +119,13 @@ local function apply_rows(live, tomb, lows, field, keys, values, ops)
       if not dead then
         sets[#sets + 1] = key; sets[#sets + 1] = value
         if not lowh or ge(lowh, lowl, vh, vl) then lowh, lowl = vh, vl end
+        if not toph or ge(vh, vl, toph, topl) then toph, topl = vh, vl end
       end
     end
   end
   hset(live, sets); hdel(live, dels); hset(tomb, buried)
   lower_low(lows, field, existed, lowh, lowl)
+  raise_high(high, not existed and not buried_before, toph, topl, tombh, tombl)
   return #sets / 2 + #dels
 end
 """
@@ -131,9 +156,9 @@ LUA_WRITE = (
     + _LUA_WHERE
     + """
 -- KEYS: staging view or '', tombstones, floors, floor field, serves, serving name, parked name,
--- low marks; ARGV: n, stride, blob, ops, staged ('1'/'0'), table, run, the n keys joined by
--- ','. blob holds n records of 8-byte version + row. A live write goes to the run's live view
--- wherever it is now. The keys of one call are distinct (the store's batches are).
+-- low marks, high mark; ARGV: n, stride, blob, ops, staged ('1'/'0'), table, run, the n keys
+-- joined by ','. blob holds n records of 8-byte version + row. A live write goes to the run's
+-- live view wherever it is now. The keys of one call are distinct (the store's batches are).
 local tomb, floors = KEYS[2], KEYS[3]
 local n, stride = tonumber(ARGV[1]), tonumber(ARGV[2])
 local blob, ops, staged = ARGV[3], ARGV[4], ARGV[5] == '1'
@@ -154,7 +179,7 @@ for i = 1, n do
 end
 if not staged then
   local view = where(KEYS[5], ARGV[6], ARGV[7], KEYS[6], KEYS[7])
-  return apply_rows(view, tomb, KEYS[8], KEYS[4], ks, vs, opv)
+  return apply_rows(view, tomb, KEYS[8], KEYS[4], KEYS[9], ks, vs, opv)
 end
 local view = KEYS[1]
 local cur = hmget(view, ks)
@@ -182,8 +207,8 @@ LUA_MERGE = (
     + _LUA_WHERE
     + """
 -- KEYS: staging view, tombstones, floors, floor field, serves, serving name, parked name, low
--- marks; ARGV: table, run, cursor, count. Returns {the next cursor, rows that changed the live
--- view}.
+-- marks, high mark; ARGV: table, run, cursor, count. Returns {the next cursor, rows that changed
+-- the live view}.
 local stage, tomb, floors = KEYS[1], KEYS[2], KEYS[3]
 local live = where(KEYS[5], ARGV[1], ARGV[2], KEYS[6], KEYS[7])
 local fh, fl = floor_of(floors, KEYS[4])
@@ -198,7 +223,7 @@ for i = 1, #fields do
     vs[j] = string.sub(rec, 1, 8) .. string.sub(rec, 10)
   end
 end
-local changed = apply_rows(live, tomb, KEYS[8], KEYS[4], ks, vs, opv)
+local changed = apply_rows(live, tomb, KEYS[8], KEYS[4], KEYS[9], ks, vs, opv)
 hdel(stage, fields)
 return {cursor, changed}
 """
@@ -263,6 +288,18 @@ return {cursor, #fields, table.concat(fields, ','), table.concat(values)}
 )
 """One ``HSCAN`` step of a hash (a run's live view wherever it is now), packed into three
 strings on the server so the client decodes them with numpy, not one object per field."""
+
+LUA_LOWER = (
+    _LUA_COMMON
+    + """
+-- KEYS: low marks, the live view; ARGV: the view's floor field, the lowest version of rows
+-- about to be written to it (queued before their HSET in one MULTI/EXEC). Returns 0.
+local h, l = ver(ARGV[2])
+lower_low(KEYS[1], ARGV[1], redis.call('EXISTS', KEYS[2]) == 1, h, l)
+return 0
+"""
+)
+"""The low mark's part of a write of plain ``HSET`` commands (see :mod:`.redis_plain`)."""
 
 LUA_FLOOR = """
 local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
@@ -349,3 +386,14 @@ atomically: a reader of the serving name sees one run's rows or the other's, nev
 def pack_version(version: int) -> bytes:
     """The 8-byte little-endian form of a version (the head of every stored value)."""
     return struct.pack("<q", version)
+
+
+def pack_high(rows: int, tombstones: int) -> bytes:
+    """A high mark: the newest version of a view's rows and of its tombstones (0: none)."""
+    return struct.pack("<qq", rows, tombstones)
+
+
+def unpack_high(value: bytes) -> tuple[int, int]:
+    """The two versions of a high mark (see :func:`pack_high`)."""
+    rows, tombstones = struct.unpack("<qq", value)
+    return int(rows), int(tombstones)
