@@ -68,6 +68,9 @@ LOOPS = {  # batch, ids per sample per table, MLP width, target step ms, steps p
     "2ms": (256, 4, 1024, 2.0, 1000),
 }
 EVERY = 50
+PHASES = ((1, 2), (3, 5), (6, 15), (16, 30), (31, 10**9))
+"""Buckets of steps since the last dump (at the default cadence) that normal steps are
+reported by: dump work still running in the background shows in the early ones."""
 SCRAMBLE = 2654435761  # odd and not a multiple of 5: a bijection mod 2^a 5^b rows
 
 
@@ -211,7 +214,8 @@ class Bench:
                 for name, w in self.tables.items()
             ]
 
-        env = TrainSettings(artifacts=work, run="bench", dump_every_steps=EVERY).to_env()
+        self.every = a.every
+        env = TrainSettings(artifacts=work, run="bench", dump_every_steps=a.every).to_env()
         options: dict[str, Any] = {"encoder": a.encoder}
         if a.encode_workers:
             options["encode_workers"] = a.encode_workers
@@ -232,7 +236,7 @@ class Bench:
         return self.hook.dumper
 
     def block(self, loop: Loop, kind: str, n: int, hooked: bool, gen: torch.Generator) -> dict:
-        steps, dump_steps, refs = [], [], {}
+        steps, dump_steps, refs, offsets = [], [], {}, []
         d = self.dumper
         for _ in range(n):
             ids = loop.ids(kind, gen)
@@ -256,7 +260,8 @@ class Bench:
                 refs[d._seq] = self._reference()  # untimed: the rows at the dump step
             else:
                 steps.append(ms)
-        out = {"steps": steps, "dump_steps": dump_steps, "gc": self.gc.take()}
+                offsets.append(self.hook_step % self.every if hooked else -1)
+        out = {"steps": steps, "dump_steps": dump_steps, "offsets": offsets, "gc": self.gc.take()}
         out["dump_wall"] = list(d.dump_host_seconds)[-len(dump_steps) :] if dump_steps else []
         out["dump_cpu"] = list(d.dump_cpu_seconds)[-len(dump_steps) :] if dump_steps else []
         k = len(dump_steps)
@@ -339,6 +344,9 @@ class Probe:
 
     def after_step(self, hook: Any, step: int) -> None:
         self.calls += 1
+        if not self.sync_debug and self.prof is None:
+            hook.after_step(step)  # as a training loop calls it: nothing around it
+            return
         if self.sync_debug:
             torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -389,6 +397,7 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
     checks = [c for r in runs if r["hooked"] for c in r["checks"]]
     b, h, w = stats(base), stats(hooked), stats(with_all)
     over = [x for x in hooked if x > 2 * b["median"]]
+    offsets = [o for r in runs if r["hooked"] for o in r["offsets"]]
     gcs = {
         k: [g for r in runs if r["hooked"] == (k == "with") for g in r["gc"]]
         for k in ("with", "without")
@@ -403,6 +412,12 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
         "steps_over_2x_median": len(over),
         "worst_normal_over_median": max(hooked) / b["median"],
         "dump_step_over_normal": max(dumps) / h["median"] if dumps else None,
+        "after_dump": {  # normal steps with the hook by steps since the last dump: mean ms
+            (f"{lo}-{hi}" if hi < 10**9 else f"{lo}+"): stats(
+                [x for x, o in zip(hooked, offsets, strict=True) if lo <= o <= hi]
+            )
+            for lo, hi in PHASES
+        },
         "hold_ms": stats([x * 1e3 for x in holds]),
         "dump_wall_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_wall"]]),
         "dump_cpu_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_cpu"]]),
@@ -435,6 +450,7 @@ def main() -> None:
     p.add_argument("--ids", default="hot,uniform")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="steps per block (default: preset)")
+    p.add_argument("--every", type=int, default=EVERY, help="steps between dumps")
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--time-budget-s", type=float, default=540.0)
@@ -537,25 +553,33 @@ def report(name: str, s: dict[str, Any]) -> None:
         f"  normal steps   mean {h['mean']:6.2f}  median {h['median']:6.2f}  "
         f"p99 {h['p99']:6.2f}  max {h['max']:6.2f} ms"
     )
-    print(
-        f"  dump steps     mean {dm['mean']:6.2f}  median {dm['median']:6.2f}  "
-        f"max {dm['max']:6.2f} ms  ({dm['n']} dumps); hold (CUDA events) "
-        f"median {s['hold_ms'].get('median', 0):.2f} max {s['hold_ms'].get('max', 0):.2f} ms; "
-        f"training thread in the dump: wall median {s['dump_wall_ms'].get('median', 0):.2f}, "
-        f"CPU median {s['dump_cpu_ms'].get('median', 0):.2f} ms; of its wall: prepare median "
-        f"{s['dump_prepare_ms'].get('median', 0):.2f}, tables (wait, gather, queue) median "
-        f"{s['dump_tables_ms'].get('median', 0):.2f} ms; first dump (ms) {s['first_dump']}"
+    if not dm:
+        print(f"  no dumps; ratios mean {s['mean_ratio']:.3f}  p99 {s['p99_ratio']:.3f}")
+    else:
+        print(
+            f"  dump steps     mean {dm['mean']:6.2f}  median {dm['median']:6.2f}  "
+            f"max {dm['max']:6.2f} ms  ({dm['n']} dumps); hold (CUDA events) "
+            f"median {s['hold_ms'].get('median', 0):.2f} max {s['hold_ms'].get('max', 0):.2f} ms; "
+            f"training thread in the dump: wall median {s['dump_wall_ms'].get('median', 0):.2f}, "
+            f"CPU median {s['dump_cpu_ms'].get('median', 0):.2f} ms; of its wall: prepare median "
+            f"{s['dump_prepare_ms'].get('median', 0):.2f}, tables (wait, gather, queue) median "
+            f"{s['dump_tables_ms'].get('median', 0):.2f} ms; first dump (ms) {s['first_dump']}"
+        )
+        print(
+            f"  ratios         mean {s['mean_ratio']:.3f} (<= 1.03)  p99 {s['p99_ratio']:.3f} "
+            f"(<= 1.10)  steps > 2x median {s['steps_over_2x_median']} (0)  worst normal "
+            f"{s['worst_normal_over_median']:.2f}x median  dump step "
+            f"{s['dump_step_over_normal']:.2f}x normal (<= 1.5)"
+        )
+    phases = "  ".join(
+        f"{k}: {v['mean']:.2f} ({v['n']})" for k, v in s["after_dump"].items() if v.get("n")
     )
-    print(
-        f"  ratios         mean {s['mean_ratio']:.3f} (<= 1.03)  p99 {s['p99_ratio']:.3f} "
-        f"(<= 1.10)  steps > 2x median {s['steps_over_2x_median']} (0)  worst normal "
-        f"{s['worst_normal_over_median']:.2f}x median  dump step "
-        f"{s['dump_step_over_normal']:.2f}x normal (<= 1.5)"
-    )
+    print(f"  normal steps by steps since the dump: mean ms (steps)  {phases}")
     c, r = s["commit_s"], s["rows_per_dump"]
     print(
-        f"  commit latency median {c['median']:.2f} max {c['max']:.2f} s; rows per dump "
-        f"median {r['median']:,.0f}; dumps bit-exact {s['dumps_ok']}/{s['dumps_checked']}; "
+        f"  commit latency median {c.get('median', 0):.2f} max {c.get('max', 0):.2f} s; rows "
+        f"per dump median {r.get('median', 0):,.0f}; dumps bit-exact "
+        f"{s['dumps_ok']}/{s['dumps_checked']}; "
         f"drain {[round(x, 2) for x in s['drain_s']]} s; gc {s['gc']}",
         flush=True,
     )

@@ -47,7 +47,7 @@ from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
-from deltarec.tracking.gather import DeviceRows, PinnedRing, pinned_slot_bytes
+from deltarec.tracking.gather import DeviceRows, PinnedRing, current_stream, pinned_slot_bytes
 from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
 
@@ -587,7 +587,7 @@ class Dumper:
         if torch.cuda.is_initialized():
             self._resolve_holds()
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            events[0].record()
+            events[0].record(current_stream())
         timing = {}
         staged: list[Chunk] = []
         self._dump_over.clear()
@@ -616,7 +616,7 @@ class Dumper:
         self.dumps_taken += 1
         self.dump_host_seconds.append(time.perf_counter() - started)
         if events is not None:
-            events[1].record()
+            events[1].record(current_stream())
             with self._hold_lock:
                 self._holds_pending.append(events)
         else:

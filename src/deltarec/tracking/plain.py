@@ -25,6 +25,7 @@ from deltarec.artifacts.types import TableSpec
 from deltarec.tracking.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
 from deltarec.tracking.gather import (
     HostRows,
+    current_stream,
     dedup_ids,
     gather_to_host,
     rows_to_host,
@@ -192,7 +193,7 @@ class UniqueBatch:
         self.bitmap.zero_()  # in stream order: after the compaction, before the next marks
         self.host_ends.copy_(torch.searchsorted(unique, self.ends), non_blocking=True)
         if self.ready is not None:
-            self.ready.record()
+            self.ready.record(current_stream(self.device))
         return BatchedIds(self, unique)
 
     def warm_up(self, weights: Sequence[torch.Tensor]) -> None:
