@@ -13,7 +13,8 @@ from deltarec.ids import make_version
 from deltarec.stores import open_store
 from deltarec.stores.redis_resp import hset_bodies, hset_commands
 
-T = "sparse.ebc.item_id"
+from .test_redis_scripts import T, _write
+
 V1, V2, V3 = make_version(1, 1), make_version(1, 2), make_version(2, 0)
 _PREFIXES = itertools.count()
 
@@ -30,14 +31,6 @@ def _scripts(redis_server) -> int:
     """Calls of the guarded scripts (EVALSHA; the plain path's low mark is an EVAL)."""
     stats = redis.Redis(port=redis_server.port).info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
-
-
-def _write(store, keys, version, ops=None, seed=0):
-    keys = np.asarray(keys, np.int64)
-    emb = np.random.default_rng(seed).standard_normal((len(keys), 4), dtype=np.float32)
-    ops = np.zeros(len(keys), np.int8) if ops is None else np.asarray(ops, np.int8)
-    store.write(T, keys, emb, ops, np.full(len(keys), version, np.int64))
-    return emb
 
 
 def test_resp_commands_hold_every_key_and_value_including_negative_and_extreme_keys(
