@@ -130,7 +130,18 @@ def test_a_view_without_a_low_mark_is_scanned_by_a_sweep(store, redis_server):
     assert store.read(T, np.arange(3_000)).found.tolist() == [True] * 1_000 + [False] * 2_000
 
 
-def test_scan_rows_and_scan_keys_return_every_live_row_once(store):
+@pytest.fixture(params=["hscan on the client", "scan script"])
+def scanning(request, store, monkeypatch):
+    """The store, scanning rows with plain HSCAN steps (hiredis) or with the scan script."""
+    on_client = request.param == "hscan on the client"
+    if on_client and not redis.utils.HIREDIS_AVAILABLE:
+        pytest.skip("hiredis is not installed")
+    monkeypatch.setattr(store, "scan_on_client", on_client)
+    return store
+
+
+def test_scan_rows_and_scan_keys_return_every_live_row_once(scanning):
+    store = scanning
     keys = np.random.default_rng(7).choice(2**62, 40_000, replace=False).astype(np.int64)
     keys[0] = -1
     emb = _write(store, keys, V2)
@@ -149,7 +160,41 @@ def test_scan_rows_and_scan_keys_return_every_live_row_once(store):
     np.testing.assert_array_equal(np.sort(scanned), np.sort(keys))
 
 
-def test_a_stored_value_of_the_wrong_width_fails_reads_and_scans_naming_it(store, redis_server):
+def test_a_scan_follows_its_run_s_view_when_a_promote_moves_it_between_steps(
+    scanning, redis_server
+):
+    """Run r serves the table; run s is promoted after the scan's first step, which moves r's
+    hash to its parked name: the scan goes on there and returns each of r's rows once."""
+    store = scanning
+    keys = np.arange(20_000, dtype=np.int64)
+    emb = _write(store, keys, V2)
+    other = open_store(f"{redis_server.url}?prefix={store.prefix}", run="s")
+    try:
+        other.provision({T: TableSpec(dim=4)})
+        other.write(
+            T,
+            keys[:10],
+            np.zeros((10, 4), np.float32),
+            np.zeros(10, np.int8),
+            np.full(10, V3, np.int64),
+        )
+        seen, rows = [], []
+        for k, got in store.scan_rows(T, batch_rows=2000):
+            if not seen:
+                assert store.serving_runs()[T] == "r"
+                other.set_serving("s", 2, 0)
+            seen.append(k)
+            rows.append(got.embedding)
+        assert store.serving_runs()[T] == "s"
+    finally:
+        other.close()
+    k = np.concatenate(seen)
+    assert len(k) == len(keys) and len(np.unique(k)) == len(keys)
+    np.testing.assert_array_equal(np.concatenate(rows)[np.argsort(k)], emb)
+
+
+def test_a_stored_value_of_the_wrong_width_fails_reads_and_scans_naming_it(scanning, redis_server):
+    store = scanning
     _write(store, [1, 2], V1)
     _client(redis_server).hset(f"{store.prefix}{T}", "2", b"\x01" * 11)
     with pytest.raises(StoreError, match=r"field 2 .* holds 11 bytes, not 24"):

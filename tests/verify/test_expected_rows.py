@@ -72,3 +72,28 @@ def test_index_of_a_run_of_records_and_of_any_other_keys(lineage):
     assert table.index_of(np.array([5, 6, 700, 7])).tolist() == [5, 6, -1, 7]
     assert table.index_of(np.array([9, 3, -1])).tolist() == [9, 3, -1]
     assert table.index_of(np.array([698, 699, 700])).tolist() == [698, 699, -1]
+
+
+def test_rows_in_shard_order_are_each_record_s_row_as_the_whole_load_gives_it(lineage):
+    """Whole shards, shards only some of whose rows are records, evicted records, and records
+    a later snapshot removed (a zero row): each comes back as :meth:`load` gives it."""
+    table = _table(lineage)
+    gen = lineage.generation()
+    lineage.dump(gen, 0, {lineage.T_EMB: (np.arange(0, 200, dtype=np.int64), 0.5)})
+    lineage.dump(gen, 1, {lineage.T_EMB: (np.arange(100, 300, 2, dtype=np.int64), 1.5)})
+    lineage.dump(
+        gen, 2, {lineage.T_EMB: (np.arange(150, 400, dtype=np.int64), 2.5)}, kind=DumpKind.SNAPSHOT
+    )
+    later = expected_state(lineage.root, lineage.run, gen).tables[lineage.T_EMB]
+    assert (later._ref_idx < 0).sum() == 150  # keys 0..149: removed by the snapshot
+    for t in (table, later):
+        rows, at = t.load_in_shard_order()
+        assert rows.shape == (len(t.keys) + 1, rows.shape[1])
+        assert np.array_equal(rows[at], t.load(t.keys))
+
+
+def test_index_of_many_keys_in_no_order_finds_each_record_and_misses_the_rest(lineage):
+    table = _table(lineage)  # records of keys 0..699
+    keys = np.random.default_rng(3).permutation(np.arange(-50, 2000, dtype=np.int64))
+    want = np.where((keys >= 0) & (keys < 700), keys, -1)
+    assert table.index_of(keys).tolist() == want.tolist()

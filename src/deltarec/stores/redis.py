@@ -26,7 +26,9 @@ and ``merge_staging`` are scripts that each take one ``HSCAN`` step of a hash on
 return the next cursor: each step is version-guarded and idempotent, so an interrupted merge is
 finished by running it again, but a whole generation does not become visible in one instant
 (``atomic_merge = False``). Reads and scans come back as one string of keys and one blob of
-fixed-width values per script call (:mod:`deltarec.stores.redislua`), decoded with numpy.
+fixed-width values per script call (:mod:`deltarec.stores.redislua`), decoded with numpy;
+with hiredis installed, a scan with rows reads plain ``HSCAN`` steps instead
+(:mod:`deltarec.stores.redis_scan`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 import redis as redis_lib
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.utils import HIREDIS_AVAILABLE
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
@@ -59,6 +62,7 @@ from deltarec.stores.redis_plain import Outranked, PlainBatch, PlainKeys, write_
 from deltarec.stores.redis_registry import ERRORS as _ERRORS
 from deltarec.stores.redis_registry import RedisRegistry
 from deltarec.stores.redis_resp import hset_bodies
+from deltarec.stores.redis_scan import hscan_rows
 from deltarec.stores.redislua import (
     LUA_FLOOR,
     LUA_MERGE,
@@ -98,6 +102,9 @@ class RedisStore(RedisRegistry, RunViews, Store):
 
     kind = "redis"
     watch_error = redis_lib.WatchError
+    scan_on_client = HIREDIS_AVAILABLE
+    """Scans with rows read plain ``HSCAN`` steps, parsed by hiredis
+    (:mod:`deltarec.stores.redis_scan`); without hiredis, the scan script."""
     _layout_problem: str | None = None
     capabilities = Capabilities(
         deletes=True, atomic_marks=True, staging=True, scan=True, snapshot_replace=True
@@ -460,6 +467,22 @@ class RedisStore(RedisRegistry, RunViews, Store):
         """
         records = _value_type(view)
         width = records.itemsize if with_rows else 0
+        if with_rows and self.scan_on_client:
+            steps = hscan_rows(
+                self._client,
+                self._target(view),
+                view.table,
+                self.run or "",
+                min(batch_rows, _SCAN_STEP),
+                width,
+                self.describe(),
+            )
+            while True:
+                with _ERRORS.map_errors(self.describe()):
+                    step = next(steps, None)
+                if step is None:
+                    return
+                yield step[0], np.frombuffer(step[1], records)
         cursor = b"0"
         while True:
             with _ERRORS.map_errors(self.describe()):
