@@ -219,3 +219,42 @@ def test_key_order_is_stable_where_a_key_repeats_and_sorted_everywhere():
     np.testing.assert_array_equal(unique[spillmod.key_order(unique)], np.sort(unique))
     repeated = rng.integers(0, 50, 10_000).astype(np.int64)
     np.testing.assert_array_equal(spillmod.key_order(repeated), np.argsort(repeated, kind="stable"))
+
+
+def _spill_of(rows: int, batches: int) -> Any:
+    spill = spillmod.Spill()
+    rng = np.random.default_rng(5)
+    keys = rng.permutation(rows * batches).astype(np.int64)
+    for part in np.array_split(keys, batches):
+        emb = np.repeat(part[:, None].astype(np.float32), DIM, axis=1)
+        spill.add(part, emb, np.full(len(part), 7, np.int64), np.zeros(len(part), np.int8), None)
+    return spill
+
+
+def test_the_read_back_thread_gives_every_chunk_in_key_order(small_reads):
+    with _spill_of(50, 4) as spill, spillmod.ReadBack(spill) as chunks:
+        got = list(chunks)
+    keys = np.concatenate([c[0] for c in got])
+    assert keys.tolist() == list(range(200))
+    np.testing.assert_array_equal(np.concatenate([c[1] for c in got])[:, 0], keys)
+    assert len(small_reads) == len(got) > 1
+
+
+def test_the_read_back_thread_raises_a_read_error_where_its_chunk_would_come(
+    small_reads, monkeypatch
+):
+    def fail(*_: Any) -> None:
+        raise spillmod.StoreError("spill file ended early")
+
+    with _spill_of(50, 4) as spill:
+        monkeypatch.setattr(spillmod, "_read_exactly", fail)
+        with spillmod.ReadBack(spill) as chunks, pytest.raises(spillmod.StoreError, match="ended"):
+            list(chunks)
+
+
+def test_the_read_back_thread_stops_when_its_reader_leaves_early(small_reads):
+    with _spill_of(50, 4) as spill:
+        reader = spillmod.ReadBack(spill)
+        with reader as chunks:
+            next(iter(chunks))
+        assert not reader._thread.is_alive()
