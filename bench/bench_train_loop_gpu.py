@@ -62,6 +62,7 @@ from deltarec.api import (
     hook_from_env,
 )
 from deltarec.artifacts import ArtifactRoot
+from deltarec.tracking.plain import graph_metrics
 
 LOOPS = {  # batch, ids per sample per table, MLP width, target step ms, steps per block
     "20ms": (4096, 16, 4096, 20.0, 300),
@@ -238,6 +239,7 @@ class Bench:
     def block(self, loop: Loop, kind: str, n: int, hooked: bool, gen: torch.Generator) -> dict:
         steps, dump_steps, refs, offsets = [], [], {}, []
         d = self.dumper
+        graphed = graph_metrics(d.sources)["graphed"]
         for _ in range(n):
             ids = loop.ids(kind, gen)
             sync(self.dev)
@@ -262,6 +264,7 @@ class Bench:
                 steps.append(ms)
                 offsets.append(self.hook_step % self.every if hooked else -1)
         out = {"steps": steps, "dump_steps": dump_steps, "offsets": offsets, "gc": self.gc.take()}
+        out["graphed"] = graph_metrics(d.sources)["graphed"] - graphed
         out["dump_wall"] = list(d.dump_host_seconds)[-len(dump_steps) :] if dump_steps else []
         out["dump_cpu"] = list(d.dump_cpu_seconds)[-len(dump_steps) :] if dump_steps else []
         k = len(dump_steps)
@@ -430,6 +433,7 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
         "commit_s": stats([c["commit_s"] for c in checks]),
         "rows_per_dump": stats([float(c["rows"]) for c in checks]),
         "dumps_checked": len(checks),
+        "dumps_graphed": sum(r["graphed"] for r in runs if r["hooked"]),
         "dumps_ok": sum(c["ok"] for c in checks),
         "drain_s": [r["drain_s"] for r in runs if r["hooked"]],
         "gc": {
@@ -529,9 +533,11 @@ def main() -> None:
                         json.dump(res, f, indent=1, default=str)
         bench.hook.on_end(bench.hook_step)
     finally:
+        res["device_staging"] = d.device_budget.metrics() | graph_metrics(d.sources)
         bench.hook.close()
         shutil.rmtree(work, ignore_errors=True)
     res["probe"] = bench.probe.report()
+    print(f"device staging and graphs: {res['device_staging']}")
     res["total_s"] = time.perf_counter() - began
     if a.json:
         with open(a.json, "w") as f:
@@ -579,7 +585,7 @@ def report(name: str, s: dict[str, Any]) -> None:
     print(
         f"  commit latency median {c.get('median', 0):.2f} max {c.get('max', 0):.2f} s; rows "
         f"per dump median {r.get('median', 0):,.0f}; dumps bit-exact "
-        f"{s['dumps_ok']}/{s['dumps_checked']}; "
+        f"{s['dumps_ok']}/{s['dumps_checked']} ({s['dumps_graphed']} graphed); "
         f"drain {[round(x, 2) for x in s['drain_s']]} s; gc {s['gc']}",
         flush=True,
     )

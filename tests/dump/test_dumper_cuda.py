@@ -78,7 +78,9 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
     w = torch.randn(50_000, 32, device="cuda")
     spec = TableSpec(dim=32, kind=TableKind.PLAIN, num_embeddings=50_000)
     src = RowShardSource("m.a", spec, hub, "a", w, 0)
-    cfg = DumperConfig(artifacts=str(tmp_path), run="s", snapshot=False, chunk_rows=1000)
+    cfg = DumperConfig(
+        artifacts=str(tmp_path), run="s", snapshot=False, chunk_rows=1000, device_graph_bytes=0
+    )  # the exact path: a staging buffer of the rows
     d = Dumper(cfg, [src])
     d.device_budget.fixed = device_room  # 1 KiB: no table fits, every dump falls back
     d.start(step=0)
@@ -172,3 +174,59 @@ def test_copies_to_host_reuse_the_pinned_ring_and_every_slot_is_back_after_the_c
         for table, (keys, rows, _, _) in got.items():
             assert np.array_equal(rows, tables[table][keys])
     d.close()
+
+
+@pytest.mark.parametrize("encoder", ["thread", "process"])
+def test_dumps_gathered_by_the_graph_hold_the_rows_of_each_dump_step(tmp_path, encoder):
+    tracker = ManualTracker()
+    ws = {"a": torch.randn(400_000, 16, device="cuda"), "b": torch.randn(3_000, 8, device="cuda")}
+    hub = TrackerHub(tracker, set(ws))
+    offsets = {"a": 0, "b": 500_000}
+    srcs = [
+        RowShardSource(
+            f"m.{k}",
+            TableSpec(dim=w.shape[1], kind=TableKind.PLAIN, num_embeddings=w.shape[0]),
+            hub,
+            k,
+            w,
+            offsets[k],
+        )
+        for k, w in ws.items()
+    ]
+    limit = 2 * 4096 * (64 + 16) + 3001 + 4096 * (32 + 16)  # 4096 ids per table fit, 8192 not
+    cfg = DumperConfig(artifacts=str(tmp_path), run="g", every_steps=3, snapshot=False,
+                       chunk_rows=700, encoder=encoder, device_graph_bytes=limit)  # fmt: skip
+    d = Dumper(cfg, srcs)
+    d.start(step=0)
+    graphs = srcs[0]._group.graphs if srcs[0]._group is not None else None
+    assert graphs is not None and graphs.capacity == 4096
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    want: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    touched = {k: torch.zeros(w.shape[0], dtype=torch.bool, device="cuda") for k, w in ws.items()}
+    for step in range(1, 31):
+        for k, w in ws.items():
+            n = 1500 if step in (16, 17, 18) else 900  # the dump at 18: more than a set holds
+            ids = torch.randint(0, w.shape[0], (n,), device="cuda", generator=gen)
+            tracker.record(k, ids)
+            touched[k][ids] = True
+            w.index_add_(0, ids, torch.ones(n, w.shape[1], device="cuda"))
+        seq = d.maybe_dump(step)
+        if seq is not None:
+            want[seq] = {}
+            for k, w in ws.items():
+                keys = touched[k].nonzero().view(-1)
+                want[seq][f"m.{k}"] = ((keys + offsets[k]).cpu().numpy(), w[keys].cpu().numpy())
+                touched[k].zero_()
+            if seq % 2:
+                d.wait_idle()  # a set is free at every dump: the counts below are exact
+    d.close()
+    assert (graphs.runs, graphs.misses) == (9, 1)
+    root = ArtifactRoot(str(tmp_path))
+    assert len(want) == 10
+    for seq, tables in want.items():
+        got = read_dump(root, "g", 1, seq)
+        for table, (keys, rows) in tables.items():
+            gk, gr, gops, _ = got[table]
+            order = np.argsort(gk)
+            assert np.array_equal(gk[order], keys) and np.array_equal(gr[order], rows)
+            assert not gops.any()

@@ -64,6 +64,11 @@ class DumperConfig(BaseModel):
     staging buffers may hold. A dump's touched rows are gathered into such a buffer and the
     training thread goes on at once; a table that does not fit is logged, counted, and
     gathered into host memory under the host budget instead. 0 disables device staging."""
+    device_graph_bytes: int | None = Field(default=None, ge=0)
+    """CUDA tables: device bytes of each of the two buffer sets that let a dump deduplicate
+    and gather a device's tables in one CUDA graph replay, captured at start (docs/dump.md,
+    *Graphed dumps*). A dump whose tables recorded more ids than a set holds takes the exact
+    path. None: 256 MiB, at most 1/256 of the device's memory; 0: no graphed dumps."""
     encode_workers: int | None = Field(default=None, ge=1)
     """Threads that encode and checksum chunks in parallel. None: the cores the training
     processes leave free (:func:`~deltarec.dump.staging.default_encode_workers`)."""

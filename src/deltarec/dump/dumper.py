@@ -171,6 +171,7 @@ class Dumper:
         """Dumps taken since :meth:`start` (this process)."""
         self._dump_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
         self._holds_pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self._holds_free: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # reused pairs
         self._hold_lock = threading.Lock()
         self._dump_over = threading.Event()
         self._dump_over.set()
@@ -203,7 +204,15 @@ class Dumper:
         with self._hold_lock:  # the metrics thread reads them too
             while self._holds_pending and self._holds_pending[0][1].query():
                 begin, end = self._holds_pending.popleft()
+                self._holds_free.append((begin, end))
                 self._dump_seconds.append(begin.elapsed_time(end) / 1e3)
+
+    def _hold_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        """A pair of timing events for a dump's hold: one already made where one is free."""
+        with self._hold_lock:
+            if self._holds_free:
+                return self._holds_free.pop()
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     @property
     def rank(self) -> int:
@@ -233,7 +242,9 @@ class Dumper:
         # deltarec's own gloo side groups, beside any training backend (NCCL included)
         self._train_x = Exchange.create(self.config.commit_timeout_s, "training-thread")
         self._worker_x = Exchange.create(self.config.commit_timeout_s, "worker")
-        options = SourceOptions(zch_misses=self.config.zch_misses)
+        options = SourceOptions(
+            zch_misses=self.config.zch_misses, device_graph_bytes=self.config.device_graph_bytes
+        )
         for s in self.sources:
             s.configure(options)
             s.bind(self._train_x)
@@ -586,14 +597,15 @@ class Dumper:
         events = None
         if torch.cuda.is_initialized():
             self._resolve_holds()
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events = self._hold_events()
             events[0].record(current_stream())
         timing = {}
         staged: list[Chunk] = []
         self._dump_over.clear()
         try:
             if kind is not DumpKind.SNAPSHOT:
-                prepare_collects(self.sources)  # every table's dedup queued: one sync for all
+                # every table's dedup queued (one sync for all), or gathered by a CUDA graph
+                prepare_collects(self.sources)
             for source in self.sources:
                 t0 = time.perf_counter()
                 gathered = (

@@ -13,6 +13,10 @@ Exported:
   ``device_staging_share`` or dump more often.
 * ``deltarec_dump_device_staged_total``, ``deltarec_dump_device_staging_bytes`` (held now),
   ``deltarec_dump_device_staging_peak_bytes``, ``deltarec_dump_device_staging_capacity_bytes``.
+* ``deltarec_dump_device_graphed_total``: dumps of a device's tables gathered by one CUDA graph
+  replay (docs/dump.md, *Graphed dumps*); ``deltarec_dump_device_graph_misses_total``: dumps
+  that took the exact path instead (more ids than the graphs hold, or both buffer sets busy);
+  ``deltarec_dump_device_graph_bytes``: device bytes of the graphs' buffers.
 * ``deltarec_dump_host_budget_bytes`` (the configured host budget),
   ``deltarec_dump_host_held_bytes`` (held now) and ``deltarec_dump_host_peak_bytes``.
 * ``deltarec_dump_train_waits_total`` / ``deltarec_dump_train_wait_seconds_total``: times and
@@ -28,6 +32,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from deltarec.tracking.plain import graph_metrics
 
 if TYPE_CHECKING:
     from deltarec.dump.dumper import Dumper
@@ -47,6 +53,7 @@ class DumpCollector(Collector):
         """The current values (called by ``prometheus_client`` on each scrape)."""
         d = self.dumper
         staging = d.device_budget.metrics()
+        graphs = graph_metrics(d.sources)
         queue = d.queue
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -80,6 +87,21 @@ class DumpCollector(Collector):
             "deltarec_dump_device_staging_capacity_bytes",
             "Capacity of the device staging buffer (summed over devices measured so far)",
             staging["capacity_bytes"],
+        )
+        yield counter(
+            "deltarec_dump_device_graphed",
+            "Dumps of a device's tables gathered by one CUDA graph replay",
+            graphs["graphed"],
+        )
+        yield counter(
+            "deltarec_dump_device_graph_misses",
+            "Dumps of a device's tables that took the exact path instead of the graph",
+            graphs["graph_misses"],
+        )
+        yield gauge(
+            "deltarec_dump_device_graph_bytes",
+            "Device bytes of the dump graphs' buffers",
+            graphs["graph_bytes"],
         )
         yield gauge(
             "deltarec_dump_host_budget_bytes",

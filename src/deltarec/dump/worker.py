@@ -306,6 +306,7 @@ class DumpWorker:
         if self.dump_over is not None:
             # bounded: the training thread may be waiting for budget this worker frees
             self.dump_over.wait(DUMP_OVER_WAIT_S)
+        staged.resolve()
         last: HostRows | None = None
         for start in range(0, len(staged), self.chunk_rows):
             stop = min(start + self.chunk_rows, len(staged))

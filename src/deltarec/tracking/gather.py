@@ -158,6 +158,13 @@ class DeviceRows(HostRows):
         """No host bytes: the buffer is charged to the device budget."""
         return 0
 
+    def resolve(self) -> None:
+        """Learn the buffer's length where it was not known when queued (here it always is).
+
+        The dump worker calls it before it reads the length; see
+        :class:`~deltarec.tracking.graphed.GraphedRows`.
+        """
+
     def host_bytes(self, start: int, stop: int, ring: PinnedRing | None = None) -> int:
         """Host bytes rows ``start:stop`` take once copied (as :attr:`HostRows.nbytes`).
 
@@ -185,6 +192,7 @@ class DeviceRows(HostRows):
         """Copy the whole buffer to host memory now (for callers that take it as host rows)."""
         if self.keys.device.type == "cpu":
             return
+        self.resolve()
         host = self.to_host(0, len(self))
         host.wait()
         self.release()

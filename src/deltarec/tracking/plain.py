@@ -31,8 +31,9 @@ from deltarec.tracking.gather import (
     rows_to_host,
     warm_up_gather,
 )
+from deltarec.tracking.graphed import GraphedGather, GraphedRows, default_set_bytes
 from deltarec.tracking.tracker import TrackerHub
-from deltarec.tracking.types import Gathered, RankGroup, TableSource, TouchedRows
+from deltarec.tracking.types import Gathered, RankGroup, SourceOptions, TableSource, TouchedRows
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,53 @@ def _batches(sources: Sequence[RowShardSource]) -> list[list[RowShardSource]]:
     return out
 
 
+@dataclass
+class _Group:
+    """The CUDA tables of one device that a dump deduplicates together, and their buffers."""
+
+    sources: list[RowShardSource]
+    batch: UniqueBatch
+    graphs: GraphedGather | None
+
+    @classmethod
+    def of(cls, sources: list[RowShardSource]) -> _Group:
+        """A group of ``sources``: their kernels loaded, their graphs captured (untimed).
+
+        Graphed dumps are made where the sources were configured for them (by the dumper,
+        :class:`~deltarec.tracking.types.SourceOptions`); a source used on its own takes the
+        exact path.
+        """
+        weights = [s.weight for s in sources if s.weight is not None]
+        device = weights[0].device
+        batch = UniqueBatch([int(w.shape[0]) for w in weights], device)
+        batch.warm_up(weights)
+        limit = sources[0].graph_bytes
+        if limit is None:
+            limit = default_set_bytes(device)
+        graphs = None
+        if limit > 0:
+            graphs = GraphedGather(weights, [s.row_offset for s in sources], limit)
+        group = cls(list(sources), batch, graphs)
+        for s in sources:
+            s._group = group
+        return group
+
+
+def graph_metrics(sources: Sequence[TableSource]) -> dict[str, int]:
+    """Counters of the sources' graphed dumps (:mod:`deltarec.tracking.graphed`).
+
+    ``graphed``: dumps of a CUDA group that took its graph; ``graph_misses``: dumps that took
+    the exact path instead; ``graph_bytes``: device bytes of the groups' buffer sets.
+    """
+    groups = {id(s._group): s._group for s in sources if isinstance(s, RowShardSource) and s._group}
+    graphs = [g.graphs for g in groups.values() if g.graphs is not None]
+    return {
+        "graphed": sum(g.runs for g in graphs),
+        "graph_misses": sum(g.misses for g in graphs),
+        "graph_bytes": sum(g.nbytes for g in graphs),
+    }
+
+
 class RowShardSource(_TrackedSource):
     """A table-wise, row-wise or table-row-wise table's block of rows on this rank.
 
@@ -270,8 +318,13 @@ class RowShardSource(_TrackedSource):
         self.weight = weight
         self.row_offset = int(row_offset)
         self.writes = weight is not None and weight.shape[0] > 0
-        self._prepared: tuple[BatchedIds, int] | None = None
-        self._batch: tuple[UniqueBatch, list[RowShardSource]] | None = None
+        self._prepared: tuple[BatchedIds, int] | GraphedRows | None = None
+        self._group: _Group | None = None
+        self.graph_bytes: int | None = 0
+
+    def configure(self, options: SourceOptions) -> None:
+        """``options.device_graph_bytes``: the byte limit of this table's group's graphs."""
+        self.graph_bytes = options.device_graph_bytes
 
     def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
         if self.weight is None:
@@ -279,6 +332,9 @@ class RowShardSource(_TrackedSource):
                 self.hub.take(self.fqn)
             return
         prepared, self._prepared = self._prepared, None
+        if isinstance(prepared, GraphedRows):
+            yield prepared  # gathered by the group's graph: the worker copies its rows out
+            return
         if prepared is not None:
             ids = prepared[0].ids(prepared[1])
         else:
@@ -293,36 +349,56 @@ class RowShardSource(_TrackedSource):
     def prepare_collects(cls, sources: Sequence[TableSource]) -> None:
         """Queue the deduplication of every CUDA table's touched ids, without waiting for it.
 
-        The dumper calls this before it collects any table: the tables on one device share a
-        :class:`UniqueBatch` (kept from dump to dump while the same sources come), so the
-        first table's :meth:`iter_collect` waits once for every table's deduplication (one
-        host synchronization per dump) and the training thread makes a few CUDA calls per
-        table. CPU tables, and a rank without rows, deduplicate in :meth:`iter_collect` as
-        before.
+        The dumper calls this before it collects any table. The tables on one device form a
+        group (kept from dump to dump while the same sources
+        come). Where the group's CUDA graph fits the ids recorded and a set of its buffers is
+        free, one replay deduplicates and gathers every table's rows
+        (:mod:`deltarec.tracking.graphed`: nothing waits). Otherwise the group's
+        :class:`UniqueBatch` queues the deduplication, and the first table's
+        :meth:`iter_collect` waits once for every table (one host synchronization per dump).
+        CPU tables, and a rank without rows, deduplicate in :meth:`iter_collect` as before.
         """
         batched: list[RowShardSource] = []
         for s in sources:
             assert isinstance(s, RowShardSource)
-            s._prepared = None
+            s._drop_prepared()
             if s.weight is not None and s.weight.is_cuda and s.hub is not None:
                 batched.append(s)
-        for group in _batches(batched):
-            batch = group[0]._batch
-            if batch is None or batch[1] != group:
-                weights = [s.weight for s in group if s.weight is not None]
-                rows = [int(w.shape[0]) for w in weights]
-                batch = (UniqueBatch(rows, weights[0].device), list(group))
-                batch[0].warm_up(weights)
-                for s in group:
-                    s._batch = batch
-            recorded = [s.hub.take_recorded(s.fqn) if s.hub else None for s in group]
-            dump = batch[0].queue(recorded)
-            for i, s in enumerate(group):
+        for sources_ in _batches(batched):
+            group = sources_[0]._group
+            if group is None or group.sources != sources_:
+                group = _Group.of(sources_)
+            hubs = {id(s.hub): s.hub for s in sources_ if s.hub is not None}
+            for hub in hubs.values():
+                hub.poll()
+            parts = [s.hub.take_parts(s.fqn, poll=False) if s.hub else [] for s in sources_]
+            graphs = group.graphs
+            graphed = graphs.try_run(parts) if graphs is not None else None
+            if graphed is not None:
+                for s, rows in zip(sources_, graphed, strict=True):
+                    s._prepared = rows
+                continue
+            recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
+            dump = group.batch.queue(recorded)
+            for i, s in enumerate(sources_):
                 s._prepared = (dump, i)
 
+    def _drop_prepared(self) -> None:
+        """Forget a prepared collection never taken (its graph buffers go back to the set)."""
+        prepared, self._prepared = self._prepared, None
+        if isinstance(prepared, GraphedRows):
+            prepared.release()
+
     def discard(self) -> None:  # noqa: D102
-        self._prepared = None
+        self._drop_prepared()
         super().discard()
+
+    def close(self) -> None:  # noqa: D102
+        self._drop_prepared()
+        group, self._group = self._group, None
+        if group is not None and group.graphs is not None:
+            group.graphs.close()
+        super().close()
 
     def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
         if self.weight is None:

@@ -123,7 +123,7 @@ class TrackerHub:
         for fqn, parts in self._read().items():
             pending = self._pending.get(fqn)
             if pending is not None:
-                pending.extend(p for p in parts if p.numel())
+                pending.extend(parts)
 
     def take(self, fqn: str, num_rows: int | None = None) -> torch.Tensor | None:
         """All pending ids of ``fqn``, sorted and unique (None if there are none), cleared.
@@ -137,12 +137,27 @@ class TrackerHub:
 
     def take_recorded(self, fqn: str) -> torch.Tensor | None:
         """All pending ids of ``fqn`` as recorded (duplicates kept; None if none), cleared."""
-        self.poll()
-        parts = self._pending.get(fqn)
+        parts = self.take_parts(fqn)
         if not parts:
             return None
+        ids = parts[0].reshape(-1) if len(parts) == 1 else torch.cat(parts)
+        return ids if ids.numel() else None
+
+    def take_parts(self, fqn: str, poll: bool = True) -> list[torch.Tensor]:
+        """The pending id tensors of ``fqn``, one per recorded lookup (1-D), cleared.
+
+        Args:
+            fqn: the tracker FQN.
+            poll: drain the tracker first (False: a caller taking several paths at once has
+                just called :meth:`poll`).
+        """
+        if poll:
+            self.poll()
+        parts = self._pending.get(fqn)
+        if not parts:
+            return []
         self._pending[fqn] = []
-        return parts[0].reshape(-1) if len(parts) == 1 else torch.cat(parts)
+        return parts
 
     def hold(self) -> None:
         """Evaluation begins: keep what training recorded so far."""
@@ -179,7 +194,11 @@ def _drain(tracker: Any) -> dict[str, list[torch.Tensor]]:
     lookups = getattr(store, "per_fqn_lookups", None)
     if store is not None and isinstance(lookups, dict):
         store.per_fqn_lookups = {}
-        return {f: [getattr(x, "ids", x) for x in v] for f, v in lookups.items() if v}
+        return {
+            f: v if isinstance(v[0], torch.Tensor) else [x.ids for x in v]  # torchrec's lookups
+            for f, v in lookups.items()
+            if v
+        }
     return {fqn: [rows.ids] for fqn, rows in tracker.get_unique().items()}
 
 

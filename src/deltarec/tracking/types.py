@@ -62,9 +62,11 @@ class SourceOptions:
         zch_misses: ZCH sources also dump the raw ids that training looked up but the table
             did not hold, each with ``op = 1`` and the fallback row the model answers them
             with (``DumperConfig.zch_misses``).
+        device_graph_bytes: ``DumperConfig.device_graph_bytes``.
     """
 
     zch_misses: bool = False
+    device_graph_bytes: int | None = 0
 
 
 class RankGroup(Protocol):
