@@ -23,6 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSp
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.faults import failpoint
 from deltarec.ids import validate_run
+from deltarec.publish.ahead import parts_checked_ahead
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.readahead import ReadAhead
 from deltarec.publish.retry import RetryPolicy
@@ -174,7 +176,11 @@ class DumpPublisher:
 
     # ---- one dump ------------------------------------------------------------------------
     def publish_dump(
-        self, manifest: Manifest, rank: int, rows: Mapping[str, ShardRows] | None = None
+        self,
+        manifest: Manifest,
+        rank: int,
+        rows: Mapping[str, ShardRows] | None = None,
+        checked: Future[frozenset[str]] | None = None,
     ) -> PartResult:
         """Publish rank ``rank``'s part of a committed dump (see the module docstring).
 
@@ -183,6 +189,9 @@ class DumpPublisher:
             rank: the rank whose shards to publish.
             rows: the rank's rows by table id, if in memory; missing tables are read from the
                 artifacts.
+            checked: :func:`~deltarec.publish.ahead.check_part` of this part from the
+                artifacts, under way (``rows`` None): its tables are not read again to be
+                checked; its error is raised before anything of the part is written.
 
         Raises:
             InvalidRowError: a row cannot be published (nothing of the part was written).
@@ -202,8 +211,9 @@ class DumpPublisher:
         todo = self._todo(manifest, info, rank, done, result)
         where = f"run {self.run!r} generation {g} dump {s} rank {rank}"
         inline = self._checked_while_written(manifest, rank, todo, done, rows)
+        ahead = frozenset() if checked is None else checked.result()
         for table, spec in todo:
-            if table == inline:
+            if table == inline or table in ahead:
                 continue
             chunk = self._read_rows(spec)  # rows in memory too: bounded temporaries
             for batch in self._rows(manifest, rank, table, spec, rows, 0, True, chunk):
@@ -522,9 +532,16 @@ class DumpPublisher:
         return out
 
     def _one_by_one(self, manifest: Manifest, ranks: list[int]) -> Iterator[PartResult]:
-        """:meth:`publish_dump` of each of ``ranks``' parts, as each is done."""
-        for rank in ranks:
-            yield self.publish_dump(manifest, rank)
+        """:meth:`publish_dump` of each of ``ranks``' parts, as each is done.
+
+        Into a store that checks no table's rows while writing them (not a SQL store), the next
+        part is checked on a thread meanwhile (:mod:`deltarec.publish.ahead`).
+        """
+        if isinstance(self.store, RelationalStore) or len(ranks) < 2:
+            for rank in ranks:
+                yield self.publish_dump(manifest, rank)
+            return
+        yield from parts_checked_ahead(self, manifest, ranks)
 
     def publish_generation(
         self,

@@ -107,8 +107,16 @@ class RedisStore(RedisRegistry, RunViews, Store):
     (:mod:`deltarec.stores.redis_scan`); without hiredis, the scan script."""
     _layout_problem: str | None = None
     capabilities = Capabilities(
-        deletes=True, atomic_marks=True, staging=True, scan=True, snapshot_replace=True
+        deletes=True,
+        atomic_marks=True,
+        staging=True,
+        scan=True,
+        snapshot_replace=True,
+        batch_bytes=64 << 20,
     )
+    """``batch_bytes``: a write is one MULTI/EXEC per batch (8 MB read chunks from the publisher)
+    and the mark with the last; several batches per write let the next one be encoded while
+    the server applies this one (see :meth:`apply`), and a progress mark every 64 MB."""
 
     def __init__(self, config: RedisConfig) -> None:
         self.config = config
@@ -291,22 +299,21 @@ class RedisStore(RedisRegistry, RunViews, Store):
             plain = PlainBatch(table, run, int(versions.min()), int(versions.max()), bodies)
         script_keys = self._apply_keys(view.name if stage else "", run, table)
         step = self.config.rows_per_script
-        calls = [
-            [
-                min(n, s + step) - s,
-                stride,
-                blob[s * stride : min(n, s + step) * stride],
-                op_chars[s : s + step],
-                "1" if stage else "0",
-                table,
-                run,
-                ",".join(map(str, keys[s : s + step].tolist())),
-            ]
-            for s in range(0, n, step)
-        ]
 
         def queue(pipe: Any) -> None:
-            for args in calls:
+            # The scripts' arguments are made only when the scripts are used (a batch written
+            # as plain HSET never needs its keys as decimal text).
+            for s in range(0, n, step):
+                args = [
+                    min(n, s + step) - s,
+                    stride,
+                    blob[s * stride : min(n, s + step) * stride],
+                    op_chars[s : s + step],
+                    "1" if stage else "0",
+                    table,
+                    run,
+                    ",".join(map(str, keys[s : s + step].tolist())),
+                ]
                 self._write_script(keys=script_keys, args=args, client=pipe)
             if mark is not None:
                 self._mark(pipe, mark, stage)
