@@ -162,3 +162,42 @@ def test_one_pass_scan_and_lookups_by_key_agree(lineage, store):
             (777, "UNEXPECTED"),
         ]
     assert by_scan.tables[lineage.T_ZCH].counts == by_key.tables[lineage.T_ZCH].counts
+
+
+def test_the_first_table_s_scan_starts_before_the_expected_state_and_is_read_once(
+    lineage, store, monkeypatch
+):
+    """With every key checked, the first table's store scan starts before the shards are read
+    (it runs on a thread meanwhile); each table is scanned once, by the one pass or not at all."""
+    import deltarec.verify.engine as engine
+
+    g = base_generation(lineage, store)
+    tamper(lineage, store, g, changed=4, deleted=60, stray=777)
+    events: list[str] = []
+    real_scan, real_state = store.scan_rows, engine.expected_state
+
+    def scan_rows(table, batch_rows=65536):
+        events.append(f"scan {table}")
+        return real_scan(table, batch_rows)
+
+    def expected_state(*args, **kwargs):
+        events.append("state")
+        return real_state(*args, **kwargs)
+
+    monkeypatch.setattr(store, "scan_rows", scan_rows)
+    monkeypatch.setattr(engine, "expected_state", expected_state)
+    first, second = sorted([lineage.T_EMB, lineage.T_ZCH])
+    by_scan = verify(lineage.root, lineage.run, store, options=VerifyOptions(sample=None))
+    assert events == [f"scan {first}", "state", f"scan {second}"]
+    events.clear()
+    by_key = verify(  # no one pass: the scan started early is closed unread
+        lineage.root, lineage.run, store, options=VerifyOptions(sample=None, full_scan_bytes=0)
+    )
+    assert events == [f"scan {first}", "state"]
+    for result in (by_scan, by_key):
+        emb = result.tables[lineage.T_EMB]
+        assert sorted((m.key, m.row_class.value) for m in emb.mismatches) == [
+            (4, "DIFFERENT"),
+            (60, "MISSING"),
+            (777, "UNEXPECTED"),
+        ]

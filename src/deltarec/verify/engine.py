@@ -39,7 +39,7 @@ from deltarec.verify.freshness import dump_freshness
 from deltarec.verify.options import VerifyOptions
 from deltarec.verify.partition import PARTITION_NOTE
 from deltarec.verify.reader import LaterDeletes, Reader
-from deltarec.verify.scan import scan_unknown, verify_table_by_scan
+from deltarec.verify.scan import Prefetch, scan_unknown, start_scan, verify_table_by_scan
 from deltarec.verify.shards import check_shards, lineage_shard_refs
 from deltarec.verify.types import TableResult, VerifyResult
 
@@ -95,6 +95,48 @@ def verify(
         seed=opts.seed,
         started_at=utc_now(),
     )
+    early = _early_scan(root, run, generation, store, opts)
+    try:
+        return _verify_state(root, run, generation, seq, store, opts, result, early, t0)
+    finally:
+        if early is not None:
+            early[1].close()
+
+
+def _early_scan(
+    root: ArtifactRoot, run: str, generation: int, store: Store, opts: VerifyOptions
+) -> tuple[str, Prefetch] | None:
+    """The one-pass store scan of the generation's first table, started now, if it may be used.
+
+    With every key checked on a store that can scan, the scan (a server's work, on a thread)
+    starts before the expected state is read from the shards instead of after it. Used when
+    that table's turn comes and it goes by the scan (:func:`_verify_one`); otherwise closed.
+    """
+    part = opts.partition
+    if not (opts.all_keys and store.capabilities.scan) or (part is not None and part.count > 1):
+        return None
+    try:
+        tables = root.read_generation(run, generation).tables
+    except ArtifactError:
+        return None  # said by the expected state's error
+    if not tables:
+        return None
+    table = min(tables)
+    return table, start_scan(store, table, tables[table], opts.batch_size)
+
+
+def _verify_state(
+    root: ArtifactRoot,
+    run: str,
+    generation: int,
+    seq: int | None,
+    store: Store,
+    opts: VerifyOptions,
+    result: VerifyResult,
+    early: tuple[str, Prefetch] | None,
+    t0: float,
+) -> VerifyResult:
+    """:func:`verify` from the expected state on (``early``: a scan already started)."""
     try:
         state = expected_state(root, run, generation, seq)
     except ArtifactError as e:
@@ -121,7 +163,10 @@ def verify(
         for table in sorted(state.tables):
             et = state.tables[table]
             acc = Collector(_table_result(et), opts.max_mismatches, later, holds)
-            result.tables[table] = _verify_one(et, reader, acc, result.version, rollbacks, opts)
+            started = early[1] if early is not None and early[0] == table else None
+            result.tables[table] = _verify_one(
+                et, reader, acc, result.version, rollbacks, opts, started
+            )
         result.shards_checked, result.shard_failures = checks.result()
     result.staged_tables = sorted(t for t in state.tables if reader.staged(t))
     result.dumps = dump_freshness(state, result, store.registry)
@@ -171,8 +216,13 @@ def _verify_one(
     point_version: int,
     rollbacks: frozenset[int],
     opts: VerifyOptions,
+    started: Prefetch | None = None,
 ) -> TableResult:
-    """One table: one pass over the store with ``--all`` when it fits, else lookups by key."""
+    """One table: one pass over the store with ``--all`` when it fits, else lookups by key.
+
+    ``started``: the table's store scan, already under way (used by the one pass, else left
+    for the caller to close).
+    """
     can_scan = reader.store.capabilities.scan
     part = opts.partition if opts.partition and opts.partition.count > 1 else None
     if (
@@ -182,7 +232,7 @@ def _verify_one(
         and _fits(et, opts.full_scan_bytes)
         and not reader.staged(et.table)
     ):
-        return verify_table_by_scan(et, reader.store, acc, point_version, rollbacks, opts)
+        return verify_table_by_scan(et, reader.store, acc, point_version, rollbacks, opts, started)
     keys = _sample_keys(et, opts.sample, opts.seed)
     keep = None if part is None else (lambda k: part.mask(et.keys, k))
     if keep is not None:

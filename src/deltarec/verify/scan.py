@@ -18,6 +18,7 @@ import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedRows, ExpectedTable
+from deltarec.artifacts.types import TableSpec
 from deltarec.stores.base import Store
 from deltarec.verify.collect import Collector
 from deltarec.verify.compare import NO_RECORD, ExpectedBatch, StoreBatch
@@ -36,18 +37,18 @@ def verify_table_by_scan(
     point_version: int,
     rollbacks: frozenset[int],
     options: VerifyOptions,
+    started: Prefetch | None = None,
 ) -> TableResult:
     """Every expected key and every store row of one table, in one pass over the store.
 
-    Store rows come from ``store.scan_rows`` in any order and are matched to the expected
+    Store rows come from ``store.scan_rows`` in any order (``started``: a
+    :func:`start_scan` of the table already under way) and are matched to the expected
     records by key; expected keys the scan never produced are then classified as absent.
     """
-    spec, res = table.spec, acc.res
-    batch_size = options.batch_size
+    res = acc.res
     # The store scan runs ahead on a thread while the expected rows load from the shards (both
     # spend most of their time outside the GIL: SQLite steps, parquet decoding).
-    depth = max(2, PREFETCH_BYTES // max(1, batch_size * codec.row_bytes(spec.dtype, spec.dim)))
-    scan = Prefetch(store.scan_rows(table.table, batch_size), depth)
+    scan = started or start_scan(store, table.table, table.spec, options.batch_size)
     try:
         with ExpectedRows(table) as rows:
             res.store_keys_scanned = _consume_scan(
@@ -56,6 +57,12 @@ def verify_table_by_scan(
     finally:
         scan.close()
     return res
+
+
+def start_scan(store: Store, table: str, spec: TableSpec, batch_size: int) -> Prefetch:
+    """``store.scan_rows`` of ``table`` on a thread, at most :data:`PREFETCH_BYTES` ahead."""
+    depth = max(2, PREFETCH_BYTES // max(1, batch_size * codec.row_bytes(spec.dtype, spec.dim)))
+    return Prefetch(store.scan_rows(table, batch_size), depth)
 
 
 def _consume_scan(
@@ -198,4 +205,4 @@ def scan_unknown(
     return scanned
 
 
-__all__ = ["PREFETCH_BYTES", "Prefetch", "scan_unknown", "verify_table_by_scan"]
+__all__ = ["PREFETCH_BYTES", "Prefetch", "scan_unknown", "start_scan", "verify_table_by_scan"]
