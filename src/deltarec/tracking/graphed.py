@@ -97,6 +97,9 @@ def set_bytes(weights: Sequence[torch.Tensor], caps: Sequence[int]) -> int:
 class GraphedSet:
     """One capture: per table an input, key and row buffer of its capacity, and the graph.
 
+    On a CPU device (tests of the body and the buffers' layout) nothing is captured: each
+    :meth:`run` runs the body eagerly.
+
     Args:
         weights: the tables (``[rows, dim]`` CUDA tensors, updated in place by training).
         offsets: each table's serving key of its row 0.
@@ -133,9 +136,10 @@ class GraphedSet:
             for c, w in zip(self.caps, self.weights, strict=True)
         ]
         self.counts = torch.zeros(len(self.caps), dtype=torch.int64, device=dev)
-        self.host_counts = torch.zeros(len(self.caps), dtype=torch.int64, pin_memory=True)
-        self.graph = torch.cuda.CUDAGraph()
-        self.ready = torch.cuda.Event()
+        cuda = dev.type == "cuda"
+        self.host_counts = torch.zeros(len(self.caps), dtype=torch.int64, pin_memory=cuda)
+        self.graph = torch.cuda.CUDAGraph() if cuda else None
+        self.ready = torch.cuda.Event() if cuda else None
         self._lock = threading.Lock()
         self._held = 0  # tables of the last replay not yet released
 
@@ -164,7 +168,9 @@ class GraphedSet:
         self.host_counts.copy_(self.counts, non_blocking=True)
 
     def capture(self) -> None:
-        """Run the body once, then capture it (any thread; on a stream of its own)."""
+        """Run the body once, then capture it (on a stream of its own; nothing on CPU)."""
+        if self.graph is None:
+            return
         with torch.cuda.device(self.device):
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -202,8 +208,12 @@ class GraphedSet:
         torch.cat(pieces, out=self.ids)
         with self._lock:
             self._held = len(self.caps)
-        self.graph.replay()
-        self.ready.record(current_stream(self.device))
+        if self.graph is None:
+            self._body()
+        else:
+            assert self.ready is not None
+            self.graph.replay()
+            self.ready.record(current_stream(self.device))
         return [GraphedRows.of(self, i) for i in range(len(self.caps))]
 
     def _release_one(self) -> None:
@@ -233,7 +243,8 @@ class GraphedRows(DeviceRows):
         """Wait for the replay and cut the buffers to the table's count (worker thread)."""
         if self.resolved or self.owner is None:
             return
-        self.owner.ready.synchronize()
+        if self.owner.ready is not None:
+            self.owner.ready.synchronize()
         n = int(self.owner.host_counts[self.table])
         self.keys, self.rows, self.ops = self.keys[:n], self.rows[:n], self.ops[:n]
         self.resolved = True
