@@ -350,13 +350,13 @@ class RowShardSource(_TrackedSource):
         """Queue the deduplication of every CUDA table's touched ids, without waiting for it.
 
         The dumper calls this before it collects any table. The tables on one device form a
-        group (kept from dump to dump while the same sources
-        come). Where the group's CUDA graph fits the ids recorded and a set of its buffers is
-        free, one replay deduplicates and gathers every table's rows
-        (:mod:`deltarec.tracking.graphed`: nothing waits). Otherwise the group's
-        :class:`UniqueBatch` queues the deduplication, and the first table's
-        :meth:`iter_collect` waits once for every table (one host synchronization per dump).
-        CPU tables, and a rank without rows, deduplicate in :meth:`iter_collect` as before.
+        group (kept from dump to dump while the same sources come). Where the group's CUDA
+        graph holds the ids recorded and a set of its buffers is free, one replay deduplicates
+        and gathers every table's rows (:mod:`deltarec.tracking.graphed`: nothing waits).
+        Otherwise the group's :class:`UniqueBatch` queues the deduplication, and the first
+        table's :meth:`iter_collect` waits once for every table (one host synchronization per
+        dump). CPU tables, and a rank without rows, deduplicate in :meth:`iter_collect` as
+        before.
         """
         batched: list[RowShardSource] = []
         for s in sources:
@@ -364,23 +364,23 @@ class RowShardSource(_TrackedSource):
             s._drop_prepared()
             if s.weight is not None and s.weight.is_cuda and s.hub is not None:
                 batched.append(s)
-        for sources_ in _batches(batched):
-            group = sources_[0]._group
-            if group is None or group.sources != sources_:
-                group = _Group.of(sources_)
-            hubs = {id(s.hub): s.hub for s in sources_ if s.hub is not None}
+        for members in _batches(batched):
+            group = members[0]._group
+            if group is None or group.sources != members:
+                group = _Group.of(members)
+            hubs = {id(s.hub): s.hub for s in members if s.hub is not None}
             for hub in hubs.values():
                 hub.poll()
-            parts = [s.hub.take_parts(s.fqn, poll=False) if s.hub else [] for s in sources_]
+            parts = [s.hub.take_parts(s.fqn, poll=False) if s.hub else [] for s in members]
             graphs = group.graphs
             graphed = graphs.try_run(parts) if graphs is not None else None
             if graphed is not None:
-                for s, rows in zip(sources_, graphed, strict=True):
+                for s, rows in zip(members, graphed, strict=True):
                     s._prepared = rows
                 continue
             recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
             dump = group.batch.queue(recorded)
-            for i, s in enumerate(sources_):
+            for i, s in enumerate(members):
                 s._prepared = (dump, i)
 
     def _drop_prepared(self) -> None:
