@@ -286,23 +286,27 @@ class RedisStore(RedisRegistry, RunViews, Store):
         embedding = np.ascontiguousarray(batch.embedding)
         n = int(keys.shape[0])
         row_width = embedding.shape[1] * embedding.itemsize
-        records = np.empty(n, np.dtype([("v", "<i8"), ("e", np.void, row_width)]))
-        records["v"] = versions
-        records["e"] = embedding.view(np.dtype((np.void, row_width))).reshape(n)
-        blob = records.view(np.uint8).data  # sliced per script without copies
         stride = 8 + row_width
-        op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
+
+        def values() -> np.ndarray:
+            """``[n, stride]`` bytes: each row's version (int64 LE) and encoded row."""
+            records = np.empty(n, np.dtype([("v", "<i8"), ("e", np.void, row_width)]))
+            records["v"] = versions
+            records["e"] = embedding.view(np.dtype((np.void, row_width))).reshape(n)
+            return records.view(np.uint8).reshape(n, stride)
+
         plain = None
         if not stage and n and not ops.any():
-            values = records.view(np.uint8).reshape(n, stride)
-            bodies = hset_bodies(keys, values, self.config.rows_per_script)
+            bodies = hset_bodies(keys, values(), self.config.rows_per_script)
             plain = PlainBatch(table, run, int(versions.min()), int(versions.max()), bodies)
         script_keys = self._apply_keys(view.name if stage else "", run, table)
         step = self.config.rows_per_script
 
         def queue(pipe: Any) -> None:
             # The scripts' arguments are made only when the scripts are used (a batch written
-            # as plain HSET never needs its keys as decimal text).
+            # as plain HSET never needs them, nor its keys as decimal text).
+            blob = values().reshape(-1).data  # bytes, sliced per script without copies
+            op_chars = (ops.astype(np.uint8) + ord("0")).tobytes()
             for s in range(0, n, step):
                 args = [
                     min(n, s + step) - s,
