@@ -35,19 +35,19 @@ import torch
 from deltarec.artifacts.lease import LeaseHeldError, LeaseLostError, RunLease
 from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.cadence import Cadence
 from deltarec.dump.config import DumperConfig, check_row_encoding
-from deltarec.dump.encode import encode_piece, encode_scratch_bytes
+from deltarec.dump.encode import encode_scratch_bytes, warm_up_encoding
 from deltarec.dump.encoder_process import EncoderProcess
 from deltarec.dump.exchange import Exchange
+from deltarec.dump.holds import DumpHolds
 from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
-from deltarec.tracking.gather import DeviceRows, PinnedRing, current_stream, pinned_slot_bytes
+from deltarec.tracking.gather import DeviceRows, PinnedRing, pinned_slot_bytes
 from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
 
@@ -58,19 +58,6 @@ TIMINGS_KEPT = 1000
 for days dumps thousands of times)."""
 
 STATE_VERSION = 1
-
-
-def _warm_up_encoding(tables: dict[str, TableSpec]) -> None:
-    """Encode one empty piece per encoding now, then collect the garbage once.
-
-    The first encoding imports pyarrow's parquet modules and builds their types; on the
-    worker's threads, during the first dump, that held the GIL (and its objects set off a
-    full garbage collection) while the training thread waited: 117 ms and a 261 ms step on
-    an H200 host. Done here, before training, the objects of the start-up are old ones too.
-    """
-    for dtype in {spec.dtype for spec in tables.values()}:
-        encode_piece(ShardRows.empty(dtype, 1), dtype, 1)
-    gc.collect()
 
 
 def _pinned_slot_bytes(chunk_rows: int, sources: Sequence[TableSource], shared: bool) -> int:
@@ -169,18 +156,16 @@ class Dumper:
         self._closed = False
         self.dumps_taken = 0
         """Dumps taken since :meth:`start` (this process)."""
-        self._dump_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
-        self._holds_pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
-        self._holds_free: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # reused pairs
-        self._hold_lock = threading.Lock()
+        self.holds = DumpHolds(TIMINGS_KEPT)
+        """What the latest dumps cost the training thread (:mod:`deltarec.dump.holds`)."""
         self._dump_over = threading.Event()
         self._dump_over.set()
-        self.dump_host_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self.dump_host_seconds = self.holds.host_seconds
         """Wall seconds the training thread spent in the latest dumps, waits for the
         device included (see :attr:`dump_seconds`)."""
-        self.dump_cpu_seconds: deque[float] = deque(maxlen=TIMINGS_KEPT)
+        self.dump_cpu_seconds = self.holds.cpu_seconds
         """Training-thread CPU seconds of the latest dumps (``time.thread_time``)."""
-        self.dump_timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
+        self.dump_timings = self.holds.timings
         """Training-thread seconds per table of the latest dumps."""
         self.last_dump_timing: dict[str, float] = {}
         """Training-thread seconds per table of the latest dump."""
@@ -191,28 +176,13 @@ class Dumper:
         """The hold of the latest dumps: what each cost the training thread, in seconds.
 
         With CUDA, the time between two events on the training stream, recorded as the dump
-        began and as its last device work was queued: the dump's own gather, its
-        deduplication and the wait for its one host synchronization (docs/dump.md), not the
-        work that the steps before it had queued. Without CUDA, the thread's wall time in the
-        dump (gather and enqueue; writing is background). A dump's figure appears once its
-        device work has run (the next call reads it).
+        began and as its last device work was queued: the dump's own device work and the waits
+        of its host synchronizations (docs/dump.md), not the work that the steps before it had
+        queued. Without CUDA, the thread's wall time in the dump (gather and enqueue; writing
+        is background). A dump's figure appears once its device work has run (the next call
+        reads it).
         """
-        self._resolve_holds()
-        return self._dump_seconds
-
-    def _resolve_holds(self) -> None:
-        with self._hold_lock:  # the metrics thread reads them too
-            while self._holds_pending and self._holds_pending[0][1].query():
-                begin, end = self._holds_pending.popleft()
-                self._holds_free.append((begin, end))
-                self._dump_seconds.append(begin.elapsed_time(end) / 1e3)
-
-    def _hold_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        """A pair of timing events for a dump's hold: one already made where one is free."""
-        with self._hold_lock:
-            if self._holds_free:
-                return self._holds_free.pop()
-        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return self.holds.seconds
 
     @property
     def rank(self) -> int:
@@ -262,7 +232,8 @@ class Dumper:
             encoder = self._start_encoder(tables)
             gc.collect()
         else:
-            _warm_up_encoding(tables)
+            warm_up_encoding({spec.dtype for spec in tables.values()})
+            gc.collect()  # the start-up's objects are old ones too
         self._worker = DumpWorker(
             self.root,
             self.config.run,
@@ -593,12 +564,7 @@ class Dumper:
         first = self._last_dump_step + 1 if kind is not DumpKind.SNAPSHOT else step
         first = min(first, step)
         taken_at = time.time()  # the freshness of this dump's rows counts from here
-        started, cpu = time.perf_counter(), time.thread_time()
-        events = None
-        if torch.cuda.is_initialized():
-            self._resolve_holds()
-            events = self._hold_events()
-            events[0].record(current_stream())
+        started = self.holds.begin()
         timing = {}
         staged: list[Chunk] = []
         self._dump_over.clear()
@@ -626,15 +592,7 @@ class Dumper:
             self.queue.put(chunk, 0)
         self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
         self.dumps_taken += 1
-        self.dump_host_seconds.append(time.perf_counter() - started)
-        if events is not None:
-            events[1].record(current_stream())
-            with self._hold_lock:
-                self._holds_pending.append(events)
-        else:
-            self._dump_seconds.append(time.perf_counter() - started)
-        self.dump_cpu_seconds.append(time.thread_time() - cpu)
-        self.dump_timings.append(timing)
+        self.holds.end(started, timing)
         self.last_dump_timing = timing
         self._seq = seq
         self._last_dump_step = step
