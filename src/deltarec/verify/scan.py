@@ -26,8 +26,11 @@ from deltarec.verify.options import VerifyOptions
 from deltarec.verify.reader import Reader
 from deltarec.verify.types import TableResult
 
-PREFETCH_BYTES = 32 << 20
-"""Store rows the one-pass scan may read ahead of the comparison."""
+PREFETCH_BYTES = 64 << 20
+"""Store rows the one-pass scan may read ahead of the comparison. While the comparison waits
+for the expected rows to load (a table scanned in the store's own order loads them whole
+first), the scan goes on until this much is read: at 32 MB a Redis scan of 500k rows of dim 64
+stopped a quarter of the way in and the server idled (verify --all 1.46 s against 1.52 s)."""
 
 
 def verify_table_by_scan(
