@@ -96,3 +96,27 @@ def test_a_bad_row_in_a_later_part_is_raised_at_its_turn_with_the_parts_before_i
         assert store.read(table, rows[table][0].keys).found.all()
         assert not store.read(table, rows[table][1].keys).found.any()
         assert not store.read(table, rows[table][2].keys).found.any()
+
+
+def test_rows_in_memory_reach_a_store_that_is_not_sql_a_read_chunk_at_a_time(
+    store, tmp_path, monkeypatch
+):
+    """A write of several read chunks' rows from memory hands them over a read chunk at a time
+    (each its own MULTI/EXEC, the mark with the last), as rows read from the shards come."""
+    monkeypatch.setattr(publisher_module, "READ_BYTES", 50 * (16 * 4 + 24))  # 50 rows of T
+    root, manifest, rows = _dump(tmp_path, ranks=1)
+    writes: list[tuple[str, list[int], bool]] = []
+    real = store.apply
+
+    def spy(write):
+        batches = list(write.batches)
+        writes.append((write.table, [len(b.keys) for b in batches], write.mark is not None))
+        return real(write._replace(batches=batches))
+
+    monkeypatch.setattr(store, "apply", spy)
+    memory = {table: rows[table][0] for table in TABLES}
+    DumpPublisher(store, root, "r").publish_dump(manifest, 0, memory)
+    assert (T, [50] * 12, True) in writes  # 600 rows of dim 16 in one write: 12 chunks
+    for table in TABLES:
+        got = store.read(table, memory[table].keys)
+        np.testing.assert_array_equal(got.embedding, memory[table].embedding)

@@ -318,12 +318,16 @@ class DumpPublisher:
         """The rank's rows of ``table`` in chunks, without the first ``skip`` rows.
 
         Rows in memory come as views (no copies) of ``memory_rows`` rows each (default: one
-        transaction); rows from the artifacts in read chunks. ``verify`` checks each shard's
-        sha256 before reading it (the first pass does).
+        transaction for a SQL store, which sorts a transaction's rows at once; a read chunk for
+        any other, which encodes and sends each batch whole, as it does the artifacts' read
+        chunks); rows from the artifacts in read chunks. ``verify`` checks each shard's sha256
+        before reading it (the first pass does).
         """
         if memory is not None and table in memory:
             data = memory[table]
             size = memory_rows or self._batch_rows(spec)
+            if not isinstance(self.store, RelationalStore):
+                size = min(size, self._read_rows(spec))
             for start in range(skip, len(data), size):
                 yield data.slice(start, start + size)
             return
