@@ -2,13 +2,14 @@
 
 Writes a generation with :func:`~deltarec.artifacts.write_dump` (2 ranks, one table, chunks of
 64k rows in row groups of ``codec.row_group_rows``, one delta dump), then runs ``deltarec
-publish`` into a fresh SQLite store (or, with ``--store postgres``, a PostgreSQL server this
-script starts) as a child process and reads its peak RSS (``VmHWM``, which the child reports).
+publish`` into a fresh SQLite store (or, with ``--store postgres`` / ``--store redis``, a
+PostgreSQL or Redis server this script starts) as a child process and reads its peak RSS
+(``VmHWM``, which the child reports).
 Baseline, in the same run: the peak RSS of a child that only imports what ``deltarec
 publish`` imports (interpreter + numpy + pyarrow + deltarec), so the difference is what
 publishing the rows costs.
 
-Run: ``.venv/bin/python bench/bench_publish_rss.py [--rows N] [--dim D] [--store postgres]``
+Run: ``.venv/bin/python bench/bench_publish_rss.py [--rows N] [--dim D] [--store postgres|redis]``
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 from bench_stores import PG_SETTINGS
 from deltarec.artifacts import ArtifactRoot, ShardRows, write_dump
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec
-from deltarec.testing.servers import PostgresServer
+from deltarec.testing.servers import PostgresServer, RedisServer
 
 TABLE = "sparse.ebc.item_id"
 GROUP = 65536
@@ -91,13 +92,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--workdir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--store", choices=("sqlite", "postgres", "redis"), default="sqlite")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         d = stack.enter_context(tempfile.TemporaryDirectory(dir=args.workdir))
         if args.store == "postgres":
             url = stack.enter_context(PostgresServer(fsync=True, settings=PG_SETTINGS)).url
             name = "PostgreSQL"
+        elif args.store == "redis":
+            url, name = stack.enter_context(RedisServer()).url, "Redis"
         else:
             url, name = f"sqlite:///{d}/store.db", "SQLite"
         root = ArtifactRoot(f"{d}/art")
