@@ -8,7 +8,7 @@ from pathlib import Path
 import deltarec
 
 LAYERS = [
-    {"__init__", "errors", "ids", "_lazy", "stats", "faults", "ports", "environ"},
+    {"__init__", "errors", "ids", "_lazy", "stats", "faults", "ports", "environ", "readahead"},
     {"artifacts"},
     {"stores", "tracking"},
     {"verify", "model", "serving"},

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from deltarec.publish.readahead import read_ahead
+from deltarec.readahead import read_ahead
 
 
 def test_items_come_in_order_and_the_thread_ends_with_them():

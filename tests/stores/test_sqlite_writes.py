@@ -232,7 +232,7 @@ def _spill_of(rows: int, batches: int) -> Any:
 
 
 def test_the_read_back_thread_gives_every_chunk_in_key_order(small_reads):
-    with _spill_of(50, 4) as spill, spillmod.ReadBack(spill) as chunks:
+    with _spill_of(50, 4) as spill, spill.rows_ahead() as chunks:
         got = list(chunks)
     keys = np.concatenate([c[0] for c in got])
     assert keys.tolist() == list(range(200))
@@ -248,13 +248,13 @@ def test_the_read_back_thread_raises_a_read_error_where_its_chunk_would_come(
 
     with _spill_of(50, 4) as spill:
         monkeypatch.setattr(spillmod, "_read_exactly", fail)
-        with spillmod.ReadBack(spill) as chunks, pytest.raises(spillmod.StoreError, match="ended"):
+        with spill.rows_ahead() as chunks, pytest.raises(spillmod.StoreError, match="ended"):
             list(chunks)
 
 
 def test_the_read_back_thread_stops_when_its_reader_leaves_early(small_reads):
     with _spill_of(50, 4) as spill:
-        reader = spillmod.ReadBack(spill)
+        reader = spill.rows_ahead()
         with reader as chunks:
             next(iter(chunks))
         assert not reader._thread.is_alive()

@@ -36,11 +36,11 @@ from deltarec.faults import failpoint
 from deltarec.ids import validate_run
 from deltarec.publish.ahead import parts_checked_ahead
 from deltarec.publish.metrics import PublishMetrics
-from deltarec.publish.readahead import ReadAhead
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.together import publish_parts_together
 from deltarec.publish.types import PublishMode
+from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
 from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import check_batch
@@ -357,7 +357,7 @@ class DumpPublisher:
         size = min(self._read_rows(spec), self._batch_rows(spec))
         dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
         rows = self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify, beside)
-        return ReadAhead(rows)
+        return ReadAhead(rows, name="publish-read")
 
     def _shard_rows(
         self,

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import itertools
 import os
-import queue
 import tempfile
-import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from deltarec.errors import StoreError
+from deltarec.readahead import ReadAhead
 
 SPILL_READ_BYTES = 8 << 20
 """Rows read back from a write's spill files at a time, in key order."""
@@ -82,6 +81,17 @@ class Spill:
             self._meta.write(meta.data)
         self._keys.append(keys[rows])
 
+    def rows_ahead(self) -> ReadAhead[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """:meth:`rows` read on a thread of its own, one chunk ahead of the caller.
+
+        The caller applies a chunk (SQLite statements, which release the GIL) while the next one
+        is read from the spill files and gathered into key order: on two cores the two overlap
+        instead of taking turns. An error of the reading is raised where its chunk would have
+        come. Use it as a context manager inside the spill's, so that its thread has stopped
+        before the spill's files are closed.
+        """
+        return ReadAhead(self.rows(), 1, "spill-read")
+
     def rows(self) -> Generator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """``(keys, rows, versions, ops)`` of every row added, in key order, a chunk at a time.
 
@@ -116,63 +126,6 @@ class Spill:
             # as a view of them (no further copy).
             meta = metas[pos]
             yield keys[take], rows[pos], meta["version"], meta["op"]
-
-
-class ReadBack:
-    """:meth:`Spill.rows` on a thread of its own, at most ``depth`` chunks ahead of the caller.
-
-    The caller applies a chunk (SQLite statements, which release the GIL) while the next one is
-    read from the spill files and gathered into key order: on two cores the two overlap
-    instead of taking turns. An error of the reading is raised where its chunk would have
-    come. Use it as a context manager inside the spill's (:meth:`close` stops and joins the
-    thread before the spill's files are closed).
-    """
-
-    _END = object()
-
-    def __init__(self, spill: Spill, depth: int = 1) -> None:
-        self._chunks: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._source = spill.rows()
-        self._thread = threading.Thread(target=self._run, name="spill-read", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for chunk in self._source:
-                if not self._put(chunk):
-                    return
-            self._put(self._END)
-        except BaseException as e:  # raised by __iter__
-            self._put(e)
-        finally:
-            self._source.close()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._chunks.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        while (item := self._chunks.get()) is not self._END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def __enter__(self) -> ReadBack:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the thread at its next chunk and wait for it (idempotent)."""
-        self._stop.set()
-        self._thread.join()
 
 
 def key_order(keys: np.ndarray) -> np.ndarray:

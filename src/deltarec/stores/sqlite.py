@@ -31,7 +31,7 @@ from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
 from deltarec.stores.relational import LowestVersion, RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
-from deltarec.stores.spill import ReadBack, Spill
+from deltarec.stores.spill import Spill
 from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo, Write
 
 
@@ -396,7 +396,7 @@ class SqliteStore(RelationalStore):
                 # batches came). A key's rows may straddle two read chunks: the version guard
                 # and the tombstones make the outcome the same as in one.
                 # Read back on a thread, a chunk ahead of the statements.
-                for rows in stack.enter_context(ReadBack(spill)):
+                for rows in stack.enter_context(spill.rows_ahead()):
                     tombstones = self._apply(cur, view, *rows, None, tombstones, now, False)
         return n
 

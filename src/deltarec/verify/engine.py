@@ -23,6 +23,7 @@ import logging
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from deltarec.artifacts.newer import rollback_generations
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import FALLBACK_KEY, utc_now
 from deltarec.errors import ArtifactError, BadInputError
+from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
 from deltarec.verify.collect import Collector
 from deltarec.verify.compare import ExpectedBatch, Holds, point_of
@@ -39,7 +41,7 @@ from deltarec.verify.freshness import dump_freshness
 from deltarec.verify.options import VerifyOptions
 from deltarec.verify.partition import PARTITION_NOTE
 from deltarec.verify.reader import LaterDeletes, Reader
-from deltarec.verify.scan import Prefetch, scan_unknown, start_scan, verify_table_by_scan
+from deltarec.verify.scan import scan_unknown, start_scan, verify_table_by_scan
 from deltarec.verify.shards import check_shards, lineage_shard_refs
 from deltarec.verify.types import TableResult, VerifyResult
 
@@ -105,7 +107,7 @@ def verify(
 
 def _early_scan(
     root: ArtifactRoot, run: str, generation: int, store: Store, opts: VerifyOptions
-) -> tuple[str, Prefetch] | None:
+) -> tuple[str, ReadAhead[Any]] | None:
     """The one-pass store scan of the generation's first table, started now, if it may be used.
 
     With every key checked on a store that can scan, the scan (a server's work, on a thread)
@@ -133,7 +135,7 @@ def _verify_state(
     store: Store,
     opts: VerifyOptions,
     result: VerifyResult,
-    early: tuple[str, Prefetch] | None,
+    early: tuple[str, ReadAhead[Any]] | None,
     t0: float,
 ) -> VerifyResult:
     """:func:`verify` from the expected state on (``early``: a scan already started)."""
@@ -216,7 +218,7 @@ def _verify_one(
     point_version: int,
     rollbacks: frozenset[int],
     opts: VerifyOptions,
-    started: Prefetch | None = None,
+    started: ReadAhead[Any] | None = None,
 ) -> TableResult:
     """One table: one pass over the store with ``--all`` when it fits, else lookups by key.
 

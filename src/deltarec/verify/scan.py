@@ -9,9 +9,7 @@ can list its keys (``capabilities.scan``).
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -19,6 +17,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.lineage import ExpectedRows, ExpectedTable
 from deltarec.artifacts.types import TableSpec
+from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
 from deltarec.verify.collect import Collector
 from deltarec.verify.compare import NO_RECORD, ExpectedBatch, StoreBatch
@@ -40,7 +39,7 @@ def verify_table_by_scan(
     point_version: int,
     rollbacks: frozenset[int],
     options: VerifyOptions,
-    started: Prefetch | None = None,
+    started: ReadAhead[Any] | None = None,
 ) -> TableResult:
     """Every expected key and every store row of one table, in one pass over the store.
 
@@ -62,10 +61,10 @@ def verify_table_by_scan(
     return res
 
 
-def start_scan(store: Store, table: str, spec: TableSpec, batch_size: int) -> Prefetch:
+def start_scan(store: Store, table: str, spec: TableSpec, batch_size: int) -> ReadAhead[Any]:
     """``store.scan_rows`` of ``table`` on a thread, at most :data:`PREFETCH_BYTES` ahead."""
     depth = max(2, PREFETCH_BYTES // max(1, batch_size * codec.row_bytes(spec.dtype, spec.dim)))
-    return Prefetch(store.scan_rows(table, batch_size), depth)
+    return ReadAhead(store.scan_rows(table, batch_size), depth, "verify-scan")
 
 
 def _consume_scan(
@@ -126,51 +125,6 @@ def _consume_scan(
     return scanned
 
 
-class Prefetch:
-    """Iterate ``source`` on a daemon thread, at most ``depth`` items ahead; errors re-raised."""
-
-    _END = object()
-
-    def __init__(self, source: Iterator[Any], depth: int) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._source = source
-        self._thread = threading.Thread(target=self._run, name="verify-scan", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for item in self._source:
-                if not self._put(item):
-                    return
-            self._put(self._END)
-        except BaseException as e:  # handed to the consumer
-            self._put(e)
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        """Stop the thread (the source is abandoned) and wait for it."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
 def take(batch: StoreBatch, mask: np.ndarray) -> StoreBatch:
     return StoreBatch(batch.found[mask], batch.versions[mask], batch.rows[mask])
 
@@ -208,4 +162,4 @@ def scan_unknown(
     return scanned
 
 
-__all__ = ["PREFETCH_BYTES", "Prefetch", "scan_unknown", "start_scan", "verify_table_by_scan"]
+__all__ = ["PREFETCH_BYTES", "scan_unknown", "start_scan", "verify_table_by_scan"]

@@ -1,9 +1,13 @@
-"""Read the next chunks of an iterator on a thread while the caller works on the current one.
+"""Read the next items of an iterator on a thread while the caller works on the current one.
 
 The publisher reads shard rows (parquet decoding, mostly outside the GIL) while the store
-applies the previous chunk (SQLite steps and PostgreSQL COPY, outside the GIL too): on two
-cores the two overlap instead of taking turns. At most ``depth`` chunks wait, so memory grows
-by ``depth`` read chunks (the publisher's are 8 MB), never with the part.
+applies the previous chunk (SQLite steps and PostgreSQL COPY, outside the GIL too); SQLite reads
+a spilled write's rows back while it applies the chunk before; verify scans the store while it
+compares the batch before. On two cores the two sides overlap instead of taking turns. At most
+``depth`` items wait, so memory grows by ``depth`` items (the publisher's read chunks are 8 MB),
+never with the whole.
+
+The standard library only: every layer may use it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class ReadAhead(Iterator[T]):
         name: the thread's name.
     """
 
-    def __init__(self, source: Iterator[T], depth: int = 2, name: str = "publish-read") -> None:
+    def __init__(self, source: Iterator[T], depth: int = 2, name: str = "read-ahead") -> None:
         if depth < 1:
             raise ValueError(f"read-ahead depth must be >= 1, got {depth}")
         self._items: queue.Queue[object] = queue.Queue(maxsize=depth)
@@ -78,6 +82,12 @@ class ReadAhead(Iterator[T]):
             raise item
         return item  # type: ignore[return-value]
 
+    def __enter__(self) -> ReadAhead[T]:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop the thread (idempotent); waits for it to notice, at most 30 s."""
         self._done = True
@@ -89,7 +99,7 @@ class ReadAhead(Iterator[T]):
         self._stop.set()
 
 
-def read_ahead(source: Iterator[T], depth: int = 2, name: str = "publish-read") -> Iterator[T]:
+def read_ahead(source: Iterator[T], depth: int = 2, name: str = "read-ahead") -> Iterator[T]:
     """Yield ``source``'s items, produced on a daemon thread at most ``depth`` items ahead.
 
     The thread starts with the first item asked for (see :class:`ReadAhead` for one that starts
