@@ -29,9 +29,9 @@ def writes(monkeypatch) -> list[tuple[str, list[tuple[int, int, bool]]]]:
     seen: list[tuple[str, list[tuple[int, int, bool]]]] = []
     real = SqliteStore.write_parts
 
-    def counting(self, table, batches, marks, staging_generation=None):
+    def counting(self, table, batches, marks, staging_generation=None, before_commit=None):
         seen.append((table, [(m.rank, m.rows, m.complete) for m in marks]))
-        return real(self, table, batches, marks, staging_generation)
+        return real(self, table, batches, marks, staging_generation, before_commit)
 
     monkeypatch.setattr(SqliteStore, "write_parts", counting)
     return seen
@@ -130,7 +130,9 @@ def test_parts_too_large_for_one_transaction_together_go_part_by_part(tmp_path, 
     store.close()
 
 
-def test_a_shard_not_matching_its_sha256_applies_nothing_though_checked_beside_decoding(tmp_path):
+def test_a_shard_not_matching_its_sha256_applies_nothing_though_checked_after_its_rows_are_read(
+    tmp_path,
+):
     root, manifest, parts = _snapshot(tmp_path)
     other = ArtifactRoot(str(tmp_path / "other"))
     info = new_generation(other, "r", TABLES, world_size=2)

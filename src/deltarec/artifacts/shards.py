@@ -15,7 +15,7 @@ import os
 import posixpath
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -473,7 +473,7 @@ def check_shard(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
         )
 
 
-class _BesideCheck:
+class _LaterCheck:
     """:func:`check_shard` on a daemon thread; :meth:`result` waits and raises its error."""
 
     def __init__(self, root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
@@ -504,7 +504,7 @@ def iter_shard(
     batch_rows: int = 65536,
     verify: bool = True,
     bounded_memory: bool = False,
-    verify_beside: bool = False,
+    verify_later: list[Callable[[], None]] | None = None,
 ) -> Iterator[ShardRows]:
     """Yield a shard's rows in batches.
 
@@ -515,10 +515,12 @@ def iter_shard(
     (the last may be shorter): memory is about two batches whatever the shard or row-group
     size.
 
-    With ``verify_beside`` the sha256 runs on a thread beside the decoding instead of before
-    it, and the shard's last batch is held back until it is done: a bad file raises before the
-    last rows are yielded, not before the first. Only for a caller that applies all the rows
-    in one transaction a raise rolls back (the publisher's parts written together).
+    With ``verify_later`` the sha256 starts on a thread once the last rows are decoded (the
+    file is in the page cache by then) instead of before the first, and its wait (which raises
+    what the check found) is appended to the list: the caller must call it before anything it
+    wrote from these rows becomes visible. Only for a caller that applies all the rows in one
+    transaction and commits after the waits (the publisher's parts written together): the
+    hashing then overlaps the store's statements instead of the decoding.
 
     Raises:
         ChecksumError: with ``verify``, the file's sha256 and size (checked before the first
@@ -526,11 +528,10 @@ def iter_shard(
         ArtifactError: the shard is missing or not readable parquet.
     """
     path = posixpath.join(dump_dir, shard.path)
-    beside = _BesideCheck(root, dump_dir, shard) if verify and verify_beside else None
-    if verify and beside is None:
+    later = verify_later if verify else None
+    if verify and later is None:
         check_shard(root, dump_dir, shard)
     seen = 0
-    held: ShardRows | None = None
     try:
         with contextlib.ExitStack() as stack:
             # A local shard is read by Arrow itself: no Python file object (and GIL) per read.
@@ -545,24 +546,15 @@ def iter_shard(
                 batches = pf.iter_batches(batch_size=batch_rows)
             for rows in _joined(batches, dtype, batch_rows if bounded_memory else 0):
                 seen += len(rows)
-                if beside is None:
-                    yield rows
-                    continue
-                if held is not None:
-                    yield held
-                held = rows
+                yield rows
     except FileNotFoundError:
-        if beside is not None:
-            beside.result()
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     except (pa.ArrowInvalid, OSError) as e:
-        if beside is not None:
-            beside.result()  # a file that does not match its sha256 says so first
+        if later is not None:
+            check_shard(root, dump_dir, shard)  # a file not matching its sha256 says so first
         raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
-    if beside is not None:
-        beside.result()
-        if held is not None:
-            yield held
+    if later is not None:
+        later.append(_LaterCheck(root, dump_dir, shard).result)
     if seen != shard.rows:
         raise ChecksumError(root.url(path), f"holds {seen} rows, the manifest says {shard.rows}")
 

@@ -216,8 +216,8 @@ class DumpPublisher:
             if table == inline or table in ahead:
                 continue
             chunk = self._read_rows(spec)  # rows in memory too: bounded temporaries
-            for batch in self._rows(manifest, rank, table, spec, rows, 0, True, chunk):
-                self._check(table, spec, batch, manifest.version, where)
+            for _ in self._rows(manifest, rank, table, spec, rows, 0, True, chunk, where):
+                pass  # each chunk is checked as it is read
         for table, spec in todo:
             skip = done[table].rows if table in done else 0
             check = where if table == inline else None
@@ -314,6 +314,7 @@ class DumpPublisher:
         skip: int,
         verify: bool = False,
         memory_rows: int | None = None,
+        check: str | None = None,
     ) -> Iterator[ShardRows]:
         """The rank's rows of ``table`` in chunks, without the first ``skip`` rows.
 
@@ -321,17 +322,19 @@ class DumpPublisher:
         transaction for a SQL store, which sorts a transaction's rows at once; a read chunk for
         any other, which encodes and sends each batch whole, as it does the artifacts' read
         chunks); rows from the artifacts in read chunks. ``verify`` checks each shard's sha256
-        before reading it (the first pass does).
+        before reading it (the first pass does). ``check`` (where the rows come from, for the
+        message): every chunk is checked (:meth:`_check`) before it comes, those from the
+        artifacts on the reading thread.
         """
         if memory is not None and table in memory:
             data = memory[table]
             size = memory_rows or self._batch_rows(spec)
             if not isinstance(self.store, RelationalStore):
                 size = min(size, self._read_rows(spec))
-            for start in range(skip, len(data), size):
-                yield data.slice(start, start + size)
+            chunks = (data.slice(start, start + size) for start in range(skip, len(data), size))
+            yield from _checked(chunks, table, spec, manifest.version, check)
             return
-        reader = self._reader(manifest, rank, table, spec, skip, verify)
+        reader = self._reader(manifest, rank, table, spec, skip, verify, check=check)
         try:
             yield from reader
         finally:
@@ -345,19 +348,22 @@ class DumpPublisher:
         spec: TableSpec,
         skip: int,
         verify: bool,
-        beside: bool = False,
+        later: list[Callable[[], None]] | None = None,
+        check: str | None = None,
     ) -> ReadAhead[ShardRows]:
         """The rank's rows of ``table`` from the artifacts, read ahead from now on (a thread).
 
-        As :meth:`_rows` without rows in memory; the caller closes it. ``beside``: each shard's
-        sha256 is checked beside its decoding, before its last rows come (see
-        :func:`~deltarec.artifacts.shards.iter_shard`): only for rows that all go into one
-        transaction.
+        As :meth:`_rows` without rows in memory; the caller closes it. ``later`` (with
+        ``verify``): each shard's sha256 is checked after its rows are read, and its wait is
+        appended to ``later`` (see :func:`~deltarec.artifacts.shards.iter_shard`): only for rows
+        that all go into one transaction, committed after the waits. ``check``: every chunk
+        is checked on the reading thread too (a bad row is raised where its chunk would have
+        come).
         """
         size = min(self._read_rows(spec), self._batch_rows(spec))
         dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
-        rows = self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify, beside)
-        return ReadAhead(rows, name="publish-read")
+        rows = self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify, later)
+        return ReadAhead(_checked(rows, table, spec, manifest.version, check), name="publish-read")
 
     def _shard_rows(
         self,
@@ -369,7 +375,7 @@ class DumpPublisher:
         size: int,
         skip: int,
         verify: bool,
-        beside: bool = False,
+        later: list[Callable[[], None]] | None = None,
     ) -> Iterator[ShardRows]:
         """The rank's rows of ``table`` from its shards, after the first ``skip``.
 
@@ -387,7 +393,7 @@ class DumpPublisher:
                 batch_rows=size,
                 verify=verify,
                 bounded_memory=True,
-                verify_beside=beside,
+                verify_later=later,
             ):
                 n = len(batch)
                 if seen + n <= skip:
@@ -426,10 +432,8 @@ class DumpPublisher:
         total = self._part_rows(manifest, rank, table, memory)
 
         def rows_from(start: int) -> Iterator[ShardRows]:
-            for batch in self._rows(manifest, rank, table, spec, memory, start, check is not None):
-                if check is not None:
-                    self._check(table, spec, batch, manifest.version, check)
-                yield batch
+            verify = check is not None
+            return self._rows(manifest, rank, table, spec, memory, start, verify, check=check)
 
         reader = _PartReader(rows_from, ShardRows.empty(spec.dtype, spec.dim))
         done = min(skip, total)
@@ -578,6 +582,19 @@ class DumpPublisher:
             if manifest.kind is DumpKind.SNAPSHOT:
                 self._finish_snapshot(manifest)
         return results
+
+
+def _checked(
+    chunks: Iterator[ShardRows], table: str, spec: TableSpec, version: int, where: str | None
+) -> Iterator[ShardRows]:
+    """``chunks``, each checked by :meth:`DumpPublisher._check` before it comes.
+
+    ``where`` names the rows' origin in the message; None: the chunks come unchecked.
+    """
+    for batch in chunks:
+        if where is not None:
+            DumpPublisher._check(table, spec, batch, version, where)
+        yield batch
 
 
 class _PartReader:

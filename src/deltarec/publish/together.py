@@ -21,7 +21,7 @@ is completed once every part is in, and each part gets its own result and freshn
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,8 +76,8 @@ def publish_parts_together(
     where = f"run {pub.run!r} generation {g} dump {s} rank"
     for table, spec in tables[1:]:  # the first table's rows are checked while written
         for rank in ranks:
-            for batch in pub._rows(manifest, rank, table, spec, None, 0, True):
-                pub._check(table, spec, batch, manifest.version, f"{where} {rank}")
+            for _ in pub._rows(manifest, rank, table, spec, None, 0, True, None, f"{where} {rank}"):
+                pass  # each chunk is checked as it is read
     for table, spec in tables:
         _write_table(pub, manifest, ranks, table, spec, check=table == tables[0][0])
         nbytes = codec.row_bytes(spec.dtype, spec.dim)
@@ -127,14 +127,19 @@ def _write_table(
         sent = False
         # Every rank's reader starts now: the next rank's sha256 and first chunks are read
         # while the store applies this one's rows (at most two chunks ahead each).
-        # In one transaction, a shard's sha256 can be checked beside its decoding (a bad shard
-        # raises before its last rows: nothing is committed).
-        readers = [pub._reader(manifest, rank, table, spec, 0, check, check) for rank in ranks]
+        # In one transaction, a shard's sha256 can be checked after its rows are read, while the
+        # store applies them; the store waits for it before it commits (a bad shard: nothing is
+        # committed). Rows are checked as read, on the readers' threads (a bad row raises where
+        # its chunk would come).
+        readers = [
+            pub._reader(
+                manifest, rank, table, spec, 0, check, later, f"{where} {rank}" if check else None
+            )
+            for rank in ranks
+        ]
         try:
-            for rank, reader in zip(ranks, readers, strict=True):
+            for reader in readers:
                 for rows in reader:
-                    if check:
-                        pub._check(table, spec, rows, manifest.version, f"{where} {rank}")
                     versions = np.full(len(rows), manifest.version, np.int64)
                     sent = True
                     yield RowBatch(rows.keys, rows.embedding, rows.ops, versions)
@@ -145,8 +150,17 @@ def _write_table(
             empty = ShardRows.empty(spec.dtype, spec.dim)
             yield RowBatch(empty.keys, empty.embedding, empty.ops, np.empty(0, np.int64))
 
+    def write() -> int:
+        later.clear()  # a retry reads (and checks) the shards again
+        return store.write_parts(table, batches(), marks, stage, before_commit=checked)
+
+    def checked() -> None:
+        for wait in later:
+            wait()
+
+    later: list[Callable[[], None]] = []
     pub._call(
-        lambda: store.write_parts(table, batches(), marks, staging_generation=stage),
+        write,
         f"write the parts of ranks {ranks} of {table!r} (generation {manifest.generation} "
         f"dump {manifest.seq})",
     )

@@ -103,7 +103,9 @@ class Spill:
         self._meta.flush()
         keys = np.concatenate(self._keys)
         self._keys = []
-        order = key_order(keys)
+        # Each batch's keys are sorted: a stable sort (timsort for int64) merges the runs, about
+        # 4x faster than sorting them as if at random, and keeps a key's rows in added order.
+        order = np.argsort(keys, kind="stable")
         if len(order) < 2**31:
             order = order.astype(np.int32)
         size, meta_size = self._rows[0].nbytes, _META.itemsize

@@ -16,8 +16,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from deltarec.stores.relational import LowestVersion, RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
 from deltarec.stores.spill import Spill
 from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo, Write
+from deltarec.stores.writebehind import WriteBehind
 
 
 def _transient(e: BaseException) -> bool:
@@ -228,14 +229,26 @@ class SqliteStore(RelationalStore):
 
     # ---- connection ----------------------------------------------------------------------
     @contextmanager
-    def _tx(self, write: bool = True) -> Iterator[Any]:
-        with self._lock, _ERRORS.map_errors(self.describe()):
+    def _tx(self, write: bool = True, bulk: bool = False) -> Iterator[Any]:
+        """A transaction (``write``: ``BEGIN IMMEDIATE``).
+
+        ``bulk``: a long write, whose WAL is synced while it runs
+        (:class:`~deltarec.stores.writebehind.WriteBehind`), unless the store syncs nothing.
+        """
+        behind = bulk and self.config.path != ":memory:" and self.config.synchronous != "OFF"
+        with (
+            self._lock,
+            _ERRORS.map_errors(self.describe()),
+            WriteBehind(self.config.path) if behind else nullcontext() as flushing,
+        ):
             if self._conn is None:
                 raise StoreError(f"{self.describe()} is closed")
             cur = self._conn.cursor()
             try:
                 cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield cur
+                if flushing is not None:
+                    flushing.committing()
                 cur.execute("COMMIT")
             except BaseException:
                 if self._conn.in_transaction:
@@ -282,6 +295,7 @@ class SqliteStore(RelationalStore):
         batches: Iterable[RowBatch],
         marks: Sequence[ProgressMark],
         staging_generation: int | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> int:
         """:meth:`write_batches` of several parts' rows, with every part's mark, in one transaction.
 
@@ -289,6 +303,8 @@ class SqliteStore(RelationalStore):
         pass their B-tree pages are written once, where part after part would insert each
         rank's keys between the previous ones' (every page split and written again). A key
         in two parts is applied in the order the rows come, as part after part would.
+        ``before_commit`` runs last inside the transaction; what it raises rolls it back (the
+        publisher waits there for the checksums of the shards it read).
         """
         self._check_mark(None)  # the handle must have a run, with or without marks
         for mark in marks:
@@ -298,7 +314,7 @@ class SqliteStore(RelationalStore):
         lowest = LowestVersion(batches)
         first, it = first_batch(table, lowest)
         now = time.time()
-        with self._tx() as cur:
+        with self._tx(bulk=True) as cur:
             floor, tombstones = self._view_state(cur, view.name)
             second = next(it, None)
             if second is None:
@@ -309,6 +325,8 @@ class SqliteStore(RelationalStore):
             for mark in marks:
                 self._write_mark(cur, mark, stage)
             self._lower_low_mark(cur, view, lowest)
+            if before_commit is not None:
+                before_commit()
         return n
 
     def _write_one(

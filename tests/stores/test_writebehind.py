@@ -1,0 +1,92 @@
+"""The SQLite store syncs its WAL while a long write runs, and its file while the write commits."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from deltarec.artifacts.types import TableSpec
+from deltarec.stores import open_store, writebehind
+from deltarec.stores.sqlite import SqliteStore
+from deltarec.stores.types import RowBatch
+from deltarec.stores.writebehind import WriteBehind
+
+T = "sparse.ebc.item_id"
+
+
+def _synced_paths(monkeypatch) -> list[str]:
+    """Record the path behind every ``os.fdatasync`` (and still sync)."""
+    seen: list[str] = []
+    real = os.fdatasync
+
+    def recording(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(writebehind.os, "fdatasync", recording)
+    return seen
+
+
+def test_the_wal_is_synced_while_the_transaction_runs_and_the_file_once_it_commits(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(writebehind, "FLUSH_EVERY_S", 0.01)
+    seen = _synced_paths(monkeypatch)
+    db = tmp_path / "s.db"
+    (tmp_path / "s.db-wal").write_bytes(b"")
+    db.write_bytes(b"")
+    with WriteBehind(str(db)) as behind:
+        while not seen:
+            time.sleep(0.005)
+        assert set(seen) == {str(db) + "-wal"}  # the database file only once committing
+        behind.committing()
+        while str(db) not in seen:
+            time.sleep(0.005)
+    threads = [t.name for t in threading.enumerate()]
+    assert "sqlite-write-behind" not in threads
+    n = len(seen)
+    time.sleep(0.05)
+    assert len(seen) == n  # nothing after the block
+
+
+def test_a_file_not_there_yet_is_looked_for_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(writebehind, "FLUSH_EVERY_S", 0.01)
+    seen = _synced_paths(monkeypatch)
+    db = tmp_path / "late.db"
+    with WriteBehind(str(db)):
+        time.sleep(0.05)
+        assert seen == []
+        (tmp_path / "late.db-wal").write_bytes(b"x")
+        while not seen:
+            time.sleep(0.005)
+    assert seen[0] == str(db) + "-wal"
+
+
+def _write(store: SqliteStore, rows: int, version: int) -> None:
+    keys = np.random.default_rng(version).permutation(rows).astype(np.int64)
+    values = np.full((rows, 8), version, np.float32)
+    half = rows // 2
+    batches = [  # two batches out of key order: the spilled path
+        RowBatch(k, v, np.zeros(len(k), np.int8), np.full(len(k), version, np.int64))
+        for k, v in ((keys[:half], values[:half]), (keys[half:], values[half:]))
+    ]
+    store.write_parts(T, batches, [])
+
+
+def test_a_store_write_syncs_its_wal_and_a_store_that_syncs_nothing_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(writebehind, "FLUSH_EVERY_S", 0.001)
+    seen = _synced_paths(monkeypatch)
+    for sync, expect in (("NORMAL", True), ("OFF", False)):
+        seen.clear()
+        path = tmp_path / f"{sync}.db"
+        store = open_store(f"sqlite:///{path}?synchronous={sync}", run="r")
+        store.provision({T: TableSpec(dim=8)})
+        _write(store, 20_000, 1)
+        assert bool(seen) is expect, (sync, seen)
+        got = store.read(T, np.arange(20_000, dtype=np.int64))
+        assert got.found.all()
+        assert (got.embedding == 1).all()
+        store.close()
