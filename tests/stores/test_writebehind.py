@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import numpy as np
@@ -38,30 +37,40 @@ def test_the_wal_is_synced_while_the_transaction_runs_and_the_file_once_it_commi
     db = tmp_path / "s.db"
     (tmp_path / "s.db-wal").write_bytes(b"")
     db.write_bytes(b"")
-    with WriteBehind(str(db)) as behind:
-        while not seen:
-            time.sleep(0.005)
-        assert set(seen) == {str(db) + "-wal"}  # the database file only once committing
-        behind.committing()
-        while str(db) not in seen:
-            time.sleep(0.005)
-    threads = [t.name for t in threading.enumerate()]
-    assert "sqlite-write-behind" not in threads
-    n = len(seen)
-    time.sleep(0.05)
-    assert len(seen) == n  # nothing after the block
+    behind = WriteBehind(str(db))
+    threads = set()
+    for _ in range(2):  # one thread, idle between writes
+        with behind.writing():
+            threads.add(behind._thread)
+            while not seen:
+                time.sleep(0.005)
+            assert set(seen) == {str(db) + "-wal"}  # the database file only once committing
+            behind.committing()
+            while str(db) not in seen:
+                time.sleep(0.005)
+        time.sleep(0.02)  # a sync under way when the block ended
+        n = len(seen)
+        time.sleep(0.05)
+        assert len(seen) == n  # nothing between writes
+        seen.clear()
+    (thread,) = threads
+    assert thread is not None and thread.is_alive()
+    behind.close()
+    assert not thread.is_alive()
 
 
 def test_a_file_not_there_yet_is_looked_for_again(tmp_path, monkeypatch):
     monkeypatch.setattr(writebehind, "FLUSH_EVERY_S", 0.01)
     seen = _synced_paths(monkeypatch)
     db = tmp_path / "late.db"
-    with WriteBehind(str(db)):
+    behind = WriteBehind(str(db))
+    with behind.writing():
         time.sleep(0.05)
         assert seen == []
         (tmp_path / "late.db-wal").write_bytes(b"x")
         while not seen:
             time.sleep(0.005)
+    behind.close()
     assert seen[0] == str(db) + "-wal"
 
 

@@ -37,7 +37,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -140,6 +140,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
         self._scan_script = self._client.register_script(LUA_SCAN)
         self._switch_script = self._client.register_script(LUA_SWITCH)
         self._lock = threading.RLock()
+        self._sender: ThreadPoolExecutor | None = None  # see apply
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
             self._client.ping()
@@ -243,15 +244,24 @@ class RedisStore(RedisRegistry, RunViews, Store):
     def apply(self, write: Write) -> int:
         """See :meth:`Store.apply`: a MULTI/EXEC per batch, the mark with the last.
 
-        While the server applies one batch (on a thread of this call), the next one is checked
-        and encoded; a batch is sent only after the one before it has been applied, and the
-        mark's batch only after all of them, so a failure stops the call before the mark.
+        While the server applies one batch (on the store's sender thread), the next one is
+        checked and encoded; a batch is sent only after the one before it has been applied, and
+        the mark's batch only after all of them, so a failure stops the call before the mark.
+        The call never returns or raises with a batch of it still in flight.
+
+        One sender thread per store, for all its writes: a thread started and ended per write
+        made glibc hand the short-lived threads' allocator arenas around (a 10M-row publish
+        peaked higher; BENCHMARKS.md).
         """
         table, batches, mark, staging_generation = write
         batch, it = first_batch(table, batches)
         total = 0
-        with ThreadPoolExecutor(1, thread_name_prefix="deltarec-redis") as sender:
-            applied: Future[None] | None = None
+        with self._lock:
+            if self._sender is None:
+                self._sender = ThreadPoolExecutor(1, thread_name_prefix="deltarec-redis")
+            sender = self._sender
+        applied: Future[None] | None = None
+        try:
             for following in it:
                 queue, n, plain = self._prepared(table, batch, None, staging_generation)
                 if applied is not None:
@@ -262,6 +272,9 @@ class RedisStore(RedisRegistry, RunViews, Store):
             queue, n, plain = self._prepared(table, batch, mark, staging_generation)
             if applied is not None:
                 applied.result()
+        finally:
+            if applied is not None:
+                wait([applied])  # after an error too: nothing of this call left in flight
         self._execute_fenced(queue, mark, plain)
         return total + n
 
@@ -582,7 +595,11 @@ class RedisStore(RedisRegistry, RunViews, Store):
         return len(stages)
 
     def close(self) -> None:
-        """Close the connection pool (idempotent)."""
+        """Stop the sender thread and close the connection pool (idempotent)."""
+        with self._lock:
+            sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.shutdown(wait=True)
         self._client.close()
 
 

@@ -195,6 +195,8 @@ class SqliteStore(RelationalStore):
         self._lock = threading.RLock()
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         path = config.path
+        syncs = path != ":memory:" and config.synchronous != "OFF"
+        self._behind = WriteBehind(path) if syncs else None
         if path != ":memory:":
             parent = os.path.dirname(os.path.abspath(path))
             os.makedirs(parent, exist_ok=True)
@@ -235,11 +237,11 @@ class SqliteStore(RelationalStore):
         ``bulk``: a long write, whose WAL is synced while it runs
         (:class:`~deltarec.stores.writebehind.WriteBehind`), unless the store syncs nothing.
         """
-        behind = bulk and self.config.path != ":memory:" and self.config.synchronous != "OFF"
+        behind = self._behind if bulk else None
         with (
             self._lock,
             _ERRORS.map_errors(self.describe()),
-            WriteBehind(self.config.path) if behind else nullcontext() as flushing,
+            behind.writing() if behind is not None else nullcontext() as flushing,
         ):
             if self._conn is None:
                 raise StoreError(f"{self.describe()} is closed")
@@ -260,6 +262,8 @@ class SqliteStore(RelationalStore):
     def close(self) -> None:
         """Close the connection (idempotent)."""
         with self._lock:
+            if self._behind is not None:
+                self._behind.close()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
