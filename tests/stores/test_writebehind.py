@@ -29,6 +29,15 @@ def _synced_paths(monkeypatch) -> list[str]:
     return seen
 
 
+def _wait_until_waiting(behind: WriteBehind) -> None:
+    """Until the thread waits on its condition (not inside a sync)."""
+    while True:
+        with behind._changed:
+            if behind._changed._waiters:  # the condition's waiting threads
+                return
+        time.sleep(0.001)
+
+
 def test_the_wal_is_synced_while_the_transaction_runs_and_the_file_once_it_commits(
     tmp_path, monkeypatch
 ):
@@ -48,9 +57,9 @@ def test_the_wal_is_synced_while_the_transaction_runs_and_the_file_once_it_commi
             behind.committing()
             while str(db) not in seen:
                 time.sleep(0.005)
-        time.sleep(0.02)  # a sync under way when the block ended
+        _wait_until_waiting(behind)  # a sync under way when the block ended has finished
         n = len(seen)
-        time.sleep(0.05)
+        time.sleep(0.05)  # five ticks of a writing thread
         assert len(seen) == n  # nothing between writes
         seen.clear()
     (thread,) = threads
