@@ -215,9 +215,7 @@ class DumpPublisher:
         for table, spec in todo:
             if table == inline or table in ahead:
                 continue
-            chunk = self._read_rows(spec)  # rows in memory too: bounded temporaries
-            for _ in self._rows(manifest, rank, table, spec, rows, 0, True, chunk, where):
-                pass  # each chunk is checked as it is read
+            self._check_rows(manifest, rank, table, spec, where, rows)
         for table, spec in todo:
             skip = done[table].rows if table in done else 0
             check = where if table == inline else None
@@ -303,6 +301,23 @@ class DumpPublisher:
     def _read_rows(spec: TableSpec) -> int:
         """Rows per read chunk."""
         return _rows_in(READ_BYTES, spec)
+
+    def _check_rows(
+        self,
+        manifest: Manifest,
+        rank: int,
+        table: str,
+        spec: TableSpec,
+        where: str,
+        memory: Mapping[str, ShardRows] | None = None,
+    ) -> None:
+        """Check the rank's rows of ``table`` (shard checksums, then every chunk), keep none.
+
+        Rows in memory are checked in read chunks too, so the temporaries stay bounded.
+        """
+        chunk = self._read_rows(spec)
+        for _ in self._rows(manifest, rank, table, spec, memory, 0, True, chunk, where):
+            pass  # each chunk is checked as it is read
 
     def _rows(
         self,

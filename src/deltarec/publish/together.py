@@ -76,8 +76,7 @@ def publish_parts_together(
     where = f"run {pub.run!r} generation {g} dump {s} rank"
     for table, spec in tables[1:]:  # the first table's rows are checked while written
         for rank in ranks:
-            for _ in pub._rows(manifest, rank, table, spec, None, 0, True, None, f"{where} {rank}"):
-                pass  # each chunk is checked as it is read
+            pub._check_rows(manifest, rank, table, spec, f"{where} {rank}")
     for table, spec in tables:
         _write_table(pub, manifest, ranks, table, spec, check=table == tables[0][0])
         nbytes = codec.row_bytes(spec.dtype, spec.dim)
