@@ -8,7 +8,18 @@ from pathlib import Path
 import deltarec
 
 LAYERS = [
-    {"__init__", "errors", "ids", "_lazy", "stats", "faults", "ports", "environ", "readahead"},
+    {
+        "__init__",
+        "errors",
+        "ids",
+        "_lazy",
+        "stats",
+        "faults",
+        "ports",
+        "environ",
+        "readahead",
+        "threads",
+    },
     {"artifacts"},
     {"stores", "tracking"},
     {"verify", "model", "serving"},

@@ -17,13 +17,15 @@ import threading
 from collections.abc import Iterator
 from typing import TypeVar
 
+from deltarec import threads
+
 T = TypeVar("T")
 
 _END = object()
 
 
 class ReadAhead(Iterator[T]):
-    """``source``'s items, produced on a daemon thread that starts at once, at most ``depth`` ahead.
+    """``source``'s items, produced on a daemon thread at once, at most ``depth`` ahead.
 
     An exception raised by ``source`` is re-raised by ``next``, where its item would have come.
     :meth:`close` (or dropping the reader) stops the thread at its next item; the rest of
@@ -44,8 +46,7 @@ class ReadAhead(Iterator[T]):
         self._stop = threading.Event()
         self._done = False
         self._source = source
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._job = threads.start(self._run, name)  # a kept thread (deltarec.threads)
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
@@ -92,8 +93,8 @@ class ReadAhead(Iterator[T]):
         """Stop the thread (idempotent); waits for it to notice, at most 30 s."""
         self._done = True
         self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
+        if not self._job.on_this_thread():
+            self._job.join(timeout=30)
 
     def __del__(self) -> None:
         self._stop.set()

@@ -7,13 +7,18 @@ import time
 
 import pytest
 
+from deltarec import threads
 from deltarec.readahead import read_ahead
 
 
-def test_items_come_in_order_and_the_thread_ends_with_them():
+def test_items_come_in_order_and_the_thread_is_free_again_after_them():
     before = {t.ident for t in threading.enumerate()}
-    assert list(read_ahead(iter(range(100)), depth=3)) == list(range(100))
-    assert not [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert list(read_ahead(iter(range(100)), depth=3, name="reader-a")) == list(range(100))
+    new = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert all(t.name == threads.IDLE_NAME for t in new)  # kept for the next reader, idle
+    assert list(read_ahead(iter(range(10)), name="reader-b")) == list(range(10))
+    again = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert len(again) == len(new) <= 1  # the second reader ran on the kept thread
 
 
 def test_an_error_of_the_source_is_raised_after_the_items_before_it():

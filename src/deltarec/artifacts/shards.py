@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from deltarec import threads
 from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot, shard_relpath
 from deltarec.artifacts.types import DType, ShardInfo
@@ -474,14 +475,14 @@ def check_shard(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
 
 
 class _LaterCheck:
-    """:func:`check_shard` on a daemon thread; :meth:`result` waits and raises its error."""
+    """:func:`check_shard` on a kept thread (:mod:`deltarec.threads`).
+
+    :meth:`result` waits for it and raises its error.
+    """
 
     def __init__(self, root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
         self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(root, dump_dir, shard), name="shard-sha256", daemon=True
-        )
-        self._thread.start()
+        self._job = threads.start(lambda: self._run(root, dump_dir, shard), "shard-sha256")
 
     def _run(self, root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
         try:
@@ -491,7 +492,7 @@ class _LaterCheck:
 
     def result(self) -> None:
         """Wait for the check; raise what it raised (ChecksumError, ArtifactError)."""
-        self._thread.join()
+        self._job.join()
         if self._error is not None:
             raise self._error
 
