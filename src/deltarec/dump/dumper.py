@@ -227,6 +227,10 @@ class Dumper:
         self._step = self._last_dump_step = step
         if self.pinned is not None and (torch.cuda.is_initialized() or self.pinned.shared):
             self.pinned.allocate()  # now, before training runs: never during a dump
+        if self.lease is not None:
+            # the commits' fence, once before training: its first use imports fsspec (about
+            # 60 ms holding the GIL), which on the worker stalled the training thread
+            self._fence()
         encoder = None
         if self.encoder_process:
             encoder = self._start_encoder(tables)
