@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NEEDS: dict[str, str] = {
     "dump_gpu": "cuda",
     "gather_cuda": "cuda",
+    "d2h_queue": "cuda",
     "dump_multigpu": "torchrun",
     "peers": "peers",
 }

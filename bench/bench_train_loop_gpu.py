@@ -421,6 +421,10 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
             )
             for lo, hi in PHASES
         },
+        "blocks": [  # each block in the order run: its normal steps
+            {"hooked": r["hooked"], **stats(r["steps"]), "worst_at": int(np.argmax(r["steps"]))}
+            for r in runs
+        ],
         "hold_ms": stats([x * 1e3 for x in holds]),
         "dump_wall_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_wall"]]),
         "dump_cpu_ms": stats([x * 1e3 for r in runs if r["hooked"] for x in r["dump_cpu"]]),
@@ -447,6 +451,27 @@ def summarize(runs: list[dict], holds: list[float]) -> dict[str, Any]:
     }
 
 
+def set_children_policy(name: str) -> dict[int, int]:
+    """Move every thread of this process's children to scheduling policy ``name``."""
+    policy = {"idle": os.SCHED_IDLE, "batch": os.SCHED_BATCH}[name]
+    moved: dict[int, int] = {}
+    me = str(os.getpid())
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+            if ppid != me:
+                continue
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+        moved[int(pid)] = len(tids)
+    print(f"encoder threads moved to SCHED_{name.upper()}: {moved}", flush=True)
+    return moved
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tables", default="50000000x128,20000000x64,10000000x128")
@@ -466,6 +491,24 @@ def main() -> None:
         "--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (GIL)"
     )
     p.add_argument(
+        "--encoder-sched",
+        default=None,
+        choices=["idle", "batch"],
+        help="move every thread of the encoder process to SCHED_IDLE or SCHED_BATCH",
+    )
+    p.add_argument(
+        "--copy-piece-mb",
+        type=float,
+        default=None,
+        help="the dump worker's device-to-host copy pieces (MiB; gather.COPY_PIECE_BYTES)",
+    )
+    p.add_argument(
+        "--copy-queued",
+        type=int,
+        default=None,
+        help="pieces queued at once (gather.COPY_QUEUED_PIECES; 0: chunks copied whole)",
+    )
+    p.add_argument(
         "--profile-dumps", action="store_true", help="cProfile the training thread's after_step"
     )
     p.add_argument(
@@ -474,6 +517,12 @@ def main() -> None:
     a = p.parse_args()
     if a.switch_interval_ms is not None:
         sys.setswitchinterval(a.switch_interval_ms / 1e3)
+    import deltarec.tracking.gather as gather_module
+
+    if a.copy_piece_mb is not None:
+        gather_module.COPY_PIECE_BYTES = int(a.copy_piece_mb * 2**20)
+    if a.copy_queued is not None:
+        gather_module.COPY_QUEUED_PIECES = a.copy_queued
     began = time.perf_counter()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
@@ -486,11 +535,16 @@ def main() -> None:
         "switch_interval_s": sys.getswitchinterval(),
         "encoder": a.encoder,
         "encode_workers": a.encode_workers,
+        "copy_piece_bytes": gather_module.COPY_PIECE_BYTES,
+        "copy_queued_pieces": gather_module.COPY_QUEUED_PIECES,
+        "encoder_sched": a.encoder_sched,
         "tables": a.tables,
         "results": {},
     }
     _time_prepare()
     bench = Bench(a, dev, work)
+    if a.encoder_sched:
+        res["encoder_threads_moved"] = set_children_policy(a.encoder_sched)
     d = bench.dumper
     res["on_start_s"] = bench.start_s
     res["host_budget"] = d.host_budget
@@ -577,6 +631,11 @@ def report(name: str, s: dict[str, Any]) -> None:
             f"{s['worst_normal_over_median']:.2f}x median  dump step "
             f"{s['dump_step_over_normal']:.2f}x normal (<= 1.5)"
         )
+    blocks = "  ".join(
+        f"{'H' if b['hooked'] else 'b'} {b['mean']:.2f}/{b['max']:.1f}@{b['worst_at']}"
+        for b in s["blocks"]
+    )
+    print(f"  blocks in order (mean/max@step): {blocks}")
     phases = "  ".join(
         f"{k}: {v['mean']:.2f} ({v['n']})" for k, v in s["after_dump"].items() if v.get("n")
     )
