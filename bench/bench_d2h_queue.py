@@ -3,7 +3,7 @@
 A training step reads a scalar back (``loss.item()``) now and then. While the dump worker
 copies gathered rows to pinned host memory on its own copy stream, that read may wait for the
 dump's copies queued before it. This benchmark measures it with the dump's own copy engine
-(``deltarec.tracking.gather``): a thread copies ``--mb`` MiB of rows to host memory again and
+(``deltarec.tracking.pinned``): a thread copies ``--mb`` MiB of rows to host memory again and
 again, whole chunks (``COPY_QUEUED_PIECES = 0``, the default) or paced in pieces
 (``--queued N``, ``--piece-mb``), while the main thread times ``x.sum().item()`` on the
 default stream. The baseline is the same read with no copies running, in the same run.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import numpy as np
 import torch
 
-import deltarec.tracking.gather as gather
+import deltarec.tracking.pinned as pinned
 
 
 def reads(x: torch.Tensor, n: int, gap_s: float) -> list[float]:
@@ -46,7 +46,7 @@ def reads(x: torch.Tensor, n: int, gap_s: float) -> list[float]:
 
 def copier(rows: torch.Tensor, chunk_rows: int, stop: threading.Event, moved: list[int]) -> None:
     """Copy ``rows`` to pinned host memory chunk by chunk until ``stop``, as the worker does."""
-    eng = gather._engine(rows.device)
+    eng = pinned.copy_engine(rows.device)
     host_bytes = 0
     while not stop.is_set():
         for start in range(0, int(rows.shape[0]), chunk_rows):
@@ -61,8 +61,8 @@ def copier(rows: torch.Tensor, chunk_rows: int, stop: threading.Event, moved: li
 
 
 def measure(a: argparse.Namespace, rows: torch.Tensor, x: torch.Tensor, queued: int) -> dict:
-    gather.COPY_QUEUED_PIECES = queued
-    gather.COPY_PIECE_BYTES = int(a.piece_mb * 2**20)
+    pinned.COPY_QUEUED_PIECES = queued
+    pinned.COPY_PIECE_BYTES = int(a.piece_mb * 2**20)
     chunk_rows = max(1, int(a.chunk_mb * 2**20) // (rows.shape[1] * rows.element_size()))
     stop = threading.Event()
     moved: list[int] = []

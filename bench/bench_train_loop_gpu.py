@@ -500,13 +500,13 @@ def main() -> None:
         "--copy-piece-mb",
         type=float,
         default=None,
-        help="the dump worker's device-to-host copy pieces (MiB; gather.COPY_PIECE_BYTES)",
+        help="the dump worker's device-to-host copy pieces (MiB; pinned.COPY_PIECE_BYTES)",
     )
     p.add_argument(
         "--copy-queued",
         type=int,
         default=None,
-        help="pieces queued at once (gather.COPY_QUEUED_PIECES; 0: chunks copied whole)",
+        help="pieces queued at once (pinned.COPY_QUEUED_PIECES; 0: chunks copied whole)",
     )
     p.add_argument(
         "--profile-dumps", action="store_true", help="cProfile the training thread's after_step"
@@ -517,12 +517,12 @@ def main() -> None:
     a = p.parse_args()
     if a.switch_interval_ms is not None:
         sys.setswitchinterval(a.switch_interval_ms / 1e3)
-    import deltarec.tracking.gather as gather_module
+    import deltarec.tracking.pinned as pinned
 
     if a.copy_piece_mb is not None:
-        gather_module.COPY_PIECE_BYTES = int(a.copy_piece_mb * 2**20)
+        pinned.COPY_PIECE_BYTES = int(a.copy_piece_mb * 2**20)
     if a.copy_queued is not None:
-        gather_module.COPY_QUEUED_PIECES = a.copy_queued
+        pinned.COPY_QUEUED_PIECES = a.copy_queued
     began = time.perf_counter()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
@@ -535,8 +535,8 @@ def main() -> None:
         "switch_interval_s": sys.getswitchinterval(),
         "encoder": a.encoder,
         "encode_workers": a.encode_workers,
-        "copy_piece_bytes": gather_module.COPY_PIECE_BYTES,
-        "copy_queued_pieces": gather_module.COPY_QUEUED_PIECES,
+        "copy_piece_bytes": pinned.COPY_PIECE_BYTES,
+        "copy_queued_pieces": pinned.COPY_QUEUED_PIECES,
         "encoder_sched": a.encoder_sched,
         "tables": a.tables,
         "results": {},

@@ -14,7 +14,8 @@ from deltarec.artifacts import ArtifactRoot, DType, ShardInfo, check_shard
 from deltarec.dump import Dumper, DumperConfig
 from deltarec.dump.encoder_process import EncoderLostError, EncoderProcess
 from deltarec.errors import DumpError
-from deltarec.tracking.gather import HostRows, PinnedRing, pinned_slot_bytes
+from deltarec.tracking.gather import HostRows
+from deltarec.tracking.pinned import PinnedRing, pinned_slot_bytes
 
 
 def _config(root, encoder: str, **kw) -> DumperConfig:

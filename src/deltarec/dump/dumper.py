@@ -47,7 +47,8 @@ from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
-from deltarec.tracking.gather import DeviceRows, PinnedRing, pinned_slot_bytes
+from deltarec.tracking.gather import DeviceRows
+from deltarec.tracking.pinned import PinnedRing, pinned_slot_bytes
 from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
 

@@ -2,7 +2,7 @@
 
 With ``DumperConfig.encoder = "process"`` (the default where CUDA is available) the training
 process keeps only the device side of a dump: the gather, the device->host copies into the
-shared ring (:class:`~deltarec.tracking.gather.PinnedRing` with ``shared=True``, pinned by
+shared ring (:class:`~deltarec.tracking.pinned.PinnedRing` with ``shared=True``, pinned by
 ``cudaHostRegister``) and the commit protocol. Everything that holds a Python interpreter busy
 for long - the dtype and parquet encoding, the pieces' bookkeeping, sha256, the writes, the
 footers, fsync - runs in one child process started when the dumper starts, with its own

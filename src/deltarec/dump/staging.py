@@ -81,7 +81,7 @@ SCRATCH_SHARE = 4
 small for one scratch per encoding thread runs fewer threads (one at least)."""
 PINNED_SHARE = 4
 """CUDA tables: the pinned ring that chunks are copied into takes at most 1/4 of the host
-budget (:class:`~deltarec.tracking.gather.PinnedRing`), as a power of two of bytes (torch's
+budget (:class:`~deltarec.tracking.pinned.PinnedRing`), as a power of two of bytes (torch's
 pinned allocator rounds every allocation up to one), enough for two chunks per encoding thread
 and four more; a budget that affords fewer than two slots gets no ring (chunks are then pinned
 one by one)."""

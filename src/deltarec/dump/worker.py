@@ -53,7 +53,8 @@ from deltarec.dump.staging import ARENA_MAX
 from deltarec.errors import DumpError
 from deltarec.faults import failpoint
 from deltarec.tracking.assemble import Assembly, Part
-from deltarec.tracking.gather import DeviceRows, HostRows, PinnedRing
+from deltarec.tracking.gather import DeviceRows, HostRows
+from deltarec.tracking.pinned import PinnedRing
 
 log = logging.getLogger(__name__)
 

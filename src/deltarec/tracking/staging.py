@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from deltarec.tracking.gather import PinnedRing
+    from deltarec.tracking.pinned import PinnedRing
 
 log = logging.getLogger(__name__)
 
