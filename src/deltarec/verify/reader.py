@@ -11,7 +11,7 @@ import numpy as np
 
 from deltarec.artifacts.newer import NewerRecords, newer_records
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.types import Manifest
+from deltarec.artifacts.types import DumpKind, Manifest
 from deltarec.ids import split_version
 from deltarec.stores.base import Store
 from deltarec.verify.compare import ExpectedBatch, StoreBatch
@@ -22,9 +22,11 @@ class Reader:
 
     A generation published in ``staged`` mode is not live until promote merges it; before that,
     what serving *will* hold is, per key, the newer of the staging row and the live row (the
-    versioned merge). A table has a staging view only until promote drops it: the store's
-    staging views of the generation are listed once; a store without staging
-    (``capabilities.staging`` False) is read live only.
+    versioned merge), minus what the merge's sweep removes: a snapshot of the generation that
+    is complete but not swept yet (a fresh retrain's) replaces the table at the merge, so a
+    row below its version is absent (SPEC §6). A table has a staging view only until promote
+    drops it: the store's staging views of the generation are listed once; a store without
+    staging (``capabilities.staging`` False) is read live only.
     """
 
     def __init__(self, store: Store, run: str, generation: int, manifests: list[Manifest]) -> None:
@@ -37,6 +39,10 @@ class Reader:
             if m.generation == generation
             for t in m.tables
         }
+        self._snapshots = [
+            m for m in manifests if m.generation == generation and m.kind == DumpKind.SNAPSHOT
+        ]
+        self._floors: dict[str, int] = {}
         self._staging: set[str] | None = None
         self._complete: set[tuple[int, str]] | None = None
 
@@ -57,11 +63,26 @@ class Reader:
             return live
         staged = self._read(table, keys, self.generation)
         take = staged.found & (~live.found | (staged.versions >= live.versions))
-        return StoreBatch(
-            live.found | staged.found,
-            np.where(take, staged.versions, live.versions),
-            np.where(take[:, None], staged.rows, live.rows),
-        )
+        versions = np.where(take, staged.versions, live.versions)
+        found = (live.found | staged.found) & (versions >= self.pending_floor(table))
+        return StoreBatch(found, versions, np.where(take[:, None], staged.rows, live.rows))
+
+    def pending_floor(self, table: str) -> int:
+        """The version below which the merge's sweep removes ``table``'s rows (0: no sweep).
+
+        The newest snapshot of the generation recorded complete into the staging view and not
+        swept yet (what :meth:`Store.merge_staging` sweeps); looked up once per table.
+        """
+        if table not in self._floors:
+            floor = 0
+            for m in self._snapshots:
+                if table not in m.tables:
+                    continue
+                rec = self.store.registry.snapshot(self.run, self.generation, m.seq, table)
+                if rec is not None and rec.staging_generation and rec.swept_at is None:
+                    floor = max(floor, int(rec.version))
+            self._floors[table] = floor
+        return self._floors[table]
 
     def drop_staged_deletes(self, table: str, exp: ExpectedBatch, got: StoreBatch) -> None:
         """Hide live rows that the staging view deletes when merged (in place).
