@@ -8,7 +8,8 @@ Each benchmark is a script in bench/ that prints its own table (date, machine, f
 the baseline measured in the same run); results are copied into BENCHMARKS.md by hand, one
 row per benchmark, and the run in full into bench/results/. The benchmarks are never part of
 ``make test``. ``--all`` skips those whose needs (a CUDA device, several GPUs under torchrun,
-the peers' virtual environment) this machine does not meet, and says so; it takes hours on a small machine.
+the peers' virtual environment) this machine does not meet, and says so;
+it takes hours on a small machine.
 """
 
 from __future__ import annotations

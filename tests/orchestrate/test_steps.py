@@ -118,6 +118,42 @@ def test_verify_outcome_round_trips_through_the_report_artifact(tmp_path):
         steps.read_outcome(FakeArtifact(tmp_path / "other"))
 
 
+def test_report_kfp_metrics_and_demo_summary_agree_on_the_freshness_p99(tmp_path):
+    """For lags of 1..10 s the nearest-rank p99 is 10 s everywhere (interpolation said 9.91)."""
+    from rich.console import Console
+
+    from deltarec.demo import DemoResult, summary_table
+    from deltarec.verify.report import freshness_svg
+    from deltarec.verify.types import DumpFreshness, VerifyResult
+
+    def dump(seq: int, lag: float) -> DumpFreshness:
+        return DumpFreshness(
+            generation=1, seq=seq, version=seq, kind="delta", created_at="2026-12-06T00:00:00Z",
+            first_step=seq, last_step=seq, rows=10, age_s=1.0, live_rows=10, lag_s=lag,
+        )  # fmt: skip
+
+    dumps = [dump(i, float(lag)) for i, lag in enumerate([7, 2, 10, 1, 5, 9, 3, 8, 4, 6])]
+    result = VerifyResult(
+        run="r", generation=1, through_seq=9, version=9, store="sqlite:///s.db",
+        mode="all", sample=None, seed=0, started_at="2026-12-06T00:00:00Z", dumps=dumps,
+    )  # fmt: skip
+    metrics = steps.outcome_of(result).metrics
+    assert (metrics["freshness_p50_s"], metrics["freshness_p99_s"]) == (5.0, 10.0)
+    svg = freshness_svg(dumps)
+    assert "p50 5.00s" in svg and "p99 10.00s" in svg
+    demo = DemoResult(
+        workdir=str(tmp_path), store="sqlite:///s.db", generation=1, dumps=10, rows=100,
+        evictions=0, keys_checked=100, freshness_p50_s=metrics.get("freshness_p50_s"),
+        freshness_p99_s=metrics.get("freshness_p99_s"), verdict="PASS", promoted=1,
+        report_path="r.html", log_path="l.log", seconds=1.0,
+    )  # fmt: skip
+    console = Console(width=120, record=True)
+    console.print(summary_table(demo))
+    summary = console.export_text()
+    assert re.search(r"freshness p99\s+│ 10\.00 s", summary), summary
+    assert re.search(r"freshness p50 \(training step → visible\)\s+│ 5\.00 s", summary), summary
+
+
 @pytest.fixture
 def created_jobs(tmp_path, monkeypatch):
     """A strict stand-in for the Training Operator's Kubernetes API, in namespace ``ml``.

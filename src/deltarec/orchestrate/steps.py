@@ -59,6 +59,7 @@ from deltarec.promote import rollback as rollback_store
 from deltarec.promote.run import promote_generation
 from deltarec.promote.run import rollback as rollback_generation
 from deltarec.publish.types import PublishMode
+from deltarec.stats import quantile
 from deltarec.stores import open_store
 from deltarec.stores.provision import ProvisionResult, provision_generation, provision_tables
 from deltarec.verify import VerifyResult, dumps_json, kfp_metrics, render_html
@@ -209,8 +210,8 @@ def outcome_of(result: VerifyResult, report_path: str | None = None) -> VerifyOu
     metrics = dict(kfp_metrics(result))
     lags = sorted(d.lag_s for d in result.dumps if d.lag_s is not None)
     if lags:
-        metrics["freshness_p50_s"] = _quantile(lags, 0.50)
-        metrics["freshness_p99_s"] = _quantile(lags, 0.99)
+        metrics["freshness_p50_s"] = quantile(lags, 0.50)
+        metrics["freshness_p99_s"] = quantile(lags, 0.99)
     return VerifyOutcome(
         verdict=PASS if result.passed else FAIL,
         run=result.run,
@@ -337,14 +338,6 @@ def verify_serving(
     )  # fmt: skip
     _write_outputs(result, report_path, json_path, render_html, dumps_json)
     return outcome_of(result, report_path)
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of an ascending, non-empty sequence."""
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 # ---- promote / rollback / the FAIL branch ------------------------------------------------------
