@@ -19,6 +19,7 @@ LAYERS = [
         "environ",
         "readahead",
         "threads",
+        "credentials",
     },
     {"artifacts"},
     {"stores", "tracking"},

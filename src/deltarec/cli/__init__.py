@@ -15,7 +15,9 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
+from deltarec.credentials import redact_text
 from deltarec.errors import BadInputError, CheckFailedError, DeltarecError
 
 COMMANDS: dict[str, str] = {
@@ -39,14 +41,51 @@ def _command_module(name: str):  # type: ignore[no-untyped-def]
     return importlib.import_module(f"deltarec.cli.cmd_{name}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors never echo a credential.
+
+    ``unrecognized arguments: postgresql://u:PW@...`` prints ``u:***@``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {redact_text(message)}\n")
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter that masks the credentials of every URL in a record.
+
+    Applies to the message and its traceback, whichever library logged it.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record formatted as usual, then passed through ``redact_text``."""
+        return redact_text(super().format(record))
+
+
+def configure_logging(verbose: bool) -> None:
+    """INFO logging through :class:`RedactingFormatter`.
+
+    ``verbose`` raises deltarec's own loggers to DEBUG, no other: a library's DEBUG lines
+    carry request headers and tokens (botocore logs ``x-amz-security-token``).
+    """
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    if verbose:
+        logging.getLogger("deltarec").setLevel(logging.DEBUG)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; the sub-parser of ``command`` gets its full arguments."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deltarec",
         description="Publish the embedding rows a torchrec job changes to an online store "
         "while it trains, and prove that serving holds what the model holds.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (deltarec's own loggers)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -63,20 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = None
     parser = build_parser(command)
     args = parser.parse_args(args_list)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)
     try:
         return int(_command_module(args.command).run(args) or 0)
     except BadInputError as e:
-        print(f"deltarec {args.command}: error: {e}", file=sys.stderr)
+        print(f"deltarec {args.command}: error: {redact_text(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except CheckFailedError as e:
-        print(f"deltarec {args.command}: check failed: {e}", file=sys.stderr)
+        print(f"deltarec {args.command}: check failed: {redact_text(str(e))}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     except DeltarecError as e:
-        print(f"deltarec {args.command}: failed: {e}", file=sys.stderr)
+        print(f"deltarec {args.command}: failed: {redact_text(str(e))}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     except KeyboardInterrupt:
         return 130

@@ -11,12 +11,16 @@ import argparse
 import functools
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deltarec.cli.fields import FieldFlag, add_flags
 from deltarec.errors import ConfigError, validation_problems
+
+RANK_STORE_ENV = "DELTAREC_RANK_STORE_URL"
+"""The ``--store`` URL ``deltarec train --nproc-per-node`` hands its ranks (not their argv)."""
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -257,8 +261,29 @@ def _quiet_libraries(verbose: bool) -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+def rank_argv_and_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """What torchrun hands each rank: its arguments and its extra environment.
+
+    The arguments are :func:`forwarded_argv` without ``--store``: the URL (it may carry a
+    password) travels in :data:`RANK_STORE_ENV`, out of every command line (``ps``).
+    """
+    argv = forwarded_argv(args)
+    if args.store is None:
+        return argv, {}
+    at = argv.index("--store")
+    return argv[:at] + argv[at + 2 :], {RANK_STORE_ENV: args.store}
+
+
+def _store_from_launcher(args: argparse.Namespace) -> None:
+    from deltarec.train.launch import under_torchrun
+
+    if args.store is None and under_torchrun() and os.environ.get(RANK_STORE_ENV):
+        args.store = os.environ[RANK_STORE_ENV]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``deltarec train``; returns the exit code."""
+    _store_from_launcher(args)
     _quiet_libraries(bool(getattr(args, "verbose", False)))
     _check_dump_flags(args)
     config = build_config(args)
@@ -269,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
         if args.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
         _refuse_if_leased(args)
-        return launch_torchrun(args.nproc_per_node, forwarded_argv(args))
+        argv, env = rank_argv_and_env(args)
+        return launch_torchrun(args.nproc_per_node, argv, env)
 
     import torch.distributed as dist
 

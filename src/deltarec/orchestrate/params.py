@@ -16,11 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from deltarec.credentials import check_no_credentials, redact_url, urls_in
 from deltarec.errors import BadInputError, ConfigError, validation_problems
 from deltarec.ids import validate_run
 from deltarec.publish.types import PublishMode, check_publish_mode
-
-_SECRET_WORDS = ("password", "passwd", "secret", "token", "access_key", "accesskey", "credential")
 
 
 class PipelineParams(BaseModel):
@@ -108,8 +107,12 @@ class PipelineParams(BaseModel):
             "http",
             "https",
         ):
-            raise ValueError(f"webhook_url {self.webhook_url!r} is not an http(s) URL")
+            raise ValueError(f"webhook_url {redact_url(self.webhook_url)!r} is not an http(s) URL")
         check_no_credentials("webhook_url", self.webhook_url)
+        for name, value in self:  # a URL anywhere in another parameter (extra args, entry point)
+            if isinstance(value, str):
+                for url in urls_in(value):
+                    check_no_credentials(name, url)
         return self
 
     def arguments(self) -> dict[str, Any]:
@@ -225,22 +228,6 @@ def table_specs(text: str) -> dict[str, Any]:
         except (BadInputError, ValueError) as e:
             raise ValueError(f"tables[{table!r}]: {e}") from e
     return out
-
-
-def check_no_credentials(name: str, url: str) -> None:
-    """Reject a URL that carries a password or a secret-looking query parameter.
-
-    Pipeline parameters are stored in plain text by KFP; credentials must come from Secrets.
-    """
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.password:
-        raise ValueError(
-            f"{name} carries a password; remove it and put it into the credentials Secret "
-            "(for PostgreSQL the PGPASSWORD key)"
-        )
-    for key, _ in urllib.parse.parse_qsl(parsed.query):
-        if any(w in key.lower().replace("-", "_") for w in _SECRET_WORDS):
-            raise ValueError(f"{name} has the query parameter {key!r}; pass it through a Secret")
 
 
 def parse_params(**values: Any) -> PipelineParams:

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from deltarec.credentials import credential_problems, is_secret_option, redact_url
 from deltarec.errors import ConfigError, InvalidIdentifierError, validation_problems
 from deltarec.stores.naming import check_identifier, check_kv_prefix, check_prefix
 
@@ -226,7 +227,10 @@ def parse_config(
 def parse_store_url(url: str) -> StoreConfig:
     """Parse a store URL into its config; raises :class:`ConfigError` naming the problem."""
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigError(f"store URL {url!r} is not a URL; expected one of {_examples()}")
+        # not echoed: a mistyped URL may still hold a password
+        raise ConfigError(
+            f"the store URL is not a URL (no scheme://); expected one of {_examples()}"
+        )
     parts = urllib.parse.urlsplit(url)
     kind = _SCHEMES.get(parts.scheme.lower())
     if kind is None:
@@ -249,25 +253,35 @@ def parse_store_url(url: str) -> StoreConfig:
         raise ConfigError(f"store URL {redact_url(url)!r}: {_errors(e)}") from e
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
 def _query(url: str, query: str) -> dict[str, str]:
     params: dict[str, str] = {}
     for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if key in params:
             raise ConfigError(f"store URL {redact_url(url)!r}: option {key!r} given twice")
+        _refuse_secret_option(url, key, value)
         params[key] = value
     return params
+
+
+def _refuse_secret_option(url: str, key: str, value: str) -> None:
+    """Credentials never come from query options (they would reach logs, records, argv)."""
+    if is_secret_option(key):
+        raise ConfigError(
+            f"store URL {redact_url(url)!r}: option {key!r} holds a credential, which a URL "
+            f"must not carry; {_WHERE_PASSWORDS_GO}"
+        )
+    nested = credential_problems(value, 1)
+    if nested:
+        raise ConfigError(
+            f"store URL {redact_url(url)!r}: option {key!r} carries {', '.join(nested)}; "
+            f"{_WHERE_PASSWORDS_GO}"
+        )
+
+
+_WHERE_PASSWORDS_GO = (
+    "pass passwords through the environment (PGPASSWORD or ~/.pgpass for PostgreSQL, "
+    "REDIS_PASSWORD for Redis, FEATUREDB_PASSWORD for FeatureStore) or the credentials Secret"
+)
 
 
 def _sqlite_fields(parts: urllib.parse.SplitResult) -> dict[str, Any]:
@@ -360,7 +374,10 @@ def _errors(e: ValidationError) -> str:
 
 
 def _redacted(obj: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("***" if "password" in k else v) for k, v in obj.items()}
+    return {
+        k: ("***" if is_secret_option(k) else redact_url(v) if isinstance(v, str) else v)
+        for k, v in obj.items()
+    }
 
 
 def env_password(name: str) -> str | None:

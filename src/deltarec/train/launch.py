@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from deltarec.ports import free_port
 
@@ -96,12 +96,15 @@ def torchrun_command(nproc_per_node: int, train_args: Sequence[str]) -> list[str
     ]
 
 
-def launch_torchrun(nproc_per_node: int, train_args: Sequence[str]) -> int:
+def launch_torchrun(
+    nproc_per_node: int, train_args: Sequence[str], extra_env: Mapping[str, str] | None = None
+) -> int:
     """Run ``deltarec train`` under torchrun on N local ranks; return torchrun's exit code.
 
     torchrun dies with this process (parent-death signal), and its workers with torchrun.
+    ``extra_env`` reaches every rank's environment (a secret there stays out of ``ps``).
     """
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     env.setdefault("OMP_NUM_THREADS", "1")
     env[LAUNCHER_PID_ENV] = str(os.getpid())
     return subprocess.call(
