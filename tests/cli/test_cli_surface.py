@@ -135,6 +135,7 @@ FROZEN: dict[str, dict[str, F]] = {
         **LOCATION,
         "--to-generation": F("int", required=True),
         "--through-seq": F("int"),
+        "--sample": F("int"),
     },
     "inspect": {
         "--artifacts": F("str", required=True),

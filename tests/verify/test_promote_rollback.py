@@ -125,8 +125,11 @@ def test_rollback_restores_every_key_to_the_promoted_point(lineage, store):
 
     result = rollback(lineage.root, lineage.run, store, g1)
     assert (result.to_generation, result.through_seq, result.generation) == (g1, 1, 3)
-    assert result.restored == {lineage.T_EMB: 5, lineage.T_ZCH: 2}  # emb 0..4; ids -1, 3
+    # Every key of the point is republished: emb 0..99; ids -1, 3, 11, 19 (7 was evicted).
+    assert result.restored == {lineage.T_EMB: 100, lineage.T_ZCH: 4}
+    assert result.came_back == {lineage.T_EMB: 0, lineage.T_ZCH: 1}  # id 3, evicted by g2
     assert result.removed == {lineage.T_EMB: 1, lineage.T_ZCH: 1}  # emb 500; id 23
+    assert result.passed and result.verification.mode == "all"
     info = lineage.root.read_generation(lineage.run, 3)
     assert info.extra["rollback"]["to_generation"] == g1 and info.parent == Parent(g1, 20)
 
@@ -175,9 +178,9 @@ def test_rollback_with_nothing_changed_writes_no_generation(lineage, store):
 def test_rollback_to_an_earlier_dump_of_the_same_generation(lineage, store):
     g1 = base_generation(lineage, store)
     result = rollback(lineage.root, lineage.run, store, g1, through_seq=0)
-    assert result.restored[lineage.T_EMB] == 10
+    assert result.restored[lineage.T_EMB] == 100  # the snapshot of dump 0: emb 0..99
     rows = lineage.root.read_manifest(lineage.run, result.generation, 1)
-    assert rows.tables == {lineage.T_EMB: 10, lineage.T_ZCH: 2}
+    assert rows.tables == {lineage.T_EMB: 100, lineage.T_ZCH: 5}
     assert verify(lineage.root, lineage.run, store, generation=g1, through_seq=0).passed
     _assert_store_equals_expected(lineage, store, g1, 0)
     assert int(Op.UPSERT) == 0

@@ -3,10 +3,12 @@
 Exports:
     promote, PromoteResult, NotVerifiedError: record a verified generation (through a dump) as
         serving's current one; merge staging first in staged mode.
-    rollback, RollbackResult: restore every key changed after a promoted point, at a new
-        version, through a new generation in the artifact root.
-    keys_changed_after, restore_rows, promoted_seq, resolve_seq, is_staged: the
-        steps, for tools and tests.
+    rollback, RollbackResult, RollbackCheckError: make a run's views equal a promoted point's
+        expected state (a snapshot of it at a new version, through a new generation in the
+        artifact root), serve them, and verify the store against the point.
+    who_serves, Serving: who serves a store (the run per table, and its pointer).
+    changed_after, check_point, promoted_seq, resolve_seq, is_staged: the steps, for tools
+        and tests.
 """
 
 from deltarec.promote.promote import (
@@ -17,22 +19,27 @@ from deltarec.promote.promote import (
     resolve_seq,
 )
 from deltarec.promote.rollback import (
+    RollbackCheckError,
     RollbackResult,
-    keys_changed_after,
+    changed_after,
+    check_point,
     promoted_seq,
-    restore_rows,
     rollback,
 )
+from deltarec.promote.serving import Serving, who_serves
 
 __all__ = [
     "NotVerifiedError",
     "PromoteResult",
+    "RollbackCheckError",
     "RollbackResult",
+    "Serving",
+    "changed_after",
+    "check_point",
     "is_staged",
-    "keys_changed_after",
     "promote",
     "promoted_seq",
     "resolve_seq",
-    "restore_rows",
     "rollback",
+    "who_serves",
 ]

@@ -33,10 +33,23 @@ def promote_generation(
 
 
 def rollback(
-    artifacts: str, run: str, store_url: str, to_generation: int, through_seq: int | None = None
+    artifacts: str,
+    run: str,
+    store_url: str,
+    to_generation: int,
+    through_seq: int | None = None,
+    *,
+    sample: int | None = None,
 ) -> RollbackResult:
-    """Restore serving to ``to_generation`` (default: at the dump it was last promoted at)."""
+    """Restore serving to ``to_generation`` (default: at the dump it was last promoted at).
+
+    Verifies the store against that point afterwards (every key unless ``sample``).
+
+    Raises:
+        RollbackCheckError: the store does not equal the point afterwards.
+    """
     with open_store(store_url, artifacts, run=run) as store:
         return rollback_store(
-            ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq
-        )
+            ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq,
+            sample=sample,
+        )  # fmt: skip
