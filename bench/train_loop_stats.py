@@ -1,0 +1,162 @@
+"""Figures and printed summaries of ``bench_train_loop_gpu.py`` (imported by it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+PHASES = ((1, 2), (3, 5), (6, 15), (16, 30), (31, 100), (101, 10**9))
+"""Buckets of steps since the last dump that normal steps are reported by: dump work still
+running in the background shows in the early ones."""
+
+STRESS = {"mean": 1.03, "p99": 1.10}
+"""Targets at the stress cadence (a dump every 50 steps)."""
+REALISTIC = {"mean": 1.01, "p99": 1.05}
+"""Targets at the cadences users run (every 1,000 steps, every 30 s)."""
+
+
+def stats(ms: list[float]) -> dict[str, float]:
+    if not ms:
+        return {}
+    a = np.asarray(ms)
+    return {
+        "n": len(ms),
+        "mean": float(a.mean()),
+        "median": float(np.median(a)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+    }
+
+
+def _hooked(runs: list[dict], key: str) -> list[Any]:
+    return [x for r in runs if r["hooked"] for x in r[key]]
+
+
+def summarize(runs: list[dict], holds: list[float], targets: dict[str, float]) -> dict[str, Any]:
+    """Step figures of the blocks ``runs`` (those without the hook and those of one copy mode).
+
+    ``with_all`` holds every step with the hook (dump steps in): its mean and p99 are the
+    ratios' numerators; ``with_normal`` the steps with the hook that took no dump.
+    """
+    base = [x for r in runs if not r["hooked"] for x in r["steps"]]
+    hooked, dumps = _hooked(runs, "steps"), _hooked(runs, "dump_steps")
+    checks = _hooked(runs, "checks")
+    b, h, w = stats(base), stats(hooked), stats(hooked + dumps)
+    over = [x for x in hooked if x > 2 * b["median"]]
+    offsets = _hooked(runs, "offsets")
+    gcs = {
+        k: [g for r in runs if r["hooked"] == (k == "with") for g in r["gc"]]
+        for k in ("with", "without")
+    }
+    mean_ratio, p99_ratio = w["mean"] / b["mean"], w["p99"] / b["p99"]
+    dump_max = max(dumps) / h["median"] if dumps else None
+    return {
+        "targets": targets,
+        "without": b,
+        "with_normal": h,
+        "with_all": w,
+        "dump_steps": stats(dumps),
+        "mean_ratio": mean_ratio,
+        "p99_ratio": p99_ratio,
+        "max_ratio": w["max"] / b["max"],
+        "normal_mean_ratio": h["mean"] / b["mean"],
+        "steps_over_2x_median": len(over),
+        "base_steps_over_2x_median": sum(x > 2 * b["median"] for x in base),
+        "worst_normal_over_median": max(hooked) / b["median"],
+        "dump_step_over_normal": dump_max,
+        "dump_step_median_over_normal": float(np.median(dumps)) / h["median"] if dumps else None,
+        "met": {
+            "mean": mean_ratio <= targets["mean"],
+            "p99": p99_ratio <= targets["p99"],
+            "no_normal_step_over_2x": not over,
+            "dump_step_1_5x": dump_max is not None and dump_max <= 1.5,
+            "bit_exact": bool(checks) and all(c["ok"] for c in checks),
+        },
+        "after_dump": {  # normal steps with the hook by steps since the last dump
+            (f"{lo}-{hi}" if hi < 10**9 else f"{lo}+"): stats(
+                [x for x, o in zip(hooked, offsets, strict=True) if lo <= o <= hi]
+            )
+            for lo, hi in PHASES
+        },
+        "blocks": [  # each block in the order run: its normal steps
+            {
+                "hooked": r["hooked"],
+                "dumps": len(r["dump_steps"]),
+                **stats(r["steps"]),
+                "worst_at": int(np.argmax(r["steps"])),
+            }
+            for r in runs
+        ],
+        "dump_at": _hooked(runs, "dump_at"),
+        "hold_ms": stats([x * 1e3 for x in holds]),
+        "dump_wall_ms": stats([x * 1e3 for x in _hooked(runs, "dump_wall")]),
+        "dump_cpu_ms": stats([x * 1e3 for x in _hooked(runs, "dump_cpu")]),
+        "dump_prepare_ms": stats([x * 1e3 for x in _hooked(runs, "dump_prepare")]),
+        "dump_tables_ms": stats([x * 1e3 for x in _hooked(runs, "dump_tables")]),
+        "commit_s": stats([c["commit_s"] for c in checks]),
+        "rows_per_dump": [c["rows"] for c in checks],
+        "check_s": stats([c["check_s"] for c in checks]),
+        "dumps_checked": len(checks),
+        "dumps_graphed": sum(r["graphed"] for r in runs if r["hooked"]),
+        "dumps_ok": sum(c["ok"] for c in checks),
+        "drain_s": [r["drain_s"] for r in runs if r["hooked"]],
+        "gc": {
+            k: {
+                "count": len(v),
+                "gen2": sum(g == 2 for g, _ in v),
+                "max_ms": max((s * 1e3 for _, s in v), default=0.0),
+            }
+            for k, v in gcs.items()
+        },
+    }
+
+
+def report(name: str, s: dict[str, Any]) -> None:
+    """Print the summary of one loop / ids / copy mode."""
+    b, w, h, dm, t = s["without"], s["with_all"], s["with_normal"], s["dump_steps"], s["targets"]
+    print(f"== {name}: MLP {s['mlp_layers']} layers, blocks {s['block_steps']}")
+    for label, x, note in (
+        ("without hook", b, ""),
+        ("with hook", w, ", dump steps in"),
+        ("normal steps", h, ""),
+    ):
+        print(
+            f"  {label:<14} mean {x['mean']:6.2f}  median {x['median']:6.2f}  "
+            f"p99 {x['p99']:6.2f}  max {x['max']:6.2f} ms  ({x['n']} steps{note})"
+        )
+    print(
+        f"  ratios         mean {s['mean_ratio']:.3f} (<= {t['mean']})  p99 "
+        f"{s['p99_ratio']:.3f} (<= {t['p99']})  normal steps > 2x median "
+        f"{s['steps_over_2x_median']} (0; without the hook: {s['base_steps_over_2x_median']})  "
+        f"worst normal {s['worst_normal_over_median']:.2f}x median"
+    )
+    if dm:
+        print(
+            f"  dump steps     mean {dm['mean']:6.2f}  median {dm['median']:6.2f}  max "
+            f"{dm['max']:6.2f} ms ({dm['n']} dumps at hooked steps {s['dump_at'][:6]}): "
+            f"{s['dump_step_over_normal']:.2f}x normal (<= 1.5), median "
+            f"{s['dump_step_median_over_normal']:.2f}x; hold median "
+            f"{s['hold_ms'].get('median', 0):.2f} ms; training thread wall median "
+            f"{s['dump_wall_ms'].get('median', 0):.2f}, CPU {s['dump_cpu_ms'].get('median', 0):.2f}"
+            f" ms (prepare {s['dump_prepare_ms'].get('median', 0):.2f}, tables "
+            f"{s['dump_tables_ms'].get('median', 0):.2f})"
+        )
+    blocks = "  ".join(
+        f"{'H' if x['hooked'] else 'b'}{x['dumps'] or ''} {x['mean']:.2f}/{x['max']:.1f}"
+        f"@{x['worst_at']}"
+        for x in s["blocks"]
+    )
+    print(f"  blocks in order (mean/max@step): {blocks}")
+    phases = "  ".join(
+        f"{k}: {v['mean']:.2f} ({v['n']})" for k, v in s["after_dump"].items() if v.get("n")
+    )
+    print(f"  normal steps by steps since the dump: mean ms (steps)  {phases}")
+    c = s["commit_s"]
+    print(
+        f"  commit latency median {c.get('median', 0):.2f} max {c.get('max', 0):.2f} s; rows "
+        f"per dump {s['rows_per_dump'][:6]}; bit-exact {s['dumps_ok']}/{s['dumps_checked']} "
+        f"({s['dumps_graphed']} graphed); drain {[round(x, 2) for x in s['drain_s']]} s; "
+        f"gc {s['gc']}; met {s['met']}",
+        flush=True,
+    )
