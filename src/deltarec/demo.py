@@ -106,7 +106,7 @@ def count_evictions(artifacts: str, run: str, generation: int) -> int:
         dump_dir = root.dump_dir(run, generation, seq)
         for shard in manifest.shards:
             if shard.table in zch and shard.rows:
-                with root.fs.open(f"{dump_dir}/{shard.path}", "rb") as f:
+                with root.open_listed(dump_dir, shard.path) as f:
                     ops = pq.read_table(f, columns=["op"]).column("op").to_numpy()
                 total += int((ops == 1).sum())
     return total

@@ -50,7 +50,8 @@ def generations_of(versions: np.ndarray) -> np.ndarray:
 
 def validate_table_id(table: str) -> str:
     """Return ``table`` if it is a valid table id, else raise :class:`InvalidIdentifierError`."""
-    if not isinstance(table, str) or not _SAFE_RE.match(table):
+    # "." and ".." are made of allowed characters but name a directory, not a table's own one
+    if not isinstance(table, str) or not _SAFE_RE.match(table) or table in {".", ".."}:
         raise InvalidIdentifierError("table id", str(table), _SAFE_DESC)
     return table
 

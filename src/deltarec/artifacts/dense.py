@@ -121,10 +121,15 @@ def read_dense(root: ArtifactRoot, manifest: Manifest) -> tuple[DenseInfo, bytes
     info = dense_of(manifest)
     if info is None:
         return None
-    path = posixpath.join(root.dump_dir(manifest.run, manifest.generation, manifest.seq), info.path)
+    dump_dir = root.dump_dir(manifest.run, manifest.generation, manifest.seq)
+    path = posixpath.join(dump_dir, info.path)
     try:
-        with root.open(path) as f:
-            data = f.read()
+        with root.open_listed(dump_dir, info.path) as f:
+            if isinstance(f, str):
+                with open(f, "rb") as local:
+                    data = local.read()
+            else:
+                data = f.read()
     except FileNotFoundError:
         raise ArtifactError(
             root.url(path), "dense state listed in the manifest is missing"
@@ -133,8 +138,7 @@ def read_dense(root: ArtifactRoot, manifest: Manifest) -> tuple[DenseInfo, bytes
     if digest != info.sha256 or len(data) != info.bytes:
         raise ChecksumError(
             root.url(path),
-            f"sha256 {digest} ({len(data)} bytes) does not match the manifest's "
-            f"{info.sha256} ({info.bytes} bytes)",
+            f"content does not match the manifest's sha256 {info.sha256} ({info.bytes} bytes)",
         )
     return info, data
 

@@ -102,7 +102,7 @@ def newer_records(root: ArtifactRoot, run: str, point: int) -> dict[str, NewerRe
                 continue
             dump_dir = root.dump_dir(run, gen, seq)
             for shard in m.shards:
-                keys, ops = _keys_ops(root, posixpath.join(dump_dir, shard.path))
+                keys, ops = _keys_ops(root, dump_dir, shard.path)
                 versions = np.full(len(keys), m.version, np.int64)
                 parts.setdefault(shard.table, []).append((keys, versions, ops))
                 if shard.table not in tables:
@@ -114,9 +114,10 @@ def newer_records(root: ArtifactRoot, run: str, point: int) -> dict[str, NewerRe
     return {t: _latest(specs[t], p) for t, p in parts.items()}
 
 
-def _keys_ops(root: ArtifactRoot, path: str) -> tuple[np.ndarray, np.ndarray]:
+def _keys_ops(root: ArtifactRoot, dump_dir: str, relpath: str) -> tuple[np.ndarray, np.ndarray]:
+    path = posixpath.join(dump_dir, relpath)
     try:
-        with root.open(path) as f:
+        with root.open_listed(dump_dir, relpath) as f:
             table = pq.read_table(f, columns=[codec.KEY, codec.OP])
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None

@@ -12,16 +12,19 @@ fsync). A dump directory without MANIFEST.json is incomplete: readers ignore it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import re
+import stat
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from deltarec.artifacts.types import GenerationInfo, Manifest
+from deltarec.artifacts.types import GenerationInfo, Manifest, shard_relpath
 from deltarec.errors import ArtifactError, BadInputError
-from deltarec.ids import validate_run, validate_table_id
+from deltarec.ids import validate_run
 
 GENERATION_FILE = "GENERATION.json"
 MANIFEST_FILE = "MANIFEST.json"
@@ -43,9 +46,50 @@ def dump_name(seq: int) -> str:
     return f"dump-{seq:06d}"
 
 
-def shard_relpath(table: str, rank: int) -> str:
-    """A shard's path relative to its dump directory: ``<table>/rank-<R:05d>.parquet``."""
-    return f"{validate_table_id(table)}/rank-{rank:05d}.parquet"
+def _confined_relpath(relpath: str) -> bool:
+    """Whether ``relpath`` is a plain relative path that stays inside its directory."""
+    parts = relpath.split("/")
+    return (
+        bool(relpath)
+        and not relpath.startswith("/")
+        and "\\" not in relpath
+        and all(p not in {"", ".", ".."} for p in parts)
+    )
+
+
+@contextlib.contextmanager
+def _local_regular(directory: str, relpath: str, where: str) -> Iterator[str]:
+    """Open a local file for reading only if it is a regular file inside ``directory``.
+
+    Yields a path that names the opened file itself (``/proc/self/fd/N`` on Linux), so that a
+    reader that opens by path (Arrow's native reader) opens exactly the checked file: a link
+    swapped in after the check is never followed. The final component is opened without
+    following links and without blocking (a FIFO cannot hang the reader), then checked to be a
+    regular file whose resolved path lies under the resolved ``directory``.
+    """
+    path = os.path.join(directory, relpath)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # ELOOP: the file is a symbolic link
+        problem = f"not a regular file inside its directory ({e.strerror})"
+        raise ArtifactError(where, problem) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ArtifactError(where, "not a regular file; only regular files are read")
+        proc = f"/proc/self/fd/{fd}"
+        if os.path.exists(proc):
+            real = os.readlink(proc)
+            inside = os.path.realpath(directory).rstrip(os.sep) + os.sep
+            if not real.startswith(inside):
+                raise ArtifactError(where, "resolves outside its directory; it is not read")
+            yield proc
+        else:  # no /proc: the path was checked, opened without following its last link
+            yield path
+    finally:
+        os.close(fd)
 
 
 class ArtifactRoot:
@@ -114,6 +158,34 @@ class ArtifactRoot:
         """Open a file of the root in a binary ``mode``, locally without fsspec."""
         f = open(path, mode) if self.is_local else self.fs.open(path, mode)  # noqa: SIM115
         return cast(BinaryIO, f)
+
+    @contextlib.contextmanager
+    def open_listed(self, directory: str, relpath: str) -> Iterator[str | BinaryIO]:
+        """Open a file that an artifact lists (a shard, a base part, dense state) for reading.
+
+        The artifact root is a trust boundary (SPEC §3): whoever wrote a manifest may not make
+        a reader open anything but a regular file inside the listing's own directory. Locally
+        the yielded value is a path naming the opened file (for Arrow's native reader; open it
+        inside the ``with``), on an object store an open binary file.
+
+        Raises:
+            ArtifactError: ``relpath`` is absolute, has ``..``, ``.`` or empty parts, or names
+                something that is not a regular file inside ``directory``.
+            FileNotFoundError: the file does not exist.
+        """
+        where = self.url(posixpath.join(directory, relpath))
+        if not _confined_relpath(relpath):
+            raise ArtifactError(where, f"listed path {relpath!r} leaves its directory; refused")
+        if self.is_local:
+            with _local_regular(directory, relpath, where) as path:
+                yield path
+            return
+        path = posixpath.join(directory, relpath)
+        info = self.fs.info(path)
+        if info.get("type") != "file":
+            raise ArtifactError(where, "not a regular file; only regular files are read")
+        with self.fs.open(path, "rb") as f:
+            yield cast(BinaryIO, f)
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists, locally without fsspec."""

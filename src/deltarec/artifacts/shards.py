@@ -437,22 +437,23 @@ class ShardWriter(ShardTarget):
             self.abort()
 
 
-def file_sha256(root: ArtifactRoot, path: str) -> tuple[str, int]:
-    """sha256 hex digest and size of a file, read in chunks.
+def file_sha256(root: ArtifactRoot, directory: str, relpath: str) -> tuple[str, int]:
+    """sha256 hex digest and size of a file an artifact lists, read in chunks.
 
+    Opened through :meth:`ArtifactRoot.open_listed` (regular files inside ``directory`` only).
     A local file is read into one reused buffer (no fresh memory per chunk).
     """
     sha = hashlib.sha256()
     size = 0
-    if root.is_local:
-        buf = bytearray(_HASH_CHUNK)
-        view = memoryview(buf)
-        with open(path, "rb", buffering=0) as raw:
-            while n := raw.readinto(buf):
-                sha.update(view[:n])
-                size += n
-        return sha.hexdigest(), size
-    with root.fs.open(path, "rb") as f:
+    with root.open_listed(directory, relpath) as f:
+        if isinstance(f, str):
+            buf = bytearray(_HASH_CHUNK)
+            view = memoryview(buf)
+            with open(f, "rb", buffering=0) as raw:
+                while n := raw.readinto(buf):
+                    sha.update(view[:n])
+                    size += n
+            return sha.hexdigest(), size
         while chunk := f.read(_HASH_CHUNK):
             sha.update(chunk)
             size += len(chunk)
@@ -460,17 +461,20 @@ def file_sha256(root: ArtifactRoot, path: str) -> tuple[str, int]:
 
 
 def check_shard(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> None:
-    """Raise :class:`ChecksumError` unless the shard's sha256 and size match its manifest entry."""
+    """Raise :class:`ChecksumError` unless the shard's sha256 and size match its manifest entry.
+
+    The message names the manifest's figures only: the digest and size of what is on disk are
+    not printed (the file may be one the writer of the manifest should not learn about).
+    """
     path = posixpath.join(dump_dir, shard.path)
     try:
-        digest, size = file_sha256(root, path)
+        digest, size = file_sha256(root, dump_dir, shard.path)
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     if digest != shard.sha256 or size != shard.bytes:
         raise ChecksumError(
             root.url(path),
-            f"sha256 {digest} ({size} bytes) does not match the manifest's "
-            f"{shard.sha256} ({shard.bytes} bytes)",
+            f"content does not match the manifest's sha256 {shard.sha256} ({shard.bytes} bytes)",
         )
 
 
@@ -536,7 +540,7 @@ def iter_shard(
     try:
         with contextlib.ExitStack() as stack:
             # A local shard is read by Arrow itself: no Python file object (and GIL) per read.
-            f = path if root.is_local else stack.enter_context(root.fs.open(path, "rb"))
+            f = stack.enter_context(root.open_listed(dump_dir, shard.path))
             if bounded_memory:
                 pf = stack.enter_context(
                     pq.ParquetFile(f, buffer_size=READ_BUFFER, pre_buffer=False)

@@ -218,6 +218,38 @@ class GenerationInfo:
             raise ArtifactError(path, f"malformed GENERATION.json: {e}") from e
 
 
+def shard_relpath(table: str, rank: int) -> str:
+    """A shard's path relative to its dump directory: ``<table>/rank-<R:05d>.parquet``."""
+    return f"{validate_table_id(table)}/rank-{rank:05d}.parquet"
+
+
+def _shard_from_json(s: Any, path: str) -> ShardInfo:
+    """One entry of a manifest's ``shards``; its path must be the one SPEC §3 derives.
+
+    The artifact root is a trust boundary: a reader may hold wider rights than the writer, so
+    a manifest cannot name a file outside its own dump, another table's or another rank's.
+    """
+    table = validate_table_id(str(s["table"]))
+    rank = int(s["rank"])
+    if rank < 0:
+        raise ArtifactError(path, f"shard of table {table!r} has a negative rank {rank}")
+    expected = shard_relpath(table, rank)
+    if s["path"] != expected:
+        raise ArtifactError(
+            path,
+            f"shard path {str(s['path'])[:200]!r} of table {table!r} rank {rank} is not "
+            f"{expected!r}; a manifest may name only its own shards",
+        )
+    return ShardInfo(
+        path=expected,
+        table=table,
+        rank=rank,
+        rows=int(s["rows"]),
+        bytes=int(s["bytes"]),
+        sha256=str(s["sha256"]),
+    )
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """One parquet shard of a dump, as listed in MANIFEST.json."""
@@ -349,17 +381,7 @@ class Manifest:
                 first_step=int(_require(obj, "first_step", path)),
                 last_step=int(_require(obj, "last_step", path)),
                 world_size=int(_require(obj, "world_size", path)),
-                shards=tuple(
-                    ShardInfo(
-                        path=str(s["path"]),
-                        table=validate_table_id(str(s["table"])),
-                        rank=int(s["rank"]),
-                        rows=int(s["rows"]),
-                        bytes=int(s["bytes"]),
-                        sha256=str(s["sha256"]),
-                    )
-                    for s in _require(obj, "shards", path)
-                ),
+                shards=tuple(_shard_from_json(s, path) for s in _require(obj, "shards", path)),
                 tables={
                     validate_table_id(str(k)): int(v["rows"])
                     for k, v in _require(obj, "tables", path).items()
@@ -375,4 +397,13 @@ class Manifest:
             raise ArtifactError(
                 path, f"version {obj['version']} != generation {m.generation} << 32 | seq {m.seq}"
             )
+        seen: set[tuple[str, int]] = set()
+        for shard in m.shards:
+            if shard.rank >= m.world_size:
+                raise ArtifactError(
+                    path, f"shard {shard.path!r} has rank {shard.rank} of world size {m.world_size}"
+                )
+            if (shard.table, shard.rank) in seen:
+                raise ArtifactError(path, f"shard {shard.path!r} is listed twice")
+            seen.add((shard.table, shard.rank))
         return m

@@ -99,6 +99,10 @@ class FollowOptions:
         poll_s: seconds between rounds of :meth:`Follower.loop`.
         state_dir: where the replica records its position and rows (None: nowhere).
         checkpoint_every_s: the most seconds between two records while following.
+        round_deadline_s: the most seconds one round spends applying dumps. A round past it
+            stops before its next dump, says so in :attr:`Follower.blocked` and goes on from
+            there in the next round; a round still inside one dump past it is reported
+            ``blocked`` by :meth:`Follower.status` while it runs.
     """
 
     follow: bool = True
@@ -106,6 +110,7 @@ class FollowOptions:
     poll_s: float = 2.0
     state_dir: str | None = None
     checkpoint_every_s: float = 60.0
+    round_deadline_s: float = 300.0
 
 
 def _pointer_json(p: ServingPointer) -> dict[str, Any]:
@@ -141,6 +146,7 @@ class Follower:
         self._saved_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._round_started: float | None = None  # monotonic start of the round in flight
 
     @property
     def root(self) -> Any:
@@ -200,7 +206,32 @@ class Follower:
 
     # ---- one round -------------------------------------------------------------------------
     def poll(self) -> None:
-        """One round: move to a new pointer, follow, keep the shadow, record the state."""
+        """One round: move to a new pointer, follow, keep the shadow, record the state.
+
+        The round applies dumps until :attr:`FollowOptions.round_deadline_s` has passed or a
+        stop is requested, then returns; the next round goes on from where it stopped.
+        """
+        self._round_started = time.monotonic()
+        try:
+            self._poll()
+        finally:
+            self._round_started = None
+
+    def _out_of_time(self, line: Line) -> bool:
+        """True (and :attr:`blocked` says why) once the round must not start another dump."""
+        if self._stop.is_set():
+            return True
+        started = self._round_started
+        deadline = self.options.round_deadline_s
+        if started is None or time.monotonic() - started <= deadline:
+            return False
+        self.blocked = (
+            f"run {line.position.run!r}: a round applying dumps passed its {deadline:g} s "
+            f"deadline at {line.position.describe()}; the next round goes on from there"
+        )
+        return True
+
+    def _poll(self) -> None:
         pointer = self.pointer_source.current()
         self.pointer = pointer
         if pointer is None:
@@ -277,6 +308,8 @@ class Follower:
         if through is not None:
             seqs = [s for s in seqs if s <= through]
         for s in seqs:
+            if self._out_of_time(line):
+                return False
             try:
                 manifest = self.root.read_manifest(p.run, p.generation, s)
                 self.replica.apply(manifest, line)
@@ -369,6 +402,13 @@ class Follower:
         if self.pointer is not None:
             st.pointer = _pointer_json(self.pointer)
         st.blocked, st.error = self.blocked, self.error
+        started = self._round_started
+        overrun = None if started is None else time.monotonic() - started
+        if overrun is not None and overrun > self.options.round_deadline_s and not st.blocked:
+            st.blocked = (
+                f"a round has been applying one dump for {overrun:.0f} s, past its "
+                f"{self.options.round_deadline_s:g} s deadline"
+            )
         if snap is not None:
             p = snap.position
             st.ready = True

@@ -39,9 +39,8 @@ def _shard_problem(root: ArtifactRoot, ref: ShardRef) -> str | None:
         check_shard(root, ref.dump_dir, ref.shard)
     except ArtifactError as e:
         return e.problem
-    path = f"{ref.dump_dir}/{ref.shard.path}"
     try:
-        with root.open(path) as f:
+        with root.open_listed(ref.dump_dir, ref.shard.path) as f:
             rows = pq.ParquetFile(f).metadata.num_rows
     except Exception as e:  # any parquet failure is this shard's problem
         return f"unreadable parquet: {e}"
