@@ -9,6 +9,11 @@ that the test sees the process held exactly there and kills the whole process tr
 
 ``DELTAREC_FAULT`` is ``POINT``, ``POINT@N`` (the N-th time this process reaches it, default
 1) or ``POINT@N:R`` (only on rank R, from ``RANK``).
+
+**Slow points** make a store slow instead of stopping it: ``DELTAREC_SLOW=POINT:MS`` makes
+:func:`slowdown` of ``POINT`` return ``MS`` milliseconds per megabyte, which the code there spends
+where a real slow store would (Redis: on the server, inside the write's ``MULTI``/``EXEC``, so
+every reader waits for it). The read-latency budget's tests use it (:data:`SLOW_POINTS`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ ENV = "DELTAREC_FAULT"
 DIR_ENV = "DELTAREC_FAULT_DIR"
 POINTS = ("shard.write", "commit.manifest", "publish.batch", "checkpoint.save")
 """The fault points, in the order a dump and its checkpoint reach them."""
+
+SLOW_ENV = "DELTAREC_SLOW"
+SLOW_POINTS = ("redis.exec",)
+"""The slow points: ``redis.exec``, each write transaction of the Redis store."""
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
@@ -50,3 +59,24 @@ def failpoint(point: str) -> None:
     (where / f"{point}.{os.getpid()}").write_text(f"{time.time()}\n")
     while True:  # until the test kills this process tree
         time.sleep(3600)
+
+
+def slowdown(point: str) -> float:
+    """Seconds per megabyte that ``DELTAREC_SLOW`` adds at ``point`` (0.0 unless it names it).
+
+    Raises:
+        ValueError: ``DELTAREC_SLOW`` is not ``POINT:MS`` with MS a number >= 0.
+    """
+    spec = os.environ.get(SLOW_ENV)
+    if not spec:
+        return 0.0
+    name, _, ms = spec.partition(":")
+    if name != point:
+        return 0.0
+    try:
+        value = float(ms)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{SLOW_ENV}={spec!r}: expected POINT:MS, MS a number >= 0")
+    return value / 1000.0

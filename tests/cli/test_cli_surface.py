@@ -106,6 +106,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--ranks": F("str"),
         "--batch-mb": F("float"),
         "--retry-deadline": F("seconds", 600.0),  # a finite float >= 0
+        "--read-p99-ms": F("float"),
         "--metrics-port": F("int"),
         "--json": F("str?", const="-"),
     },

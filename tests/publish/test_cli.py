@@ -97,6 +97,7 @@ def test_provision_and_publish_flags_are_frozen():
         "--ranks",
         "--batch-mb",
         "--retry-deadline",
+        "--read-p99-ms",
         "--metrics-port",
         "--json",
     }

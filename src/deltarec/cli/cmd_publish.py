@@ -58,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up after the store has been unreachable this long (default: 600)",
     )
     parser.add_argument(
+        "--read-p99-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="a read-latency budget: probe reads of serving keys while publishing and slow the "
+        "writes down (smaller transactions, pauses) so that their p99 stays within MS "
+        "milliseconds (default: no budget, write as fast as the store takes it)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -86,10 +95,12 @@ def run(args: argparse.Namespace) -> int:
     from deltarec.artifacts import ArtifactRoot
     from deltarec.errors import BadInputError
     from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
+    from deltarec.publish.budget import check_budget, throttled
     from deltarec.stores import open_store, redact_url
 
     if args.batch_mb is not None and args.batch_mb <= 0:
         raise BadInputError(f"--batch-mb must be positive, got {args.batch_mb}")
+    check_budget(args.read_p99_ms, "--read-p99-ms")
     ranks = _ranks(args.ranks)
     root = ArtifactRoot(args.artifacts)
     generation = (
@@ -115,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
             metrics=metrics,
             after_batch=progress.batch,
         )
-        parts = publisher.publish_generation(generation, ranks, on_part=progress.part)
+        throttle = throttled(publisher, args.read_p99_ms)
+        try:
+            parts = publisher.publish_generation(generation, ranks, on_part=progress.part)
+        finally:
+            budget = None if throttle is None else throttle.close()
     result: dict[str, Any] = {
         "run": args.run,
         "generation": generation,
@@ -127,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         "retries": metrics.value("deltarec_publish_retries_total"),
         "seconds": round(time.monotonic() - start, 3),
     }
+    if budget is not None:
+        result["budget"] = budget.to_json()
     if args.json is not None:
         write_output(args.json, json.dumps(result, indent=2) + "\n")
     if not quiet:
@@ -136,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
             f"{result['seconds']:.1f}s (run {args.run!r} generation {generation})",
             file=sys.stderr,
         )
+        if budget is not None:
+            print(
+                f"read budget {budget.read_p99_ms} ms: held back {budget.held_back_s:.1f}s, "
+                f"probe p99 {budget.probe_p99_ms} ms over {budget.probes} reads",
+                file=sys.stderr,
+            )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the publisher: rows, bytes, dumps, retries, freshness.
+"""Prometheus metrics of the publisher: rows, bytes, dumps, retries, freshness, held back.
 
 Each :class:`PublishMetrics` owns its own ``CollectorRegistry`` (several publishers in one
 process never clash); :meth:`PublishMetrics.serve` exposes it over HTTP for scraping. The same
@@ -8,7 +8,9 @@ publisher (``make_train_hook(metrics_port=...)``).
 **Freshness** counts from the training step whose rows a dump holds (the moment the dump was
 taken, MANIFEST.json's ``taken_at``) to the moment they are readable in the store; the lag
 counts from the manifest's commit. Both have a gauge (the last dump), a histogram, and p50 and
-p99 gauges over the last :data:`WINDOW` dumps.
+p99 gauges over the last :data:`WINDOW` dumps. Under a read-latency budget
+(:mod:`deltarec.publish.budget`) the seconds the publisher paused for the readers add up in
+``deltarec_publish_held_back_seconds_total``, beside the probes' last p99.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ class PublishMetrics:
         self._lock = threading.Lock()
         self.version = Gauge(
             "deltarec_publish_last_version", "Version of the last dump published", registry=r
+        )
+        self.held_back = Counter(
+            "deltarec_publish_held_back_seconds",
+            "Seconds the publisher paused to keep serving reads within the read-latency budget",
+            registry=r,
+        )
+        self.read_probe_p99 = Gauge(
+            "deltarec_publish_read_probe_p99_seconds",
+            "p99 of the read-latency budget's last probe reads of serving keys",
+            registry=r,
         )
         self.queued_bytes = Gauge(
             "deltarec_publish_queued_bytes",

@@ -452,9 +452,8 @@ class DumpPublisher:
 
         reader = _PartReader(rows_from, ShardRows.empty(spec.dtype, spec.dim))
         done = min(skip, total)
-        step = self._batch_rows(spec)
-        while True:
-            end = min(total, done + step)
+        while True:  # batch_bytes may change between transactions (a read budget's throttle)
+            end = min(total, done + self._batch_rows(spec))
             mark = ProgressMark(
                 self.run,
                 manifest.generation,

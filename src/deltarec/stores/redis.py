@@ -73,6 +73,7 @@ from deltarec.stores.redislua import (
     LUA_SWITCH,
     LUA_WRITE,
     pack_version,
+    slow_commands,
 )
 from deltarec.stores.rows import checked_arrays
 from deltarec.stores.runviews import RunViews
@@ -112,6 +113,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
         staging=True,
         scan=True,
         snapshot_replace=True,
+        writes_block_reads=True,
         batch_bytes=64 << 20,
     )
     """``batch_bytes``: a write is one MULTI/EXEC per batch (8 MB read chunks from the publisher)
@@ -332,6 +334,8 @@ class RedisStore(RedisRegistry, RunViews, Store):
                     ",".join(map(str, keys[s : s + step].tolist())),
                 ]
                 self._write_script(keys=script_keys, args=args, client=pipe)
+            for command in slow_commands(n * stride):
+                pipe.execute_command(*command)
             if mark is not None:
                 self._mark(pipe, mark, stage)
 
@@ -364,6 +368,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
         """
         if plain is not None:
             extra = [] if mark is None else [self._mark_command(mark, 0)]
+            extra += slow_commands(sum(len(body) for _, body in plain.bodies))
             with _ERRORS.map_errors(self.describe()):
                 try:
                     newest = write_plain(

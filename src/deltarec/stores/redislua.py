@@ -19,6 +19,9 @@ Used by :mod:`deltarec.stores.redis`.
 from __future__ import annotations
 
 import struct
+from typing import Any
+
+from deltarec.faults import slowdown
 
 _LUA_COMMON = """
 local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end
@@ -397,3 +400,23 @@ def unpack_high(value: bytes) -> tuple[int, int]:
     """The two versions of a high mark (see :func:`pack_high`)."""
     rows, tombstones = struct.unpack("<qq", value)
     return int(rows), int(tombstones)
+
+
+LUA_SPIN = """
+local t = redis.call('TIME')
+local start = tonumber(t[1]) * 1000000 + tonumber(t[2])
+repeat
+  t = redis.call('TIME')
+until tonumber(t[1]) * 1000000 + tonumber(t[2]) - start >= tonumber(ARGV[1])
+return 0
+"""
+
+
+def slow_commands(nbytes: int) -> list[tuple[Any, ...]]:
+    """The ``redis.exec`` slow point (:mod:`deltarec.faults`): a wait on the server, in the write.
+
+    Its milliseconds per megabyte of ``nbytes`` are spent by a script queued in the write's
+    ``MULTI``/``EXEC``, so every reader waits for them as for a slow server; none unless set.
+    """
+    delay = slowdown("redis.exec") * nbytes / 1e6
+    return [("EVAL", LUA_SPIN, 0, int(delay * 1e6))] if delay > 0 else []

@@ -46,6 +46,10 @@ class Capabilities:
     versions: bool = True
     """Each row keeps its version, and ``read`` returns it; else versions read back as 0 and a
     row can only be checked by its values."""
+    writes_block_reads: bool = False
+    """While the server applies one write (a transaction, a script) no read is served: Redis
+    runs one command or ``MULTI``/``EXEC`` at a time. A read-latency budget then bounds how long
+    each write may take (:mod:`deltarec.publish.budget`)."""
     batch_bytes: int = 8 << 20
     """The preferred encoded bytes per write transaction (and progress mark): the publisher's
     default. The SQL stores take a large transaction sorted by key in one pass, several times

@@ -1,0 +1,190 @@
+"""Probe reads of serving keys, timed the way a serving client sees them (a process of its own).
+
+The read-latency budget (:mod:`deltarec.publish.budget`) needs to know what the publisher's
+writes do to the readers. A reader thread inside the publisher would time its own waits for
+the interpreter lock along with the store's, so the probe is a separate process with its own
+connection: every ``interval_s`` it reads one serving key the way a serving client does (SQL:
+``SELECT embedding, version FROM <serving name> WHERE key = ?``; Redis: ``HGET emb:<table> key``)
+and appends the latency to a shared ring the publisher reads (:meth:`Probe.take`).
+
+The keys probed are sampled from the serving name itself, again every second (Redis:
+``HRANDFIELD``; SQL: a run of keys from a random place in the key range), so the probe reads rows
+that exist, spread over the table, as serving does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deltarec.stores.base import Store
+from deltarec.stores.naming import quote, view_name
+
+RING = 4096
+"""Latencies the ring holds; the publisher reads them far more often than it fills."""
+KEYS = 256
+"""Keys sampled from the serving name at a time."""
+RESAMPLE_S = 1.0
+"""Seconds between two samples of keys (new rows land while the probe runs)."""
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """Where and how a probe reads: what the child process needs to connect (picklable).
+
+    Attributes:
+        kind: ``sqlite``, ``postgres`` or ``redis``.
+        connect: the connection's arguments (a path, psycopg's keywords, redis-py's keywords).
+        name: the serving name (SQL: the quoted, schema-qualified view; Redis: the hash).
+    """
+
+    kind: str
+    connect: dict[str, Any]
+    name: str
+
+
+def probe_target(store: Store, table: str) -> ProbeTarget | None:
+    """How a serving client reads ``table`` of ``store``, or None where it cannot be probed.
+
+    PAI FeatureStore and an in-memory SQLite store have no second reader to time.
+    """
+    config: Any = getattr(store, "config", None)
+    if store.kind == "sqlite" and config is not None and config.path != ":memory:":
+        return ProbeTarget("sqlite", {"path": config.path}, quote(view_name(table, config.prefix)))
+    if store.kind == "postgres" and config is not None:
+        params = store._params()  # type: ignore[attr-defined]  # the store's own server
+        params["application_name"] = "deltarec-probe"
+        name = f"{quote(config.schema_name)}.{quote(view_name(table, config.prefix))}"
+        return ProbeTarget("postgres", params, name)
+    if store.kind == "redis" and config is not None:
+        args = {"host": config.host, "port": config.port, "db": config.db}
+        if config.username:
+            args["username"] = config.username
+        return ProbeTarget("redis", args, f"{config.prefix}{table}")
+    return None
+
+
+Reader = tuple[Callable[[int], object], Callable[[], list[int]]]
+"""One read of one key as a serving client makes it, and a sample of keys the name holds."""
+
+
+def _reader(target: ProbeTarget) -> Reader:
+    """How the probe reads ``target``, and how it finds keys to read (see the module doc)."""
+    if target.kind == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(target.connect["path"], timeout=30)
+        sql = f"SELECT embedding, version FROM {target.name} WHERE key = ?"
+        return lambda key: conn.execute(sql, (key,)).fetchall(), lambda: _sql_sample(
+            lambda q, a: conn.execute(q.replace("%s", "?"), a).fetchall(), target.name
+        )
+    if target.kind == "postgres":
+        import psycopg
+
+        pg = psycopg.connect(autocommit=True, **target.connect)
+        sql = f"SELECT embedding, version FROM {target.name} WHERE key = %s"
+        return lambda key: pg.execute(sql, (key,), prepare=True).fetchall(), lambda: _sql_sample(
+            lambda q, a: pg.execute(q, a).fetchall(), target.name
+        )
+    import redis
+
+    from deltarec.stores.config import env_password
+
+    client = redis.Redis(password=env_password("REDIS_PASSWORD"), **target.connect)
+
+    def sample() -> list[int]:
+        fields: Any = client.hrandfield(target.name, KEYS) or []
+        return [int(f) for f in fields]
+
+    return lambda key: client.hget(target.name, str(key)), sample
+
+
+def _sql_sample(query: Callable[[str, tuple[Any, ...]], list[Any]], name: str) -> list[int]:
+    """Keys of a SQL serving name from a random place in its key range (an index range scan)."""
+    low, high = query(f"SELECT min(key), max(key) FROM {name}", ())[0]
+    if low is None:
+        return []
+    start = random.randint(int(low), int(high))
+    rows = query(f"SELECT key FROM {name} WHERE key >= %s ORDER BY key LIMIT {KEYS}", (start,))
+    return [int(r[0]) for r in rows]
+
+
+def _probe_main(target: ProbeTarget, interval_s: float, ring: Any, count: Any, stop: Any) -> None:
+    """The child: read a key every ``interval_s`` and record each latency, until ``stop``.
+
+    The keys are sampled again every :data:`RESAMPLE_S` (none yet: nothing is timed).
+    """
+    read, sample = _reader(target)
+    keys: list[int] = []
+    sampled = -RESAMPLE_S
+    n = 0
+    while not stop.is_set():
+        if time.monotonic() - sampled >= RESAMPLE_S:
+            with contextlib.suppress(Exception):  # not provisioned yet: try again later
+                keys = sample() or keys
+            sampled = time.monotonic()
+        if keys:
+            key = random.choice(keys)
+            t0 = time.perf_counter()
+            with contextlib.suppress(Exception):  # a read that fails is timed as it took
+                read(key)
+            ring[n % RING] = time.perf_counter() - t0
+            n += 1
+            count.value = n
+        stop.wait(interval_s)
+
+
+class Probe:
+    """A probe process reading ``target`` every ``interval_s`` seconds (until :meth:`close`).
+
+    Args:
+        target: what to read (:func:`probe_target`).
+        interval_s: seconds between two probe reads (each takes one key).
+    """
+
+    def __init__(self, target: ProbeTarget, interval_s: float = 0.002) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        self._ring = ctx.Array("d", RING, lock=False)
+        self._count = ctx.Value("q", 0, lock=False)
+        self._stop = ctx.Event()
+        self._read = 0
+        self._process = ctx.Process(
+            target=_probe_main,
+            args=(target, interval_s, self._ring, self._count, self._stop),
+            name="deltarec-probe",
+            daemon=True,
+        )
+        self._process.start()
+
+    def wait_first(self, timeout_s: float) -> bool:
+        """Wait until the first probe read is timed (or ``timeout_s``); whether it was."""
+        deadline = time.monotonic() + timeout_s
+        while self._count.value == 0 and self._process.is_alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return self._count.value > 0
+
+    def take(self) -> list[float]:
+        """The latencies (seconds) recorded since the last call, oldest first."""
+        n = self._count.value
+        start = max(self._read, n - RING)
+        self._read = n
+        return [self._ring[i % RING] for i in range(start, n)]
+
+    def alive(self) -> bool:
+        """Whether the probe process still runs (it ends if it cannot connect)."""
+        return self._process.is_alive()
+
+    def close(self) -> None:
+        """Stop the probe process (idempotent)."""
+        self._stop.set()
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()

@@ -1,0 +1,167 @@
+"""The read-latency budget: probes of serving keys, transactions that shrink, nothing lost."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts.types import TableSpec
+from deltarec.errors import ConfigError
+from deltarec.faults import SLOW_ENV, slowdown
+from deltarec.ids import make_version
+from deltarec.publish import DumpPublisher, PublishMetrics
+from deltarec.publish import budget as budget_module
+from deltarec.publish.budget import MIN_BYTES, ReadBudget, Throttle, check_budget, throttled
+from deltarec.stores import open_store
+from deltarec.testing.dumps import new_generation, random_rows, write_dump
+
+T = "sparse.ebc.item_id"
+SPEC = TableSpec(dim=32, num_embeddings=1_000_000)
+UNIT = 32 * 4 + budget_module.ROW_OVERHEAD  # bytes a row counts for in a transaction's size
+_PREFIXES = itertools.count()
+
+
+def _dump(tmp_path, rows: int, seed: int = 1):  # type: ignore[no-untyped-def]
+    root = ArtifactRoot(str(tmp_path / "art"))
+    info = new_generation(root, "r", {T: SPEC}, world_size=1)
+    keys = np.random.default_rng(seed).permutation(1_000_000)[:rows]
+    data = random_rows(keys, SPEC, seed=seed)
+    return root, write_dump(root, info, 1, {T: {0: data}}), data
+
+
+def _check_everything_landed(store, manifest, data, marks) -> None:  # type: ignore[no-untyped-def]
+    got = store.read(T, data.keys)
+    assert got.found.all()
+    np.testing.assert_array_equal(got.embedding, data.embedding)
+    assert set(got.versions.tolist()) == {make_version(1, 1)}
+    rows = [m.rows for m in marks]
+    assert rows == sorted(rows) and rows[-1] == len(data) and marks[-1].complete
+    assert not any(m.complete for m in marks[:-1])
+    (done,) = [m for m in store.registry.progress("r", 1) if m.table == T]
+    assert (done.rows, done.complete) == (len(data), True)
+
+
+# ---- the policy ------------------------------------------------------------------------------
+def test_probes_over_the_budget_halve_the_transactions_and_pause_longer_each_time():
+    policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
+    start = policy.bytes
+    assert policy.step(start, 0.01, [0.005] * 16) == pytest.approx(0.002)
+    assert policy.bytes == start // 2
+    assert policy.step(start // 2, 0.01, [0.005] * 16) == pytest.approx(0.004)
+    assert policy.bytes == start // 4
+    assert policy.last_p99_s == pytest.approx(0.005)
+
+
+def test_probes_under_the_budget_grow_the_transactions_back_and_drop_the_pause():
+    policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
+    policy.step(policy.bytes, 0.01, [0.005] * 16)
+    small = policy.bytes
+    assert policy.step(small, 0.01, [0.0002] * 16) == 0.0  # 2 ms halves to below the floor
+    assert policy.bytes == int(small * budget_module.GROW) + 1
+
+
+def test_too_few_probes_change_nothing():
+    policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
+    start = policy.bytes
+    assert policy.step(start, 0.01, [0.5] * (budget_module.JUDGE - 1)) == 0.0
+    assert policy.bytes == start and policy.last_p99_s is None
+
+
+def test_a_blocking_store_never_gets_a_transaction_its_timing_says_outlasts_the_budget():
+    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True)
+    assert policy.bytes == MIN_BYTES  # nothing is known of the store yet
+    per_byte = 1e-6  # 1 ms per KB: the budget allows about 2 KB, less a read's own time
+    for _ in range(40):
+        policy.step(policy.bytes, policy.bytes * per_byte, [0.0005] * 16)
+    assert policy.bytes == MIN_BYTES  # the floor: the publish always moves on
+    fast = ReadBudget(0.002, max_bytes=64 << 20, blocking=True)
+    for _ in range(40):
+        fast.step(fast.bytes, fast.bytes * 1e-8, [0.0001] * 16)
+    assert fast.bytes * 1e-8 <= 0.002 - 0.0001  # grown, within budget less a read's time
+    assert fast.bytes > MIN_BYTES
+
+
+def test_a_budget_must_be_positive_milliseconds():
+    assert check_budget(None) is None and check_budget(2.5) == 2.5
+    with pytest.raises(ConfigError, match="--read-p99-ms must be a positive number"):
+        check_budget(0, "--read-p99-ms")
+
+
+def test_the_slow_point_reads_milliseconds_per_megabyte(monkeypatch):
+    assert slowdown("redis.exec") == 0.0
+    monkeypatch.setenv(SLOW_ENV, "redis.exec:250")
+    assert slowdown("redis.exec") == 0.25 and slowdown("other") == 0.0
+    monkeypatch.setenv(SLOW_ENV, "redis.exec:fast")
+    with pytest.raises(ValueError, match="expected POINT:MS"):
+        slowdown("redis.exec")
+
+
+# ---- against real stores ---------------------------------------------------------------------
+def test_without_a_budget_the_publisher_is_left_as_it_was(tmp_path):
+    root, _, _ = _dump(tmp_path, 10)
+    store = open_store(f"sqlite:///{tmp_path}/s.db", run="r")
+    pub = DumpPublisher(store, root, "r")
+    before = (pub.batch_bytes, pub.after_batch)
+    assert throttled(pub, None) is None
+    assert (pub.batch_bytes, pub.after_batch) == before
+    store.close()
+
+
+def test_a_slowed_redis_gets_small_transactions_probed_reads_and_loses_nothing(
+    tmp_path, redis_server, monkeypatch
+):
+    monkeypatch.setenv(SLOW_ENV, "redis.exec:400")  # 400 ms a megabyte, on the server
+    root, manifest, data = _dump(tmp_path, 6000)
+    store = open_store(f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:", run="r")
+    marks = []
+    metrics = PublishMetrics()
+
+    def hook(mark, n):  # type: ignore[no-untyped-def]
+        marks.append(mark)
+
+    pub = DumpPublisher(store, root, "r", metrics=metrics, after_batch=hook)
+    budget_ms = 8.0
+    with Throttle(pub, budget_ms) as throttle:
+        pub.publish_generation(1)
+    report = throttle.close()
+    _check_everything_landed(store, manifest, data, marks)
+    sizes = np.diff([0] + [m.rows for m in marks]) * UNIT
+    slowest_s = sizes.max() * 0.4 / 1e6  # what the slow point spent on the biggest one
+    assert slowest_s <= budget_ms / 1000  # no write held the readers past the budget
+    assert len(marks) > 10  # against one transaction of 64 MB by default
+    assert report.probes > 0 and report.probe_p50_ms is not None
+    assert report.smallest_batch_bytes <= sizes.max()
+    assert (pub.batch_bytes, pub.after_batch) == (store.capabilities.batch_bytes, hook)
+    assert metrics.value("deltarec_publish_read_probe_p99_seconds") > 0
+    store.close()
+
+
+def test_an_unattainable_budget_shrinks_postgres_transactions_pauses_and_loses_nothing(
+    tmp_path, postgres_server, monkeypatch
+):
+    monkeypatch.setattr(budget_module, "START_BYTES", 64 << 10)
+    monkeypatch.setattr(budget_module, "JUDGE", 1)  # judged on every probe: however fast it runs
+    monkeypatch.setattr(budget_module, "MAX_PAUSE_S", 0.004)  # the test stays short
+    root, manifest, data = _dump(tmp_path, 4000, seed=2)
+    url = f"{postgres_server.url}?schema=budget{tmp_path.name[-12:]}"
+    store = open_store(url, run="r")
+    marks = []
+    metrics = PublishMetrics()
+    pub = DumpPublisher(store, root, "r", metrics=metrics, after_batch=lambda m, n: marks.append(m))
+    throttle = Throttle(pub, 0.0001)  # 0.1 us: every probe read is over it
+    pub.publish_generation(1)
+    report = throttle.close()
+    _check_everything_landed(store, manifest, data, marks)
+    sizes = np.diff([0] + [m.rows for m in marks]) * UNIT
+    assert sizes[0] > 32 << 10  # started at START_BYTES ...
+    assert report.smallest_batch_bytes == MIN_BYTES  # ... and halved down to the floor
+    assert sizes[-2] <= MIN_BYTES
+    assert report.held_back_s > 0
+    assert metrics.value("deltarec_publish_held_back_seconds_total") == pytest.approx(
+        report.held_back_s, abs=1e-3
+    )
+    assert report.probe_p99_ms is not None and report.probe_p99_ms > 0.0001
+    store.close()
