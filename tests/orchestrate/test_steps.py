@@ -67,7 +67,7 @@ def test_entry_point_command_runs_as_is_under_torchrun():
         ({"tables": "{not json"}, "tables is not JSON"),
         ({"tables": '{"a.t": {"dtype": "float32"}}'}, "tables['a.t']"),
         ({"webhook_url": "ftp://x"}, "not an http(s) URL"),
-        ({"webhook_url": "https://hooks.example.com/x?token=abc"}, "query parameter 'token'"),
+        ({"webhook_url": "https://hooks.example.com/x?token=abc"}, "query option 'token'"),
         ({"publish_mode": "eventual"}, "publish_mode"),
     ],
 )

@@ -108,10 +108,11 @@ class DumpHook:
             from prometheus_client import start_http_server
 
             from deltarec.dump.metrics import DumpCollector
+            from deltarec.publish.metrics import metrics_host
 
             self.registry.register(DumpCollector(self.dumper))
             if self.publisher is None:  # no store: the dump path's metrics alone
-                start_http_server(self._rank_port(), registry=self.registry)
+                start_http_server(self._rank_port(), addr=metrics_host(), registry=self.registry)
         if self._state is not None:
             self.dumper.load_state_dict(self._state)
         self.dumper.start(step, restored_from)

@@ -35,6 +35,7 @@ import fsspec
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import TableSpec
+from deltarec.credentials import redact_url
 from deltarec.dump.config import check_row_encoding, parse_row_encodings
 from deltarec.errors import BadInputError, CheckFailedError, ConfigError
 from deltarec.model.config import ModelConfig
@@ -435,17 +436,34 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
     return FailureAction(action, rolled_back_to, dropped, status, summary)
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect handler that follows none.
+
+    Following one would let whoever answers the webhook make the step request any address it
+    can reach (cloud metadata included).
+    """
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_WEBHOOK_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def call_webhook(url: str, summary: Mapping[str, Any], timeout_s: float = 10.0) -> int:
-    """POST ``summary`` as JSON to ``url``; returns the HTTP status (0 if the call failed)."""
+    """POST ``summary`` as JSON to ``url``; returns the HTTP status (0 if the call failed).
+
+    A redirect is not followed: a 3xx answer is a failed call.
+    """
     body = json.dumps(summary).encode()
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _WEBHOOK_OPENER.open(request, timeout=timeout_s) as response:
             return int(response.status)
     except OSError as e:
-        log.error("the webhook %s failed: %s", url, e)
+        log.error("the webhook %s failed: %s", redact_url(url), e)
         return 0
 
 

@@ -74,14 +74,19 @@ def program(params: PipelineParams) -> tuple[list[str], list[str], dict[str, str
     launcher). An entry point
     ``module:function``: ``python -m deltarec.orchestrate.entry module:function <extra>``; a
     command: the command with ``<extra>`` appended. Entry points get the settings in the
-    environment (:func:`train_settings_env`).
+    environment (:func:`train_settings_env`). With ``metrics_port`` set the ranks' metrics
+    servers listen on every interface (the scraper reaches a pod by its address); elsewhere
+    they listen on loopback only.
     """
+    from deltarec.publish.metrics import METRICS_HOST_ENV
+
     device = "cuda" if params.gpus_per_node > 0 else "cpu"
+    scraped = {METRICS_HOST_ENV: "0.0.0.0"} if params.metrics_port else {}
     if not params.entry_point.strip():
-        return ["deltarec", "train"], train_args(params), {}
+        return ["deltarec", "train"], train_args(params), scraped
     extra = shlex.split(params.train_extra_args)
     kind, *target = parse_entry_point(params.entry_point)
-    env = {**train_settings_env(params), "DELTAREC_DEVICE": device}
+    env = {**train_settings_env(params), "DELTAREC_DEVICE": device, **scraped}
     if kind == "function":
         return ["python", "-m", "deltarec.orchestrate.entry", target[0]], extra, env
     return list(target), extra, env

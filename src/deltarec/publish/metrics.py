@@ -16,6 +16,7 @@ p99 gauges over the last :data:`WINDOW` dumps. Under a read-latency budget
 from __future__ import annotations
 
 import collections
+import os
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -25,6 +26,15 @@ from deltarec.stats import quantile
 _LAG_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 WINDOW = 1000
 """Dumps the p50 / p99 gauges are computed over."""
+
+METRICS_HOST_ENV = "DELTAREC_METRICS_HOST"
+"""The address the metrics servers of a trainer and of ``deltarec publish`` listen on;
+unset: ``127.0.0.1`` (the pipeline's training pods set ``0.0.0.0`` for the scraper)."""
+
+
+def metrics_host() -> str:
+    """The address to serve metrics on: :data:`METRICS_HOST_ENV`, else loopback only."""
+    return os.environ.get(METRICS_HOST_ENV, "").strip() or "127.0.0.1"
 
 
 class PublishMetrics:
@@ -123,9 +133,12 @@ class PublishMetrics:
         self.freshness_p50.set(quantile(ordered, 0.50))
         self.freshness_p99.set(quantile(ordered, 0.99))
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on ``addr:port`` from a daemon thread."""
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str | None = None) -> None:
+        """Serve ``/metrics`` on ``addr:port`` from a daemon thread.
+
+        ``addr`` defaults to :func:`metrics_host` (loopback unless the environment says).
+        """
+        start_http_server(port, addr=addr or metrics_host(), registry=self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """The current value of a sample (for tests and summaries); 0 if absent."""

@@ -186,7 +186,11 @@ def _pack_hooks(hooks: Sequence[TrainHook]) -> torch.Tensor:
 
 def _unpack_hooks(blob: torch.Tensor, hooks: Sequence[TrainHook], path: str) -> None:
     data = io.BytesIO(blob.numpy().tobytes())
-    saved: dict[str, Any] = torch.load(data, map_location="cpu", weights_only=False)
+    try:  # weights_only: a checkpoint is data, never code (a pickle could run anything)
+        saved: dict[str, Any] = torch.load(data, map_location="cpu", weights_only=True)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(path, f"the hooks' state is not plain data: {first}") from e
     for i, h in enumerate(hooks):
         key = hook_key(h, i)
         if key in saved:
