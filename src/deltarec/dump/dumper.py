@@ -26,7 +26,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,18 +36,18 @@ from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.cadence import Cadence
-from deltarec.dump.config import DumperConfig, check_row_encoding
-from deltarec.dump.encode import encode_scratch_bytes, warm_up_encoding
-from deltarec.dump.encoder_process import EncoderProcess
+from deltarec.dump.config import DumperConfig
+from deltarec.dump.encode import warm_up_encoding
+from deltarec.dump.encoder_process import start_encoder
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.holds import DumpHolds
+from deltarec.dump.plan import agreed_table_specs, plan_dump, snapshot_fits
 from deltarec.dump.queue import ByteBoundedQueue
-from deltarec.dump.staging import plan_host_budget
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
 from deltarec.tracking.gather import DeviceRows
-from deltarec.tracking.pinned import PinnedRing, pinned_slot_bytes
+from deltarec.tracking.pinned import PinnedRing
 from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
 
@@ -59,27 +58,6 @@ TIMINGS_KEPT = 1000
 for days dumps thousands of times)."""
 
 STATE_VERSION = 1
-
-
-def _pinned_slot_bytes(chunk_rows: int, sources: Sequence[TableSource], shared: bool) -> int:
-    """A ring slot: one chunk of the widest table (4-byte values), keys and ops.
-
-    0 (no ring) without CUDA, unless the ring is ``shared`` with an encoder process.
-    """
-    if not sources or not (shared or torch.cuda.is_available()):
-        return 0
-    return pinned_slot_bytes(chunk_rows, max(s.spec.dim for s in sources))
-
-
-def uses_encoder_process(config: DumperConfig) -> bool:
-    """Whether chunks are encoded in a child process (``DumperConfig.encoder``).
-
-    ``auto``: where CUDA is available. On a few CPU cores shared by the training ranks (the
-    CPU path) the child's copies into the ring cost more than the GIL it frees.
-    """
-    if config.encoder == "auto":
-        return torch.cuda.is_available()
-    return config.encoder == "process"
 
 
 class DataMismatchError(DumpError):
@@ -118,21 +96,13 @@ class Dumper:
         self.root = ArtifactRoot(config.artifacts, config.storage_options)
         self.on_commit = on_commit
         self.generation: GenerationInfo | None = None
-        self.host_budget = config.host_budget_bytes()
-        widest = max(  # the most scratch one chunk's encoding takes, over the tables
-            (
-                encode_scratch_bytes(config.dtype_of(s.table_id), s.spec.dim, config.chunk_rows)
-                for s in self.sources
-            ),
-            default=0,
-        )
-        self.encoder_process = uses_encoder_process(config)
+        dump_plan = plan_dump(config, self.sources, keep_rows)
+        self.host_budget = dump_plan.host_budget
+        self.encoder_process = dump_plan.encoder_process
         """Whether a child process encodes and writes the shards
         (:mod:`deltarec.dump.encoder_process`)."""
-        slot = _pinned_slot_bytes(config.chunk_rows, self.sources, self.encoder_process)
-        self.plan = plan_host_budget(
-            self.host_budget, config.encode_threads(), widest, keep_rows, pinned_slot_bytes=slot
-        )
+        slot = dump_plan.slot_bytes
+        self.plan = dump_plan.host
         """How the host budget is shared out (:func:`~deltarec.dump.staging.plan_host_budget`)."""
         self.queue = ByteBoundedQueue(self.plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
@@ -234,7 +204,11 @@ class Dumper:
             self._fence()
         encoder = None
         if self.encoder_process:
-            encoder = self._start_encoder(tables)
+            assert self._worker_x is not None
+            encoder = start_encoder(
+                self.config, self.generation.generation, self._worker_x.rank, tables,
+                self.plan, self.pinned,
+            )  # fmt: skip
             gc.collect()
         else:
             warm_up_encoding({spec.dtype for spec in tables.values()})
@@ -276,68 +250,16 @@ class Dumper:
         self._cadence.start(step)
         return self.generation
 
-    def _start_encoder(self, tables: dict[str, TableSpec]) -> EncoderProcess:
-        """Start this rank's encoder process (it reports ready once it can encode)."""
-        assert self.generation is not None and self._worker_x is not None
-        setup = {
-            "artifacts": self.config.artifacts,
-            "storage_options": dict(self.config.storage_options),
-            "run": self.config.run,
-            "generation": self.generation.generation,
-            "rank": self._worker_x.rank,
-            "tables": {t: (spec.dtype.value, spec.dim) for t, spec in tables.items()},
-            "fsync": self.config.fsync,
-            "encode_workers": self.plan.encode_threads,
-            "arena_bytes": self.plan.arena_bytes,
-        }
-        encoder = EncoderProcess(setup, self.pinned)
-        log.info("dump encoder process started (pid %d)", encoder.pid)
-        return encoder
-
     def _snapshot_fits(self) -> bool:
         """Collective: whether every rank's rows fit ``snapshot_max_bytes`` (logs if not)."""
-        assert self._train_x is not None
-        limit = self.config.snapshot_max_bytes
-        if limit is None:
-            limit = self.host_budget
-        # a rank's share of every table's rows (4-byte values)
-        share = sum(s.spec.num_embeddings * s.spec.dim * 4 for s in self.sources)
-        share //= self._train_x.world_size
-        fits = limit == 0 or share <= limit
-        if all(self._train_x.all_gather(fits, what="the snapshot's size check")):
-            return True
-        log.warning(
-            "no snapshot (dump 0) for generation %s: a rank's share of the tables' rows is "
-            "%.1f GiB, over snapshot_max_bytes %.1f GiB (default: the host budget) on this or "
-            "another rank, and writing them would stall the training thread until they are "
-            "written; serving gets the rows the deltas touch. Raise snapshot_max_bytes (0: no "
-            "limit) to write it anyway.",
-            self.generation.generation if self.generation else "?",
-            share / 2**30,
-            limit / 2**30,
+        assert self._train_x is not None and self.generation is not None
+        return snapshot_fits(
+            self.config, self.sources, self._train_x, self.host_budget, self.generation.generation
         )
-        return False
 
     def _table_specs(self) -> dict[str, TableSpec]:
-        tables = {
-            s.table_id: replace(s.spec, dtype=self.config.dtype_of(s.table_id))
-            for s in self.sources
-        }
         assert self._train_x is not None
-        everyone = self._train_x.all_gather(sorted(tables))
-        if any(names != everyone[0] for names in everyone):
-            raise ConfigError(
-                "ranks discovered different tables: "
-                + "; ".join(f"rank {r}: {names}" for r, names in enumerate(everyone))
-            )
-        unknown = sorted(set(self.config.table_dtypes) - set(tables))
-        if unknown:
-            raise ConfigError(
-                f"table_dtypes names unknown tables {unknown}; tables: {sorted(tables)}"
-            )
-        for table, spec in tables.items():
-            check_row_encoding(table, spec.dim, spec.dtype)
-        return tables
+        return agreed_table_specs(self.config, self.sources, self._train_x)
 
     def _allocate(self, tables: dict[str, TableSpec], parent: Parent | None) -> GenerationInfo:
         assert self._train_x is not None

@@ -43,11 +43,17 @@ import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from deltarec.errors import DeltarecError
+
+if TYPE_CHECKING:
+    from deltarec.artifacts.types import TableSpec
+    from deltarec.dump.config import DumperConfig
+    from deltarec.dump.staging import HostBudgetPlan
+    from deltarec.tracking.pinned import PinnedRing
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +297,31 @@ class EncoderProcess:
                 release()
         if not self._stopping or code != 0:
             log.error("%s", self._lost)
+
+
+def start_encoder(
+    config: DumperConfig,
+    generation: int,
+    rank: int,
+    tables: dict[str, TableSpec],
+    plan: HostBudgetPlan,
+    pinned: PinnedRing | None,
+) -> EncoderProcess:
+    """Start a rank's encoder process for ``generation`` (it reports ready once it can encode)."""
+    setup = {
+        "artifacts": config.artifacts,
+        "storage_options": dict(config.storage_options),
+        "run": config.run,
+        "generation": generation,
+        "rank": rank,
+        "tables": {t: (spec.dtype.value, spec.dim) for t, spec in tables.items()},
+        "fsync": config.fsync,
+        "encode_workers": plan.encode_threads,
+        "arena_bytes": plan.arena_bytes,
+    }
+    encoder = EncoderProcess(setup, pinned)
+    log.info("dump encoder process started (pid %d)", encoder.pid)
+    return encoder
 
 
 def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
