@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from deltarec.tracking.gather import dedup_ids
-from deltarec.tracking.plain import UniqueBatch
+from deltarec.tracking.unique import UniqueBatch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
