@@ -1,6 +1,6 @@
 """A dump's deduplication and gather of several CUDA tables as one CUDA graph replay.
 
-The exact path of a dump (:class:`~deltarec.tracking.plain.UniqueBatch`) makes about ten CUDA
+The exact path of a dump (:class:`~deltarec.tracking.unique.UniqueBatch`) makes about ten CUDA
 calls per table on the training thread and waits once for the deduplication, so that each
 staging buffer is exactly as long as the table's touched rows. On a host where a CUDA call
 costs 20-60 µs of Python and driver time that is about 1 ms per dump: half a 2 ms training
