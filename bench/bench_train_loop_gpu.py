@@ -87,6 +87,7 @@ LOOPS = {  # batch, ids per sample per table, MLP width, target step ms, steps p
 }
 EVERY = 50
 REF_CHUNK = 1 << 20  # rows gathered at once for the reference (device memory stays small)
+CHECK_BATCH = 1 << 18  # rows of a shard compared at once (host memory stays small)
 SCRAMBLE = 2654435761  # odd and not a multiple of 5: a bijection mod 2^a 5^b rows
 
 
@@ -313,12 +314,11 @@ class Bench:
             found = np.zeros(len(ids), dtype=bool)
             for s in (s for s in m.shards if s.table == f"model.{name}"):
                 f = pq.ParquetFile(os.path.join(dump_dir, s.path))
-                for g in range(f.num_row_groups):  # a row group at a time: memory stays small
-                    t = f.read_row_group(g, columns=["key", "embedding"])
+                for t in f.iter_batches(CHECK_BATCH, columns=["key", "embedding"]):
                     keys = t.column("key").to_numpy()
                     if not len(keys):
                         continue
-                    emb = t.column("embedding").combine_chunks().flatten().to_numpy()
+                    emb = t.column("embedding").flatten().to_numpy()
                     pos = np.minimum(np.searchsorted(ids, keys), max(len(ids) - 1, 0))
                     same = len(ids) > 0 and bool((ids[pos] == keys).all())
                     same = same and not found[pos].any()  # no key twice
