@@ -63,6 +63,23 @@ class SchemaVersionError(ArtifactError):
         )
 
 
+class MissingDumpError(BadInputError):
+    """A committed dump is missing from a generation's chain (SPEC §3a) and no base covers it.
+
+    Within a generation committed dumps have consecutive seqs after the newest base that covers
+    it; a hole means a dump was lost, and every reader refuses rather than serve without it.
+    """
+
+    def __init__(self, where: str, run: str, generation: int, seq: int, detail: str) -> None:
+        self.run = run
+        self.generation = generation
+        self.seq = seq
+        super().__init__(
+            f"{where}: run {run!r} generation {generation}: dump {seq} is missing (a gap in "
+            f"the chain of committed dumps; {detail})"
+        )
+
+
 class ChecksumError(ArtifactError):
     """A shard's sha256 or row count does not match its manifest."""
 

@@ -89,9 +89,9 @@ def test_without_commit_only_the_shards_are_written(tmp_path):
     root = ArtifactRoot(str(tmp_path))
     info = _info(root)
     m = write_dump(root, info, 2, DumpKind.DELTA, {A: {1: _rows([4], 4)}}, 1, 1, commit=False)
-    assert root.list_dumps("run", info.generation) == []
+    assert root.committed_seqs("run", info.generation) == []
     root.commit_manifest(m)
-    assert root.list_dumps("run", info.generation) == [2]
+    assert root.committed_seqs("run", info.generation) == [2]
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,9 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
+from deltarec.artifacts.base import BASE_FILE, BASE_RE, base_name, covered_seq, seq_ranges
 from deltarec.artifacts.types import GenerationInfo, Manifest, shard_relpath
-from deltarec.errors import ArtifactError, BadInputError
+from deltarec.errors import ArtifactError, BadInputError, MissingDumpError
 from deltarec.ids import validate_run
 
 GENERATION_FILE = "GENERATION.json"
@@ -417,10 +418,45 @@ class ArtifactRoot:
         """Path of MANIFEST.json."""
         return posixpath.join(self.dump_dir(run, generation, seq), MANIFEST_FILE)
 
-    def list_dumps(self, run: str, generation: int) -> list[int]:
-        """Committed dumps (with a manifest) of a generation, ascending by seq."""
+    def committed_seqs(self, run: str, generation: int) -> list[int]:
+        """Committed dumps (with a manifest) of a generation, ascending, holes not checked.
+
+        For retention and cleanup only; every reader uses :meth:`list_dumps`.
+        """
         seqs = self.numbered_entries(self.gen_dir(run, generation), _DUMP_RE)
         return [s for s in seqs if self.exists(self.manifest_file(run, generation, s))]
+
+    def list_dumps(self, run: str, generation: int) -> list[int]:
+        """Committed dumps of a generation, ascending by seq, the chain checked (SPEC §3a).
+
+        The seqs after the newest committed base that covers the generation (from 0 or 1
+        where none does: the snapshot is optional) must be consecutive up to the newest
+        committed dump; a dump below a covering base may be gone (retention removed it).
+
+        Raises:
+            MissingDumpError: a seq is missing, naming the run, generation and seq.
+        """
+        seqs = self.committed_seqs(run, generation)
+        if not seqs or (seqs[0] <= 1 and seqs[-1] - seqs[0] + 1 == len(seqs)):
+            return seqs  # no hole: no base needs reading
+        covered = covered_seq(self, run, generation)
+        start = covered + 1 if covered >= 0 else min(seqs[0], 1)
+        have = set(seqs)
+        for seq in range(start, seqs[-1] + 1):
+            if seq not in have:
+                detail = (
+                    f"committed after base through dump {covered}: "
+                    if covered >= 0
+                    else "no base covers it; committed: "
+                )
+                raise MissingDumpError(
+                    self.url(self.gen_dir(run, generation)),
+                    run,
+                    generation,
+                    seq,
+                    detail + seq_ranges([s for s in seqs if s >= start]),
+                )
+        return seqs
 
     def list_incomplete_dumps(self, run: str, generation: int) -> list[int]:
         """Dump directories that hold files but no manifest (an emptied folder is none)."""
@@ -447,6 +483,24 @@ class ArtifactRoot:
         path = self.manifest_file(manifest.run, manifest.generation, manifest.seq)
         self.write_bytes_atomic(path, json.dumps(manifest.to_json(), indent=2).encode())
         return path
+
+    # ---- bases ---------------------------------------------------------------------------
+    def base_dir(self, run: str, generation: int, through_seq: int) -> str:
+        """``<root>/<run>/base-<G>-<S>``."""
+        return posixpath.join(self.run_dir(run), base_name(generation, through_seq))
+
+    def base_file(self, run: str, generation: int, through_seq: int) -> str:
+        """Path of BASE.json."""
+        return posixpath.join(self.base_dir(run, generation, through_seq), BASE_FILE)
+
+    def base_dirs(self, run: str) -> list[tuple[int, int]]:
+        """Every ``base-<G>-<S>`` directory of ``run`` (committed or not), ascending."""
+        try:
+            names = self._names(self.run_dir(run))
+        except FileNotFoundError:
+            return []
+        found = {(int(m.group(1)), int(m.group(2))) for m in map(BASE_RE.match, names) if m}
+        return sorted(found)
 
     def clean_incomplete(self, run: str) -> list[str]:
         """Remove dump directories without a manifest and stray temporary files of ``run``.

@@ -546,6 +546,7 @@ class DumpPublisher:
         assert isinstance(marks, list)
         complete = {(m.seq, m.table, m.rank) for m in marks if m.complete}
         out = []
+        # the chain is checked (SPEC §3a) before anything of it is written
         for seq in self.root.list_dumps(self.run, generation):
             manifest = self.root.read_manifest(self.run, generation, seq)
             for rank in ranks if ranks is not None else range(manifest.world_size):

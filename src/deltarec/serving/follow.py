@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deltarec.artifacts.types import ROLLBACK_FIELD, Manifest
-from deltarec.errors import ArtifactError, DeltarecError, StoreError
+from deltarec.errors import ArtifactError, DeltarecError, MissingDumpError, StoreError
 from deltarec.serving.replica import Line, Replica, manifest_digest, taken_at
 from deltarec.serving.state import load_line, read_state, save_state
 from deltarec.serving.types import DuplicateDumpError, Position, ReplicaStatus, SequenceError
@@ -289,7 +289,7 @@ class Follower:
             return True
         try:
             fresh = r.load(target.generation, target.seq)
-        except SequenceError as e:
+        except (SequenceError, MissingDumpError) as e:
             self.blocked = str(e)
             return False
         r.install(fresh)
@@ -304,7 +304,13 @@ class Follower:
         come next, or that cannot be read, sets :attr:`blocked` and returns False.
         """
         p = line.position
-        seqs = [s for s in self.root.list_dumps(p.run, p.generation) if s > p.seq]
+        try:
+            seqs = [s for s in self.root.list_dumps(p.run, p.generation) if s > p.seq]
+        except MissingDumpError as e:  # a hole in the outbox: keep serving the last good point
+            if self.blocked != str(e):
+                log.error("replica of run %r stops at %s: %s", p.run, line.position, e)
+            self.blocked = str(e)
+            return False
         if through is not None:
             seqs = [s for s in seqs if s <= through]
         for s in seqs:
@@ -331,17 +337,21 @@ class Follower:
     def _keep_shadow(self, generation: int) -> None:
         r = self.replica
         if r.shadow is None or r.shadow.position.generation != generation:
-            dumps = self.root.list_dumps(self.run, generation)
-            if not dumps:
+            try:
+                dumps = self.root.list_dumps(self.run, generation)
+                if not dumps:
+                    return
+                r.shadow = r.load(generation, dumps[-1])
+            except MissingDumpError as e:  # the served point stays; the shadow waits
+                log.error("no shadow of generation %d: %s", generation, e)
                 return
-            r.shadow = r.load(generation, dumps[-1])
             log.info("shadow: %s applied beside the served point", r.shadow.position.describe())
             return
         self._advance(r.shadow, None)
 
     def _measure_lag(self, line: Line) -> None:
         p = line.position
-        dumps = self.root.list_dumps(p.run, p.generation)
+        dumps = self.root.committed_seqs(p.run, p.generation)  # a lag, holes or not
         self.newest_seq = dumps[-1] if dumps else None
         behind = [s for s in dumps if s > p.seq]
         self.lag_dumps = len(behind)
