@@ -102,7 +102,7 @@ JSON_KEYS = [
     "schema", "schema_version", "passed", "failure", "run", "generation", "through_seq",
     "version", "store", "mode", "sample", "seed", "started_at", "duration_s", "totals",
     "failing_classes", "shards", "errors", "rollback_generations", "staged_tables", "tables",
-    "dumps", "notes",
+    "dumps", "notes", "store_id",
 ]  # fmt: skip
 TABLE_KEYS = [
     "table", "dtype", "dim", "expected_keys", "expected_present", "checked",

@@ -66,7 +66,7 @@ def test_promote_refuses_a_failed_verification_unless_forced(lineage, store):
     store.delete(lineage.T_EMB, np.array([42]), make_version(g, 0))
     result = _verified(lineage, store, g, sample=None)
     assert not result.passed
-    record = read_record(lineage.root, lineage.run, g, 1, store.describe())
+    record = read_record(lineage.root, lineage.run, g, 1, store)
     assert record is not None and not record.passed and "key 42" in record.failure
     with pytest.raises(NotVerifiedError, match="key 42"):
         promote(lineage.root, lineage.run, store, g)

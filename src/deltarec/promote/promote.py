@@ -4,7 +4,8 @@ Promotion is a registry operation: the store's serving pointer is set to the gen
 through a dump (:meth:`Store.set_serving`, kept in a history). A generation published in
 ``staged`` mode is first made live by :meth:`Store.merge_staging` (one transaction where the
 backend can). Promotion requires a passing verification record of exactly that generation,
-dump and store (:mod:`deltarec.verify.records`); ``force`` overrides, and the pointer's note
+dump and store (:mod:`deltarec.verify.records`: bound to the store's identity, not its URL);
+``force`` overrides, and the pointer's note
 says so.
 """
 
@@ -108,7 +109,7 @@ def promote(
         NotVerifiedError: no passing verification record and not ``force``.
     """
     seq = resolve_seq(root, run, generation, through_seq)
-    record = read_record(root, run, generation, seq, store.describe())
+    record = read_record(root, run, generation, seq, store)
     verified = record is not None and record.passed
     if not verified and not force:
         raise NotVerifiedError(run, generation, seq, store.describe(), record)

@@ -248,6 +248,21 @@ class Store(abc.ABC):
         """The store's URL without credentials (for messages and logs)."""
         return self.kind
 
+    def identity(self) -> str:
+        """What tells this store apart from every other; no credentials.
+
+        Where its rows are, resolved (:meth:`place`), and the random id its registry keeps in
+        itself (:meth:`Registry.store_uuid`): a copy of a store elsewhere has another place,
+        and another store reached through the same URL (another file in another directory,
+        a store made anew) has another id. Verification records are bound to it
+        (:mod:`deltarec.verify.records`), never to the URL as typed.
+        """
+        return f"{self.place()}#{self.registry.store_uuid() or ''}"
+
+    def place(self) -> str:
+        """Where this store's rows are, as resolved as the backend can say (default: the URL)."""
+        return self.describe()
+
     def __enter__(self) -> Store:
         return self
 
@@ -366,6 +381,15 @@ class Registry(abc.ABC):
         run moves it. The default (a registry whose store keeps no serving names) has none.
         """
         return {}
+
+    def store_uuid(self) -> str | None:
+        """The random id this store keeps in itself, or None where the registry keeps none.
+
+        Written once, by the first handle that opens the store (the SQL stores:
+        ``deltarec_store_id``; Redis: ``<prefix>~store``), and never changed; see
+        :meth:`Store.identity`.
+        """
+        return None
 
     @abc.abstractmethod
     def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:

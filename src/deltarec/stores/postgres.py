@@ -99,6 +99,12 @@ class PostgresStore(RelationalStore):
         user = f"{c.user}@" if c.user else ""
         return f"postgresql://{user}{c.host}:{c.port}/{c.dbname}"
 
+    def place(self) -> str:
+        """See :meth:`Store.place`: server, database, schema and prefix (no user)."""
+        c = self.config
+        where = f"{c.host.lower()}:{c.port}/{c.dbname}"
+        return f"postgresql://{where}?schema={c.schema_name}&prefix={c.prefix}"
+
     # ---- connection ----------------------------------------------------------------------
     def _params(self) -> dict[str, Any]:
         """``psycopg.connect``'s arguments for this store's server."""

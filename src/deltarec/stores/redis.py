@@ -18,7 +18,8 @@ never collide with a view). Rows are kept per run (docs/runs.md):
   row of it is below, so a snapshot's sweep of a view holding nothing older is not a scan),
   ``emb:~views``, ``emb:~gens:<run>``,
   ``emb:~progress:<run>:<G>``, ``emb:~snapshots:<run>``, ``emb:~serving:<run>``,
-  ``emb:~fresh:<run>``: the registry.
+  ``emb:~fresh:<run>``, ``emb:~store`` (the store's random id, :meth:`Registry.store_uuid`):
+  the registry.
 
 A batch is one ``MULTI``/``EXEC`` pipeline of server-side Lua scripts that apply the version
 guard per row, plus the progress mark, so rows and mark commit together. Snapshot replacement
@@ -36,6 +37,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -147,10 +149,17 @@ class RedisStore(RedisRegistry, RunViews, Store):
         with _ERRORS.map_errors(self.describe()):
             self._client.ping()
             self._layout_problem = migrate_runless(self)
+            if self._client.get(self._reg("store")) is None:  # kept once, by the first opener
+                self._client.set(self._reg("store"), uuid.uuid4().hex, nx=True)
 
     def describe(self) -> str:
         """``redis://host:port/db``."""
         return f"redis://{self.config.host}:{self.config.port}/{self.config.db}"
+
+    def place(self) -> str:
+        """See :meth:`Store.place`: server, database and key prefix."""
+        c = self.config
+        return f"redis://{c.host.lower()}:{c.port}/{c.db}?prefix={c.prefix}"
 
     # ---- key names -----------------------------------------------------------------------
     def _serving(self, table: str) -> str:

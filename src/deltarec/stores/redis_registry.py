@@ -51,6 +51,12 @@ class RedisRegistry(Registry):
     def _live_keys(self, run: str, table: str) -> list[str]:  # pragma: no cover - ditto
         raise NotImplementedError
 
+    def store_uuid(self) -> str | None:
+        """See :meth:`Registry.store_uuid` (``<prefix>~store``)."""
+        with _ERRORS.map_errors(self.describe()):
+            value = self._client.get(self._reg("store"))
+        return None if value is None else _text(value)
+
     def _records(self, key: str) -> list[tuple[str, Any]]:
         """Every field of the registry hash ``key`` with its JSON record, decoded."""
         with _ERRORS.map_errors(self.describe()):

@@ -16,6 +16,8 @@ Registry tables (plain SQL, so operators can query them; times are unix seconds)
 * ``deltarec_serving(id, run, generation, seq, promoted_at, note)``: the serving pointer history;
   the current pointer is the newest row of a run.
 * ``deltarec_freshness(run, generation, seq, rank, committed_at, visible_at)``.
+* ``deltarec_store_id(one, id, created_at)``: one row, the random id the store keeps in itself
+  (:meth:`~deltarec.stores.base.Registry.store_uuid`), written by the first handle to open it.
 * ``deltarec_low_marks(name, version)``: per live view a version no row of it is below, so
   a snapshot's sweep of a view holding nothing older is no scan (see :meth:`_sweep`). Set at
   provision for a view created empty, lowered in every write's transaction that brings rows
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -91,6 +94,9 @@ REGISTRY_DDL = (
         PRIMARY KEY (run, generation, seq, rank))""",
     """CREATE TABLE IF NOT EXISTS deltarec_low_marks (
         name TEXT PRIMARY KEY, version BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS deltarec_store_id (
+        one BIGINT PRIMARY KEY CHECK (one = 1), id TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL)""",
 )
 
 
@@ -252,6 +258,19 @@ class RelationalStore(RunViews, SqlRegistry, Store):
             if ddl is VIEWS_DDL and self._layout_problem:
                 continue  # the legacy registry stays as it is (refused, untouched)
             self._exec(cur, ddl)
+        if not self._rows(cur, "SELECT id FROM deltarec_store_id WHERE one = 1"):
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_store_id (one, id, created_at) VALUES (1, ?, ?) "
+                "ON CONFLICT (one) DO NOTHING",
+                (uuid.uuid4().hex, time.time()),
+            )
+
+    def store_uuid(self) -> str | None:
+        """See :meth:`Registry.store_uuid` (``deltarec_store_id``)."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(cur, "SELECT id FROM deltarec_store_id WHERE one = 1")
+        return str(rows[0][0]) if rows else None
 
     def _columns(self, cur: Any, table: str) -> set[str]:
         """The column names of registry table ``table`` (empty if there is none; dialect)."""

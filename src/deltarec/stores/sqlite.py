@@ -229,6 +229,12 @@ class SqliteStore(RelationalStore):
         """``sqlite:///<path>``."""
         return f"sqlite:///{self.config.path}"
 
+    def place(self) -> str:
+        """See :meth:`Store.place`: the file's resolved absolute path (links followed), prefix."""
+        path = self.config.path
+        where = path if path == ":memory:" else os.path.realpath(path)
+        return f"sqlite://{where}?prefix={self.prefix}"
+
     # ---- connection ----------------------------------------------------------------------
     @contextmanager
     def _tx(self, write: bool = True, bulk: bool = False) -> Iterator[Any]:

@@ -41,6 +41,7 @@ from deltarec.verify.freshness import dump_freshness
 from deltarec.verify.options import VerifyOptions
 from deltarec.verify.partition import PARTITION_NOTE
 from deltarec.verify.reader import LaterDeletes, Reader
+from deltarec.verify.records import store_id
 from deltarec.verify.scan import scan_unknown, start_scan, verify_table_by_scan
 from deltarec.verify.shards import check_shards, lineage_shard_refs
 from deltarec.verify.types import TableResult, VerifyResult
@@ -92,6 +93,7 @@ def verify(
         through_seq=seq,
         version=point_of(generation, seq),
         store=store_url,
+        store_id=store_id(store),
         mode="all" if opts.all_keys else "sample",
         sample=opts.sample,
         seed=opts.seed,

@@ -30,7 +30,8 @@ JSON schema (``schema_version`` 1; fields may be added, none removed or renamed)
                  "created_at": "...", "first_step": 1, "last_step": 50, "rows": 1234,
                  "age_s": 60.5, "live_rows": 321,
                  "lag_s": 0.8}],
-      "notes": ["..."]                # what the store cannot show (no key listing, ...)
+      "notes": ["..."],               # what the store cannot show (no key listing, ...)
+      "store_id": "3f9c0a7d12e4b605"  # the store's identity hashed: the record is bound to it
     }
 
 Numbers that are not finite (NaN) are written as ``null``. Tables are sorted by table id,
@@ -111,6 +112,7 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
             for d in result.dumps
         ],
         "notes": list(result.notes),
+        "store_id": result.store_id,
     }
 
 

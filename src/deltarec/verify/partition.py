@@ -123,7 +123,17 @@ def combine(results: Sequence[VerifyResult], max_mismatches: int = 20) -> Verify
     if not results:
         raise BadInputError("no verify partition results to combine")
     first = results[0]
-    what = ("run", "generation", "through_seq", "version", "store", "mode", "sample", "seed")
+    what = (
+        "run",
+        "generation",
+        "through_seq",
+        "version",
+        "store",
+        "store_id",
+        "mode",
+        "sample",
+        "seed",
+    )
     for r in results[1:]:
         diff = [a for a in what if getattr(r, a) != getattr(first, a)]
         if diff:
@@ -138,6 +148,7 @@ def combine(results: Sequence[VerifyResult], max_mismatches: int = 20) -> Verify
         through_seq=first.through_seq,
         version=first.version,
         store=first.store,
+        store_id=first.store_id,
         mode=first.mode,
         sample=first.sample,
         seed=first.seed,
@@ -253,6 +264,7 @@ def result_from_json(doc: dict[str, Any]) -> VerifyResult:
             through_seq=doc["through_seq"],
             version=int(doc["version"]),
             store=str(doc["store"]),
+            store_id=str(doc.get("store_id", "")),
             mode=str(doc["mode"]),
             sample=doc["sample"],
             seed=int(doc["seed"]),

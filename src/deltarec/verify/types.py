@@ -179,6 +179,8 @@ class VerifyResult:
             live view) because it was published in staged mode and is not promoted yet.
         notes: what the store cannot show, and how its rows were classified for it (a store
             without versions, deletes or key listing); not failures.
+        store_id: the verified store's id (:func:`deltarec.verify.records.store_id`, of its
+            identity, not of its URL): the verification record is bound to it.
     """
 
     run: str
@@ -199,6 +201,7 @@ class VerifyResult:
     rollback_generations: list[int] = field(default_factory=list)
     staged_tables: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    store_id: str = ""
 
     def totals(self) -> dict[RowClass, int]:
         """Class -> keys, over every table."""
