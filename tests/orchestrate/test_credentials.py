@@ -100,4 +100,8 @@ def test_multi_node_training_pods_get_every_credential_of_the_secret():
     manifest = pytorchjob.build_manifest(spec)
     for replica in manifest["spec"]["pytorchReplicaSpecs"].values():
         (container,) = replica["template"]["spec"]["containers"]
-        assert container["envFrom"] == [{"secretRef": {"name": DEFAULT_SECRET, "optional": True}}]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+        assert refs == {
+            k: {"name": DEFAULT_SECRET, "key": k, "optional": True} for k in CREDENTIAL_ENV
+        }
+        assert "envFrom" not in container

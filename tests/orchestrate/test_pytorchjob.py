@@ -111,7 +111,14 @@ def test_manifest_has_one_master_and_nodes_minus_one_workers_running_torchrun():
         assert c["args"][:2] == ["--device", "cuda"]
         assert c["args"][2:] == list(spec().train_args)
         assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
-        assert c["envFrom"] == [{"secretRef": {"name": "deltarec-credentials", "optional": True}}]
+        assert "envFrom" not in c  # key by key, never the whole Secret
+        assert c["env"][0] == {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {
+            "name": "deltarec-credentials", "key": "PGPASSWORD", "optional": True}}}  # fmt: skip
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert {m["mountPath"] for m in c["volumeMounts"]} == {"/tmp", "/home/deltarec"}
 
 
 def test_cpu_job_on_one_node_has_no_workers_gpus_or_secrets():
@@ -121,7 +128,7 @@ def test_cpu_job_on_one_node_has_no_workers_gpus_or_secrets():
     pod = replicas["Master"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["args"][:2] == ["--device", "cpu"]
-    assert "resources" not in c and "envFrom" not in c and "serviceAccountName" not in pod
+    assert "resources" not in c and "env" not in c and "serviceAccountName" not in pod
 
 
 def test_bad_job_sizes_and_names_are_rejected_with_the_values():

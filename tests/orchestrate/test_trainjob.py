@@ -141,14 +141,23 @@ def test_the_trainjob_refers_to_the_runtime_with_nodes_processes_gpus_env_and_se
     assert {n for n, e in env.items() if "valueFrom" in e} == set(CREDENTIAL_ENV)
     (patch,) = s["runtimePatches"]
     pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
-    assert pod["template"]["spec"]["template"]["spec"]["serviceAccountName"] == "deltarec-pipeline"
+    pod_spec = pod["template"]["spec"]["template"]["spec"]
+    assert pod_spec["serviceAccountName"] == "deltarec-pipeline"
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    (node,) = pod_spec["containers"]
+    assert node["name"] == "node" and node["securityContext"]["readOnlyRootFilesystem"] is True
+    assert node["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {v["name"] for v in pod_spec["volumes"]} == {m["name"] for m in node["volumeMounts"]}
 
 
 def test_a_cpu_trainjob_requests_no_gpu_and_trains_with_gloo():
     doc = tj.build_train_job(spec(gpus_per_node=0, secrets=(), service_account=None)).to_dict()
     t = doc["spec"]["trainer"]
     assert "resourcesPerNode" not in t and t["args"][:2] == ["--device", "cpu"]
-    assert "runtimePatches" not in doc["spec"] and "ownerReferences" not in doc["metadata"]
+    assert "ownerReferences" not in doc["metadata"]
+    (patch,) = doc["spec"]["runtimePatches"]  # the hardening, without a service account
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert "serviceAccountName" not in pod["template"]["spec"]["template"]["spec"]
 
 
 def test_a_retried_step_follows_the_trainjob_of_the_same_name_and_refuses_a_failed_one():

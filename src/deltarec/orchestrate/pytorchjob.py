@@ -22,6 +22,7 @@ no cluster is started here.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -35,7 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deltarec.errors import BadInputError
-from deltarec.orchestrate.types import TrainJobFailedError
+from deltarec.orchestrate.types import (
+    CONTAINER_SECURITY_CONTEXT,
+    CREDENTIAL_ENV,
+    POD_SECURITY_CONTEXT,
+    SCRATCH_DIRS,
+    TrainJobFailedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -319,17 +326,29 @@ def _container(spec: TrainJobSpec) -> dict[str, Any]:
         "command": command,
         "args": args,
     }
-    if spec.env:
-        container["env"] = [{"name": k, "value": v} for k, v in spec.env]
-    if spec.secrets:
-        container["envFrom"] = [{"secretRef": {"name": s, "optional": True}} for s in spec.secrets]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env]
+    env += [  # key by key: the pods get the credentials deltarec reads, not the whole Secret
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": s, "key": key, "optional": True}}}
+        for s in spec.secrets
+        for key in CREDENTIAL_ENV
+    ]
+    if env:
+        container["env"] = env
     if spec.gpus_per_node > 0:
         container["resources"] = {"limits": {GPU_RESOURCE: spec.gpus_per_node}}
+    container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
+    container["volumeMounts"] = [{"name": n, "mountPath": p} for n, p in SCRATCH_DIRS.items()]
     return container
 
 
 def _replica(spec: TrainJobSpec, replicas: int) -> dict[str, Any]:
-    pod: dict[str, Any] = {"containers": [_container(spec)]}
+    pod: dict[str, Any] = {
+        "containers": [_container(spec)],
+        # the training program needs no Kubernetes API: no token in its pods
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        "volumes": [{"name": n, "emptyDir": {}} for n in SCRATCH_DIRS],
+    }
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
     return {"replicas": replicas, "restartPolicy": "Never", "template": {"spec": pod}}

@@ -32,7 +32,12 @@ from deltarec.orchestrate.pytorchjob import (
     step_pod,
 )
 from deltarec.orchestrate.pytorchjob import TrainJobSpec as JobSpec
-from deltarec.orchestrate.types import CREDENTIAL_ENV
+from deltarec.orchestrate.types import (
+    CONTAINER_SECURITY_CONTEXT,
+    CREDENTIAL_ENV,
+    POD_SECURITY_CONTEXT,
+    SCRATCH_DIRS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +106,8 @@ def build_train_job(
     ``spec.nodes`` nodes of ``spec.procs_per_node`` processes, ``spec.gpus_per_node`` GPUs
     each (limits and requests); ``spec.env`` as plain variables and every key of
     :data:`~deltarec.orchestrate.types.CREDENTIAL_ENV` of each Secret in ``spec.secrets`` as an
-    optional ``secretKeyRef``; ``spec.service_account`` through a runtime patch;
+    optional ``secretKeyRef``; the hardened security contexts, scratch volumes and
+    ``spec.service_account`` through a runtime patch (:func:`_pod_patch`);
     ``activeDeadlineSeconds`` from ``spec.timeout_s``; owned by ``owner``.
     """
     m = _models()
@@ -140,27 +146,24 @@ def build_train_job(
         num_proc_per_node=spec.procs_per_node,
         resources_per_node=resources,
     )
-    patches = None
-    if spec.service_account:
-        pod = m.TrainerV1alpha1PodSpecPatch(service_account_name=spec.service_account)
-        node = m.TrainerV1alpha1ReplicatedJobPatch(
-            name=TRAINER_CONTAINER,
-            template=m.TrainerV1alpha1JobTemplatePatch(
-                spec=m.TrainerV1alpha1JobSpecPatch(
-                    template=m.TrainerV1alpha1PodTemplatePatch(spec=pod)
+    node = m.TrainerV1alpha1ReplicatedJobPatch(
+        name=TRAINER_CONTAINER,
+        template=m.TrainerV1alpha1JobTemplatePatch(
+            spec=m.TrainerV1alpha1JobSpecPatch(
+                template=m.TrainerV1alpha1PodTemplatePatch(spec=_pod_patch(spec))
+            )
+        ),
+    )
+    patches = [
+        m.TrainerV1alpha1RuntimePatch(
+            manager=MANAGER,
+            training_runtime_spec=m.TrainerV1alpha1TrainingRuntimeSpecPatch(
+                template=m.TrainerV1alpha1JobSetTemplatePatch(
+                    spec=m.TrainerV1alpha1JobSetSpecPatch(replicated_jobs=[node])
                 )
             ),
         )
-        patches = [
-            m.TrainerV1alpha1RuntimePatch(
-                manager=MANAGER,
-                training_runtime_spec=m.TrainerV1alpha1TrainingRuntimeSpecPatch(
-                    template=m.TrainerV1alpha1JobSetTemplatePatch(
-                        spec=m.TrainerV1alpha1JobSetSpecPatch(replicated_jobs=[node])
-                    )
-                ),
-            )
-        ]
+    ]
     owners = None
     if owner is not None:
         owners = [
@@ -190,6 +193,30 @@ def build_train_job(
             active_deadline_seconds=int(spec.timeout_s),
             runtime_patches=patches,
         ),
+    )
+
+
+def _pod_patch(spec: JobSpec) -> Any:
+    """The node pods' hardening, as a pod spec patch.
+
+    The pod and container security contexts of :mod:`~deltarec.orchestrate.types`, scratch
+    ``emptyDir`` volumes under the read-only root, and the service account (if any).
+    """
+    m = _models()
+    container = m.TrainerV1alpha1ContainerPatch.from_dict(
+        {
+            "name": TRAINER_CONTAINER,
+            "securityContext": CONTAINER_SECURITY_CONTEXT,
+            "volumeMounts": [{"name": n, "mountPath": p} for n, p in SCRATCH_DIRS.items()],
+        }
+    )
+    return m.TrainerV1alpha1PodSpecPatch.from_dict(
+        {
+            "securityContext": POD_SECURITY_CONTEXT,
+            "volumes": [{"name": n, "emptyDir": {}} for n in SCRATCH_DIRS],
+            "containers": [container.to_dict()],
+            **({"serviceAccountName": spec.service_account} if spec.service_account else {}),
+        }
     )
 
 

@@ -120,11 +120,34 @@ CREDENTIAL_ENV = (
 """Keys of the default credentials Secret; each becomes the environment variable of that name.
 
 The one list: docs/featurestore.md and docs/artifact-roots.md name these, every step of the KFP
-pipeline and the Airflow DAG mounts them, and TrainJob pods get them key by key (PyTorchJob pods
-get the whole Secret)."""
+pipeline and the Airflow DAG mounts them, and TrainJob and PyTorchJob pods get them key by key
+(never the whole Secret: a key outside this list stays out of the pods)."""
 
 DEFAULT_SECRET = "deltarec-credentials"
 """The Secret the chart references and the pipeline mounts (optional) by default."""
+
+RUN_AS_USER = 10001
+"""The images' user (``USER 10001`` in images/*/Dockerfile) and the chart's ``runAsUser``."""
+
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_USER,
+    "runAsGroup": RUN_AS_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The pod ``securityContext`` of every pod deltarec creates (the chart's, and the training
+job pods' of :mod:`~deltarec.orchestrate.pytorchjob` and :mod:`~deltarec.orchestrate.trainjob`)."""
+
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""The container ``securityContext`` of those pods; writable places are :data:`SCRATCH_DIRS`."""
+
+SCRATCH_DIRS = {"tmp": "/tmp", "home": "/home/deltarec"}
+"""``emptyDir`` volumes (name -> mount path) of a job pod under a read-only root: temporary
+files, and the images' home and working directory (caches, relative checkpoint dirs)."""
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
