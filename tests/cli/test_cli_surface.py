@@ -39,6 +39,7 @@ PIPELINE_PARAMS = {
     "--dump-every-steps": F("int", 100),
     "--dump-every-minutes": F("float", 0.0),
     "--publish-mode": F("str", "direct", ("direct", "staged")),
+    "--read-p99-ms": F("float", 0.0),
     "--sample": F("int", 10000),
     "--ranks-per-node": F("int", 2),
     "--nodes": F("int", 1),
@@ -91,6 +92,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--metrics-port": F("int"),
         "--row-encodings": F("str"),
         "--zch-misses": F("switch", False),
+        "--read-p99-ms": F("float"),
         "--publish-mode": F("str", "direct", ("direct", "staged")),
     },
     "provision": {

@@ -48,10 +48,15 @@ def _check_everything_landed(store, manifest, data, marks) -> None:  # type: ign
 def test_probes_over_the_budget_halve_the_transactions_and_pause_longer_each_time():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
     start = policy.bytes
-    assert policy.step(start, 0.01, [0.005] * 16) == pytest.approx(0.002)
+    assert policy.step(start, 0.08, [0.005] * 16) == pytest.approx(0.01)  # 1/8 of its time
     assert policy.bytes == start // 2
-    assert policy.step(start // 2, 0.01, [0.005] * 16) == pytest.approx(0.004)
+    assert policy.step(start // 2, 0.08, [0.005] * 16) == pytest.approx(0.02)
     assert policy.bytes == start // 4
+    for _ in range(10):
+        pause = policy.step(policy.bytes, 0.04, [0.005] * 16)
+    assert policy.bytes == budget_module.MIN_UNBLOCKED_BYTES
+    assert pause == pytest.approx(budget_module.MAX_DUTY * 0.04)
+    assert policy.step(policy.bytes, 1.0, [0.005] * 16) == budget_module.MAX_PAUSE_S
     assert policy.last_p99_s == pytest.approx(0.005)
 
 
@@ -59,7 +64,7 @@ def test_probes_under_the_budget_grow_the_transactions_back_and_drop_the_pause()
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
     policy.step(policy.bytes, 0.01, [0.005] * 16)
     small = policy.bytes
-    assert policy.step(small, 0.01, [0.0002] * 16) == 0.0  # 2 ms halves to below the floor
+    assert policy.step(small, 0.01, [0.0002] * 16) == 0.0  # 1/8 halves to below the floor
     assert policy.bytes == int(small * budget_module.GROW) + 1
 
 
@@ -143,8 +148,9 @@ def test_an_unattainable_budget_shrinks_postgres_transactions_pauses_and_loses_n
     tmp_path, postgres_server, monkeypatch
 ):
     monkeypatch.setattr(budget_module, "START_BYTES", 64 << 10)
+    monkeypatch.setattr(budget_module, "MIN_UNBLOCKED_BYTES", 8 << 10)
     monkeypatch.setattr(budget_module, "JUDGE", 1)  # judged on every probe: however fast it runs
-    monkeypatch.setattr(budget_module, "MAX_PAUSE_S", 0.004)  # the test stays short
+    monkeypatch.setattr(budget_module, "MAX_PAUSE_S", 0.02)  # the test stays short
     root, manifest, data = _dump(tmp_path, 4000, seed=2)
     url = f"{postgres_server.url}?schema=budget{tmp_path.name[-12:]}"
     store = open_store(url, run="r")
@@ -157,11 +163,44 @@ def test_an_unattainable_budget_shrinks_postgres_transactions_pauses_and_loses_n
     _check_everything_landed(store, manifest, data, marks)
     sizes = np.diff([0] + [m.rows for m in marks]) * UNIT
     assert sizes[0] > 32 << 10  # started at START_BYTES ...
-    assert report.smallest_batch_bytes == MIN_BYTES  # ... and halved down to the floor
-    assert sizes[-2] <= MIN_BYTES
+    assert report.smallest_batch_bytes == 8 << 10  # ... and halved down to the floor
+    assert sizes[-2] <= 8 << 10
     assert report.held_back_s > 0
     assert metrics.value("deltarec_publish_held_back_seconds_total") == pytest.approx(
         report.held_back_s, abs=1e-3
     )
     assert report.probe_p99_ms is not None and report.probe_p99_ms > 0.0001
     store.close()
+
+
+def test_the_trainers_background_publisher_publishes_under_its_budget(tmp_path, redis_server):
+    from deltarec.publish import BackgroundPublisher
+
+    root, manifest, data = _dump(tmp_path, 3000, seed=3)
+    url = f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:"
+    bg = BackgroundPublisher(url, root.uri, "r", 0, 1, read_p99_ms=50.0)
+    bg.submit(manifest, None)
+    bg.close(timeout=120)
+    assert bg.throttle is not None
+    report = bg.throttle.close()
+    assert report.read_p99_ms == 50.0 and report.probes > 0
+    assert [p.rows for p in bg.results] == [3000]
+    with open_store(url, run="r") as store:
+        got = store.read(T, data.keys)
+        assert got.found.all() and set(got.versions.tolist()) == {make_version(1, 1)}
+
+
+def test_the_budget_reaches_the_trainer_from_the_pipeline_and_the_environment():
+    from deltarec.dump.env import TrainSettings
+    from deltarec.orchestrate.params import PipelineParams
+    from deltarec.orchestrate.train_step import train_args, train_settings_env
+
+    params = PipelineParams(
+        run_name="r", artifact_root="/a", store_url="sqlite:///s.db", read_p99_ms=2.5
+    )
+    args = train_args(params)
+    assert args[args.index("--read-p99-ms") + 1] == "2.5"
+    settings = TrainSettings.from_env(train_settings_env(params))
+    assert settings.hook_arguments()["read_p99_ms"] == 2.5
+    assert "--read-p99-ms" not in train_args(params.model_copy(update={"read_p99_ms": 0.0}))
+    assert "read_p99_ms" not in TrainSettings(artifacts="/a", run="r").hook_arguments()

@@ -96,6 +96,7 @@ _PARAM_FLAGS: dict[str, tuple[str, str | None]] = {
     "dump_every_steps": ("--dump-every-steps", "N"),
     "dump_every_minutes": ("--dump-every-minutes", "M"),
     "publish_mode": ("--publish-mode", None),
+    "read_p99_ms": ("--read-p99-ms", "MS"),
     "sample_size": ("--sample", "N"),
     "ranks_per_node": ("--ranks-per-node", "R"),
     "nodes": ("--nodes", "N"),

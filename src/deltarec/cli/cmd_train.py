@@ -97,6 +97,7 @@ def _groups() -> tuple[tuple[str, tuple[FieldFlag, ...]], ...]:
                 dump(TrainSettings, "metrics_port", "PORT"),
                 dump(TrainSettings, "row_encodings", "SPEC"),
                 dump(DumperConfig, "zch_misses"),
+                dump(DumperConfig, "read_p99_ms", "MS"),
                 field(TrainSettings, "publish_mode"),
             ),
         ),
@@ -180,8 +181,12 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--artifacts needs --run NAME")
     if args.lease_ttl is not None and args.lease_ttl <= 0:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
+    from deltarec.publish.budget import check_budget
     from deltarec.publish.types import check_publish_mode
     from deltarec.stores.featurestore import require_sdk
+
+    if check_budget(args.read_p99_ms, "--read-p99-ms") is not None and not args.store:
+        raise ConfigError("--read-p99-ms is a budget for publishing: it needs --store URL")
 
     check_publish_mode(args.store, args.publish_mode)
     require_sdk(args.store)

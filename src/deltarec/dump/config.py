@@ -91,6 +91,11 @@ class DumperConfig(BaseModel):
     every quarter of it); a second trainer of the run refuses to start while it is held."""
     time_sync_max_steps: int = Field(default=1000, ge=1)
     """With ``every_minutes``: at most this many steps between two clock agreements."""
+    read_p99_ms: float | None = Field(default=None, gt=0)
+    """A read-latency budget for the background publisher (with a store): the p99 of serving
+    reads, in milliseconds, that publishing holds itself within by smaller transactions and
+    pauses (:mod:`deltarec.publish.budget`, docs/publish.md). None: publish as fast as the
+    store takes it."""
     zch_misses: bool = False
     """ZCH tables: also dump the raw ids that training looked up but the table did not hold
     (never admitted, or not admitted yet), each as ``op = 1`` with the fallback row the model

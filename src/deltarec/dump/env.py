@@ -53,6 +53,9 @@ class TrainSettings(BaseModel):
     row_encodings: str | None = None
     """Row encodings of the dumps: a default and/or ``table=encoding`` entries
     (:func:`~deltarec.dump.config.parse_row_encodings`); None: float32."""
+    read_p99_ms: float | None = Field(default=None, gt=0)
+    """A read-latency budget for the background publisher, milliseconds
+    (``DumperConfig.read_p99_ms``); None: none."""
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     """Serve Prometheus metrics on this port plus the process's ``LOCAL_RANK``: the dump
     path's and, with a store, the background publisher's (those of ``deltarec publish``);
@@ -112,4 +115,5 @@ class TrainSettings(BaseModel):
             "store": self.store,
             "publish_mode": self.publish_mode,
             "metrics_port": self.metrics_port,
+            **({} if self.read_p99_ms is None else {"read_p99_ms": self.read_p99_ms}),
         }

@@ -180,6 +180,7 @@ class DumpHook:
             max_queue_bytes=max(1, max_queue_bytes),
             metrics=None if self.registry is None else PublishMetrics(self.registry),
             metrics_port=None if self.registry is None else self._rank_port(),
+            read_p99_ms=self.config.read_p99_ms,
         )
 
     def _rank_port(self) -> int:

@@ -43,6 +43,9 @@ class PipelineParams(BaseModel):
     publish_mode: PublishMode = PublishMode.DIRECT
     """``direct`` publishes into the live views, ``staged`` into staging views made live by
     promote."""
+    read_p99_ms: float = Field(0.0, ge=0.0)
+    """A read-latency budget for the trainer's background publisher: the p99 of serving reads,
+    in milliseconds, that publishing holds itself within (docs/publish.md); 0: no budget."""
     sample_size: int = Field(10000, ge=0)
     """Keys per table that verify reads back; 0 reads every key."""
     ranks_per_node: int = Field(2, ge=1)

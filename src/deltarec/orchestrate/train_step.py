@@ -44,6 +44,7 @@ def train_settings_env(params: PipelineParams) -> dict[str, str]:
         checkpoint_dir=params.checkpoint_dir or None,
         row_encodings=params.row_encodings or None,
         metrics_port=params.metrics_port or None,
+        read_p99_ms=params.read_p99_ms or None,
     )
     return settings.to_env()
 
@@ -58,6 +59,8 @@ def train_args(params: PipelineParams) -> list[str]:
         args += ["--dump-every-minutes", f"{params.dump_every_minutes:g}"]
     if params.store_url:
         args += ["--store", params.store_url, "--publish-mode", params.publish_mode.value]
+        if params.read_p99_ms:
+            args += ["--read-p99-ms", f"{params.read_p99_ms:g}"]
     if params.checkpoint_dir:
         args += ["--workdir", params.checkpoint_dir]
     if params.row_encodings:

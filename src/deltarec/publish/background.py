@@ -20,6 +20,7 @@ from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import Manifest
 from deltarec.errors import DeltarecError, StoreError
+from deltarec.publish.budget import Throttle, check_budget, throttled
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
@@ -61,6 +62,7 @@ class BackgroundPublisher:
         retry: the retry policy for transient store errors.
         metrics: Prometheus metrics (default: a private registry).
         metrics_port: serve the metrics over HTTP on this port (None: do not serve).
+        read_p99_ms: a read-latency budget (:mod:`deltarec.publish.budget`); None: none.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class BackgroundPublisher:
         retry: RetryPolicy | None = None,
         metrics: PublishMetrics | None = None,
         metrics_port: int | None = None,
+        read_p99_ms: float | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
@@ -89,6 +92,9 @@ class BackgroundPublisher:
         self.max_queue_bytes = max_queue_bytes
         self.batch_bytes = batch_bytes
         self.retry = retry or RetryPolicy()
+        self.read_p99_ms = check_budget(read_p99_ms)
+        self.throttle: Throttle | None = None
+        """The read budget's throttle, once the publisher runs (None without a budget)."""
         self.metrics = metrics or PublishMetrics()
         if metrics_port is not None:
             self.metrics.serve(metrics_port)
@@ -185,7 +191,7 @@ class BackgroundPublisher:
                 lambda: open_store(self.store_url, self.root.uri, run=self.run),
                 f"open store for rank {self.rank}",
             )
-        return DumpPublisher(
+        publisher = DumpPublisher(
             self._store,
             self.root,
             self.run,
@@ -194,6 +200,8 @@ class BackgroundPublisher:
             self.retry,
             self.metrics,
         )
+        self.throttle = throttled(publisher, self.read_p99_ms)
+        return publisher
 
     def _work(self) -> None:
         publisher: DumpPublisher | None = None
@@ -215,6 +223,8 @@ class BackgroundPublisher:
                     self.metrics.queued_bytes.set(self._queued)
                     self._cond.notify_all()
         finally:
+            if self.throttle is not None:
+                self.throttle.close()
             if self._store is not None:
                 self._store.close()
 

@@ -10,9 +10,11 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    its own (:mod:`deltarec.publish.probe`), while it writes;
 2. after every transaction, judges the probes' p99 over the last :data:`WINDOW` probes
    against the budget (once :data:`JUDGE` new ones came): over it, the transactions halve
-   (down to :data:`MIN_BYTES`) and a pause between them doubles (from :data:`MIN_PAUSE_S` up to
-   :data:`MAX_PAUSE_S`); under :data:`SLACK` of it, the transactions grow by :data:`GROW` (up to
-   the store's default size) and the pause halves away;
+   (down to :data:`MIN_BYTES` or :data:`MIN_UNBLOCKED_BYTES`) and the pause after each
+   doubles (a **duty** fraction of the time the transaction took, from :data:`MIN_DUTY` up
+   to :data:`MAX_DUTY`, at most :data:`MAX_PAUSE_S`); under :data:`SLACK` of it, the
+   transactions grow by :data:`GROW` (up to the store's default size) and the duty halves
+   away;
 3. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis),
    starts from :data:`MIN_BYTES` and never sends a transaction that the time it took per byte
    (the median of the last :data:`TIMED` transactions) says would take longer than the budget
@@ -54,11 +56,20 @@ SLACK = 0.75
 GROW = 1.25
 """How much a transaction grows at a judgement under the budget."""
 MIN_BYTES = 4 << 10
-"""The smallest transaction (about 15 rows of dim 64): the publish always moves on."""
+"""The smallest transaction into a store whose writes block its reads (about 15 rows of dim
+64): the publish always moves on."""
+MIN_UNBLOCKED_BYTES = 256 << 10
+"""The smallest transaction into any other store (about 900 rows of dim 64): below it a SQL
+store spends more on each transaction than on its rows, and its readers are not blocked by
+one write but slowed by the sum of them, which the pauses bound."""
 START_BYTES = 4 << 20
 """The first transaction into a store whose writes do not block its reads."""
-MIN_PAUSE_S = 0.002
+MIN_DUTY = 0.125
+"""The first pause after a transaction, as a fraction of the time it took."""
+MAX_DUTY = 8.0
+"""The longest pause after a transaction, as a multiple of the time it took."""
 MAX_PAUSE_S = 0.5
+"""The longest pause, whatever the transaction took."""
 PROBE_START_S = 10.0
 """How long the first write after the probe started waits for its first reading at most."""
 TIMED = 16
@@ -91,8 +102,9 @@ class ReadBudget:
         self.p99_s = p99_s
         self.max_bytes = max(MIN_BYTES, max_bytes)
         self.blocking = blocking
+        self.min_bytes = MIN_BYTES if blocking else MIN_UNBLOCKED_BYTES
         self.bytes = MIN_BYTES if blocking else min(self.max_bytes, START_BYTES)
-        self.pause_s = 0.0
+        self.duty = 0.0
         self.last_p99_s: float | None = None
         self.smallest = self.bytes
         self._window: collections.deque[float] = collections.deque(maxlen=WINDOW)
@@ -115,19 +127,19 @@ class ReadBudget:
         if self.blocking:
             self.bytes = max(MIN_BYTES, min(self.bytes, self._blocking_cap()))
         self.smallest = min(self.smallest, self.bytes)
-        return self.pause_s
+        return min(MAX_PAUSE_S, self.duty * max(0.0, write_s))
 
     def _judge(self) -> None:
         p99 = quantile(sorted(self._window), 0.99)
         self.last_p99_s = p99
         self._fresh = 0
         if p99 > self.p99_s:
-            self.bytes = max(MIN_BYTES, self.bytes // 2)
-            self.pause_s = min(MAX_PAUSE_S, max(MIN_PAUSE_S, self.pause_s * 2))
+            self.bytes = max(self.min_bytes, self.bytes // 2)
+            self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty * 2))
             self._window.clear()  # judge the next step by what it does alone
         elif p99 < SLACK * self.p99_s:
             self.bytes = min(self.max_bytes, int(self.bytes * GROW) + 1)
-            self.pause_s = 0.0 if self.pause_s <= MIN_PAUSE_S else self.pause_s / 2
+            self.duty = 0.0 if self.duty <= MIN_DUTY else self.duty / 2
 
     def _blocking_cap(self) -> int:
         """The largest transaction the budget allows where a write holds every read."""
@@ -169,7 +181,7 @@ class Throttle:
     """
 
     def __init__(
-        self, publisher: DumpPublisher, read_p99_ms: float, probe_interval_s: float = 0.002
+        self, publisher: DumpPublisher, read_p99_ms: float, probe_interval_s: float = 0.005
     ) -> None:
         check_budget(read_p99_ms)
         store = publisher.store

@@ -147,7 +147,7 @@ class Probe:
         interval_s: seconds between two probe reads (each takes one key).
     """
 
-    def __init__(self, target: ProbeTarget, interval_s: float = 0.002) -> None:
+    def __init__(self, target: ProbeTarget, interval_s: float = 0.005) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
         self._ring = ctx.Array("d", RING, lock=False)
         self._count = ctx.Value("q", 0, lock=False)

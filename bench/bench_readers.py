@@ -1,0 +1,364 @@
+"""Benchmark: serving's read latency while a generation lands, with and without a read budget.
+
+For each store (SQLite, PostgreSQL, Redis, the servers started as the test fixtures start
+them: :mod:`deltarec.testing.servers`), in a fresh namespace per trial (a SQLite file, a
+PostgreSQL schema, a Redis key prefix):
+
+1. dump 1 of a generation (a snapshot of ``--rows`` keys of dim ``--dim``) is published, so
+   serving has rows to read;
+2. a **reader process** starts: ``--clients`` threads, each with its own connection, issuing
+   point reads of random keys of dump 1 on the serving name, the way a serving client reads
+   (``SELECT embedding, version FROM emb_<table> WHERE key = ?`` (``= ANY`` for a multi-get),
+   ``HGET`` / ``HMGET emb:<table>``) at a fixed offered rate (``--rate`` reads a second in all,
+   on a fixed schedule: a read's latency counts from when it was due, so a read held up behind
+   a slow one counts its wait);
+3. after ``--before`` seconds, ``deltarec publish`` (a subprocess, as an operator runs it)
+   lands dump 2, a delta rewriting every key (``--rows`` rows, a new version), with or
+   without ``--read-p99-ms``; ``--after`` seconds later the readers stop.
+
+The budget is ``--budget-x`` times the readers' idle p99, measured on that store in a
+calibration window before its first trial. Trials alternate (none, budget, none, ...; the
+machine is shared, so alternating spreads its load over both) ``--repeat`` times each.
+Printed per trial: the readers' p50 / p99 / max per second, then per phase (before, during,
+after), the longest single read, the publish rate, the held-back seconds and the probes'
+figures; the load average before and after. ``--json`` writes everything.
+
+usage: .venv/bin/python bench/bench_readers.py [--rows 2000000] [--dim 64] [--clients 4]
+           [--rate 1000] [--keys-per-read 1] [--stores sqlite,postgres,redis]
+           [--budget-x 2] [--repeat 1] [--before 5] [--after 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from deltarec.artifacts import ArtifactRoot, DumpKind, ShardRows, TableSpec, utc_now, write_dump
+from deltarec.publish import DumpPublisher
+from deltarec.stats import quantile
+from deltarec.stores import open_store
+from deltarec.testing.dumps import new_generation
+from deltarec.testing.servers import PostgresServer, RedisServer
+
+RUN, TABLE = "bench", "sparse.ebc.item_id"
+CHUNK = 1 << 18  # rows per shard row group written
+
+
+# ---- the artifacts -----------------------------------------------------------------------
+def _chunks(keys: np.ndarray, dim: int, seed: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    for s in range(0, len(keys), CHUNK):
+        k = keys[s : s + CHUNK]
+        emb = rng.standard_normal((len(k), dim), np.float32)
+        yield ShardRows(k, emb, np.zeros(len(k), np.int8), np.zeros(len(k), np.int64))
+
+
+def make_artifacts(path: str, rows: int, dim: int) -> tuple[ArtifactRoot, np.ndarray]:
+    """Dump 1 (a snapshot) and dump 2 (a delta rewriting every key) of one generation."""
+    root = ArtifactRoot(path)
+    spec = TableSpec(dim=dim, num_embeddings=rows * 4)
+    info = new_generation(root, RUN, {TABLE: spec}, world_size=1)
+    keys = np.sort(np.random.default_rng(0).choice(rows * 4, rows, replace=False)).astype(np.int64)
+    order = np.random.default_rng(1).permutation(rows)
+    for seq, kind in ((1, DumpKind.SNAPSHOT), (2, DumpKind.DELTA)):
+        write_dump(
+            root, info, seq, kind, {TABLE: {0: _chunks(keys[order], dim, seq)}}, seq, seq,
+            extra={"taken_at": utc_now()}, fsync=False,
+        )  # fmt: skip
+    return root, keys
+
+
+# ---- the readers -------------------------------------------------------------------------
+def _connect(kind: str, target: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """One serving client: a function reading a list of keys from the serving name."""
+    name = target["name"]
+    if kind == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(target["path"], timeout=30, check_same_thread=False)
+        one = f"SELECT embedding, version FROM {name} WHERE key = ?"
+        many = f"SELECT key, embedding, version FROM {name} WHERE key IN "
+        return lambda keys: (
+            conn.execute(one, (keys[0],)).fetchall()
+            if len(keys) == 1
+            else conn.execute(many + "(" + ",".join("?" * len(keys)) + ")", keys).fetchall()
+        )
+    if kind == "postgres":
+        import psycopg
+
+        pg = psycopg.connect(target["url"], autocommit=True)
+        one = f"SELECT embedding, version FROM {name} WHERE key = %s"
+        many = f"SELECT key, embedding, version FROM {name} WHERE key = ANY(%s)"
+        return lambda keys: (
+            pg.execute(one, (keys[0],), prepare=True).fetchall()
+            if len(keys) == 1
+            else pg.execute(many, (keys,), prepare=True).fetchall()
+        )
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=target["port"])
+    return lambda keys: (
+        client.hget(name, str(keys[0])) if len(keys) == 1 else client.hmget(name, keys)
+    )
+
+
+def _client(kind, target, keys, rate, per_read, stop, out, seed):  # type: ignore[no-untyped-def]
+    read = _connect(kind, target)
+    rng = random.Random(seed)
+    interval = 1.0 / rate
+    due = time.time() + rng.random() * interval
+    got = []
+    while not stop.is_set():
+        wait = due - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        pick = [int(keys[rng.randrange(len(keys))]) for _ in range(per_read)]
+        read(pick)
+        done = time.time()
+        got.append((due, done - due))
+        due += interval
+    out.extend(got)
+
+
+def _reader_main(kind, target, keys, clients, rate, per_read, stop, queue):  # type: ignore[no-untyped-def]
+    """The reader process: ``clients`` threads; sends back [(due, latency)] when stopped."""
+    out: list[tuple[float, float]] = []
+    threads = [
+        threading.Thread(
+            target=_client, args=(kind, target, keys, rate / clients, per_read, stop, out, i)
+        )
+        for i in range(clients)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queue.put(out)
+
+
+class Readers:
+    """The reader process, started and stopped around one trial."""
+
+    def __init__(self, kind: str, target: dict[str, Any], keys: np.ndarray, args: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._stop = ctx.Event()
+        self._queue = ctx.Queue()
+        sample = keys[np.random.default_rng(7).choice(len(keys), min(len(keys), 200_000))]
+        self._process = ctx.Process(
+            target=_reader_main,
+            args=(kind, target, sample, args.clients, args.rate, args.keys_per_read, self._stop,
+                  self._queue),
+        )  # fmt: skip
+        self._process.start()
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        got = self._queue.get(timeout=120)
+        self._process.join(30)
+        return sorted(got)
+
+
+# ---- one trial ---------------------------------------------------------------------------
+def _stats(lat: list[float]) -> dict[str, Any]:
+    if not lat:
+        return {"n": 0}
+    s = sorted(lat)
+    return {
+        "n": len(s),
+        "p50_ms": round(quantile(s, 0.5) * 1e3, 3),
+        "p99_ms": round(quantile(s, 0.99) * 1e3, 3),
+        "max_ms": round(s[-1] * 1e3, 3),
+    }
+
+
+def _publish(root: str, url: str, budget_ms: float | None) -> dict[str, Any]:
+    cmd = [sys.executable, "-c", "import sys; from deltarec.cli import main; sys.exit(main())",
+           "publish", "--artifacts", root, "--run", RUN,
+           "--store", url, "--generation", "1", "--json", "-"]  # fmt: skip
+    if budget_ms is not None:
+        cmd += ["--read-p99-ms", f"{budget_ms:.4f}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout))
+
+
+def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type: ignore[no-untyped-def]
+    """Preload dump 1, start the readers, publish dump 2 in the middle; the figures.
+
+    ``window``: seconds of readers alone, nothing published (the idle calibration).
+    """
+    store = open_store(url, root.uri, run=RUN)
+    pub = DumpPublisher(store, root, RUN)
+    pub.publish_dump(root.read_manifest(RUN, 1, 1), 0)
+    store.close()
+    readers = Readers(kind, target, keys, args)
+    time.sleep(2.0)  # the reader process imports and connects
+    t0 = time.time()
+    if window is not None:
+        time.sleep(window)
+        lat = [x for d, x in readers.stop() if d >= t0]
+        return {"idle": _stats(lat)}
+    time.sleep(args.before)
+    load = os.getloadavg()
+    p0 = time.time()
+    result = _publish(root.uri, url, budget_ms)
+    p1 = time.time()
+    time.sleep(args.after)
+    got = [(d, x) for d, x in readers.stop() if d >= t0]
+    phases = {
+        "before": [x for d, x in got if d < p0],
+        "during": [x for d, x in got if p0 <= d < p1],
+        "after": [x for d, x in got if d >= p1],
+    }
+    seconds = []
+    for s in range(int(got[-1][0] - t0) + 1):
+        lat = [x for d, x in got if t0 + s <= d < t0 + s + 1]
+        phase = "during" if p0 - t0 <= s + 0.5 < p1 - t0 else ("before" if s < p0 - t0 else "after")
+        seconds.append({"s": s, "phase": phase, **_stats(lat)})
+    longest = max(got, key=lambda g: g[1])
+    return {
+        "budget_ms": budget_ms,
+        "load_before_publish": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "phases": {k: _stats(v) for k, v in phases.items()},
+        "longest_read_ms": round(longest[1] * 1e3, 3),
+        "longest_read_at_s": round(longest[0] - p0, 3),
+        "publish_s": round(p1 - p0, 3),
+        "publish_rows": result["rows"],
+        "publish_rows_per_s": round(result["rows"] / (p1 - p0)),
+        "budget": result.get("budget"),
+        "per_second": seconds,
+    }
+
+
+# ---- the stores --------------------------------------------------------------------------
+@contextlib.contextmanager
+def namespace(kind: str, server: Any, work: str, n: int):  # type: ignore[no-untyped-def]
+    """A fresh store URL and its serving name for one trial; dropped afterwards."""
+    if kind == "sqlite":
+        path = os.path.join(work, f"s{n}.db")
+        yield f"sqlite:///{path}", {"path": path, "name": "emb_sparse_ebc_item_id"}
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path + suffix)
+    elif kind == "postgres":
+        schema = f"bench{n}"
+        yield f"{server.url}?schema={schema}", {
+            "url": server.url, "name": f"{schema}.emb_sparse_ebc_item_id"
+        }  # fmt: skip
+        import psycopg
+
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    else:
+        prefix = f"b{n}:"
+        yield f"{server.url}?prefix={prefix}", {"port": server.port, "name": f"{prefix}{TABLE}"}
+        import redis
+
+        redis.Redis(host="127.0.0.1", port=server.port).flushall()
+
+
+@contextlib.contextmanager
+def server_for(kind: str):  # type: ignore[no-untyped-def]
+    if kind == "postgres":
+        with PostgresServer() as pg:
+            yield pg
+    elif kind == "redis":
+        with RedisServer() as rd:
+            yield rd
+    else:
+        yield None
+
+
+def _line(name: str, r: dict[str, Any]) -> str:
+    ph = r["phases"]
+
+    def f(p: str) -> str:
+        s = ph[p]
+        return f"{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}/{s.get('max_ms', '-')}"
+
+    held = (r["budget"] or {}).get("held_back_s", "-")
+    return (
+        f"{name:22s} before {f('before'):>20s}  during {f('during'):>22s}  after "
+        f"{f('after'):>20s}  longest {r['longest_read_ms']:.2f} ms  publish "
+        f"{r['publish_rows_per_s']:,} rows/s ({r['publish_s']:.1f} s)  held {held}  "
+        f"load {r['load_before_publish'][0]}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--rate", type=float, default=1000.0, help="reads a second, all clients")
+    p.add_argument("--keys-per-read", type=int, default=1)
+    p.add_argument("--stores", default="sqlite,postgres,redis")
+    p.add_argument("--budget-x", type=float, default=2.0)
+    p.add_argument("--budget-ms", type=float, default=None, help="a fixed budget instead")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--before", type=float, default=5.0)
+    p.add_argument("--after", type=float, default=5.0)
+    p.add_argument("--calibrate", type=float, default=5.0)
+    p.add_argument("--dir", default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    work = tempfile.mkdtemp(prefix="bench-readers-", dir=args.dir)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    print(
+        f"# bench_readers {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.node()} ({os.cpu_count()} cores), commit {commit}, {args.rows:,} rows dim "
+        f"{args.dim}, {args.clients} clients at {args.rate:g} reads/s, "
+        f"{args.keys_per_read} key(s) a read; load {os.getloadavg()}"
+    )
+    out: dict[str, Any] = {"args": vars(args), "commit": commit, "stores": {}}
+    try:
+        t = time.time()
+        root, keys = make_artifacts(os.path.join(work, "art"), args.rows, args.dim)
+        print(f"artifacts written in {time.time() - t:.1f} s")
+        n = 0
+        for kind in args.stores.split(","):
+            with server_for(kind) as server:
+                runs: list[dict[str, Any]] = []
+                n += 1
+                with namespace(kind, server, work, n) as (url, target):
+                    idle = trial(kind, url, target, root, keys, args, None, args.calibrate)
+                budget = args.budget_ms or round(args.budget_x * idle["idle"]["p99_ms"], 3)
+                print(f"{kind}: idle readers {idle['idle']}; budget {budget} ms")
+                for i in range(args.repeat * 2):
+                    with_budget = i % 2 == 1
+                    n += 1
+                    with namespace(kind, server, work, n) as (url, target):
+                        r = trial(
+                            kind, url, target, root, keys, args, budget if with_budget else None
+                        )
+                    runs.append(r)
+                    print(_line(f"{kind} {'budget' if with_budget else 'none'} #{i // 2 + 1}", r))
+                    sys.stdout.flush()
+                out["stores"][kind] = {"idle": idle["idle"], "budget_ms": budget, "runs": runs}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"load at the end {os.getloadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
