@@ -89,3 +89,61 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from deltarec.cli import main\n    return main\n")
     assert "cli" in _imports(module) and _rank("cli") > _rank("stores")
+
+
+STORE_FACE = {"base", "types", "config", "errors", "naming", "rows", "provision", "registry"}
+"""The modules of ``deltarec.stores`` that other packages may import: the interface, its types
+and configs, naming, row checks, provisioning and ``open_store``. Backends are reached through
+``open_store`` and their :class:`~deltarec.stores.Capabilities`, never by module or class."""
+
+
+def _store_modules(path: Path) -> set[str]:
+    """The ``deltarec.stores.X`` modules a module imports (``X``; ``""`` for the face)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["deltarec", "stores"]:
+                out.add(parts[2] if len(parts) > 2 else "")
+    return out
+
+
+def test_outside_stores_only_the_store_face_is_imported():
+    beyond = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("stores/"):
+            continue
+        for module in sorted(_store_modules(path) - STORE_FACE - {""}):
+            beyond.append(f"{rel} imports deltarec.stores.{module}")
+    assert not beyond, "backend modules imported outside stores/:\n" + "\n".join(beyond)
+
+
+def test_no_module_outside_stores_dispatches_on_a_backend_class():
+    backends = (
+        "RelationalStore",
+        "SqliteStore",
+        "PostgresStore",
+        "RedisStore",
+        "FeatureStoreStore",
+    )
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("stores/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance"
+                and len(node.args) == 2
+                and any(b in ast.unparse(node.args[1]) for b in backends)
+            ):
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
+    assert not found, "dispatch on backend classes (use Capabilities):\n" + "\n".join(found)

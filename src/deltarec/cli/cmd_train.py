@@ -183,7 +183,7 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
     from deltarec.publish.budget import check_budget
     from deltarec.publish.types import check_publish_mode
-    from deltarec.stores.featurestore import require_sdk
+    from deltarec.stores import require_sdk
 
     if check_budget(args.read_p99_ms, "--read-p99-ms") is not None and not args.store:
         raise ConfigError("--read-p99-ms is a budget for publishing: it needs --store URL")

@@ -303,7 +303,7 @@ def make_train_hook(
     from pydantic import ValidationError
 
     if store is not None and "zch_misses" not in options:
-        from deltarec.stores.featurestore import wants_zch_misses
+        from deltarec.stores import wants_zch_misses
 
         if wants_zch_misses(store):
             options["zch_misses"] = True

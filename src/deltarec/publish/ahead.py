@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 from deltarec.artifacts.types import Manifest
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher, PartResult
+    from deltarec.publish.publisher import DumpPublisher
+    from deltarec.publish.types import PartResult
 
 
 def check_part(

@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,10 +38,9 @@ from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.together import publish_parts_together
-from deltarec.publish.types import PublishMode
+from deltarec.publish.types import PartResult, PublishMode
 from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
-from deltarec.stores.relational import RelationalStore
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 
@@ -71,26 +69,6 @@ _PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch
 def _rows_in(nbytes: int, spec: TableSpec) -> int:
     """How many rows of ``spec`` make about ``nbytes`` (at least one)."""
     return max(1, nbytes // (codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD))
-
-
-@dataclass
-class PartResult:
-    """What publishing one rank's part of one dump did."""
-
-    generation: int
-    seq: int
-    rank: int
-    rows: int = 0  # rows written now
-    bytes: int = 0  # encoded row bytes written now
-    skipped_rows: int = 0  # rows already in the store per the progress marks
-    tables: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    lag_s: float | None = None  # commit -> visible (direct mode)
-    freshness_s: float | None = None  # dump taken (training step) -> visible (direct mode)
-
-    def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict."""
-        return dict(self.__dict__)
 
 
 BatchHook = Callable[[ProgressMark, int], None]
@@ -250,7 +228,7 @@ class DumpPublisher:
         at all (the SQL stores): a bad row then aborts that transaction, and the other tables
         were checked before it began, so nothing of the part is applied either way.
         """
-        if not todo or not isinstance(self.store, RelationalStore):
+        if not todo or not self.store.capabilities.whole_writes:
             return None
         table, spec = todo[0]
         if memory is not None and table in memory:
@@ -344,7 +322,7 @@ class DumpPublisher:
         if memory is not None and table in memory:
             data = memory[table]
             size = memory_rows or self._batch_rows(spec)
-            if not isinstance(self.store, RelationalStore):
+            if not self.store.capabilities.whole_writes:
                 size = min(size, self._read_rows(spec))
             chunks = (data.slice(start, start + size) for start in range(skip, len(data), size))
             yield from _checked(chunks, table, spec, manifest.version, check)
@@ -560,7 +538,7 @@ class DumpPublisher:
         Into a store that checks no table's rows while writing them (not a SQL store), the next
         part is checked on a thread meanwhile (:mod:`deltarec.publish.ahead`).
         """
-        if isinstance(self.store, RelationalStore) or len(ranks) < 2:
+        if self.store.capabilities.whole_writes or len(ranks) < 2:
             for rank in ranks:
                 yield self.publish_dump(manifest, rank)
             return

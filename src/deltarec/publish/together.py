@@ -4,11 +4,12 @@
 SQLite inserts each rank's keys between those of the ranks before it: with keys spread over
 the ranks (random ids, or hashed sharding) every B-tree page is split and written again by
 each part. :func:`publish_parts_together` writes all pending parts of a table in one
-transaction instead (:meth:`~deltarec.stores.sqlite.SqliteStore.write_parts`), rows in one
-key-ordered pass and every part's progress mark in it, when
+transaction instead (:meth:`~deltarec.stores.Store.write_parts`), rows in one key-ordered
+pass and every part's progress mark in it, when
 
-* the store is SQLite, two or more ranks' parts are pending and none of them was started
-  (no progress mark: a part cut short resumes on its own, after its mark);
+* the store writes parts together (``capabilities.parts_together``: SQLite), two or more
+  ranks' parts are pending and none of them was started (no progress mark: a part cut short
+  resumes on its own, after its mark);
 * the parts of each table fit one transaction together (``batch_bytes``), so memory is bounded
   as for one part.
 
@@ -31,12 +32,11 @@ from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, TableSpec
 from deltarec.errors import BadInputError
 from deltarec.faults import failpoint
-from deltarec.publish.types import PublishMode
-from deltarec.stores.sqlite import SqliteStore
+from deltarec.publish.types import PartResult, PublishMode
 from deltarec.stores.types import ProgressMark, RowBatch
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher, PartResult
+    from deltarec.publish.publisher import DumpPublisher
 
 
 def publish_parts_together(
@@ -51,7 +51,7 @@ def publish_parts_together(
         InvalidRowError: a row cannot be published (nothing of the parts was written).
         StoreUnavailableError: the store stayed unreachable past the retry deadline.
     """
-    if not isinstance(pub.store, SqliteStore) or len(ranks) < 2:
+    if not pub.store.capabilities.parts_together or len(ranks) < 2:
         return None
     if manifest.run != pub.run:
         raise BadInputError(f"manifest of run {manifest.run!r} given to run {pub.run!r}")
@@ -61,7 +61,6 @@ def publish_parts_together(
     if any(pub._marks(g, s, rank) for rank in ranks):
         return None  # a part was started: each resumes after its own mark
     info = pub.generation_info(g)
-    from deltarec.publish.publisher import PartResult
 
     results = {rank: PartResult(g, s, rank) for rank in ranks}
     tables: list[tuple[str, TableSpec]] = []
@@ -115,7 +114,6 @@ def _write_table(
 ) -> None:
     """One transaction: every rank's rows of ``table`` (``check``: checked as read) and marks."""
     store = pub.store
-    assert isinstance(store, SqliteStore)
     stage = manifest.generation if pub.mode is PublishMode.STAGED else None
     marks = [
         _mark(pub, manifest, table, r, pub._part_rows(manifest, r, table, None)) for r in ranks

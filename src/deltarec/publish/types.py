@@ -3,10 +3,12 @@
 Exports:
     PublishMode: where a generation's rows go (SPEC §6).
     check_publish_mode: the mode for a store, refused once where it is chosen.
+    PartResult: what publishing one rank's part of one dump did.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 
 from deltarec.errors import ConfigError
@@ -75,3 +77,23 @@ def check_publish_mode(store_url: str | None, mode: PublishMode | str) -> Publis
             "every row in the view before promote)"
         )
     return parsed
+
+
+@dataclass
+class PartResult:
+    """What publishing one rank's part of one dump did."""
+
+    generation: int
+    seq: int
+    rank: int
+    rows: int = 0  # rows written now
+    bytes: int = 0  # encoded row bytes written now
+    skipped_rows: int = 0  # rows already in the store per the progress marks
+    tables: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    lag_s: float | None = None  # commit -> visible (direct mode)
+    freshness_s: float | None = None  # dump taken (training step) -> visible (direct mode)
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return dict(self.__dict__)

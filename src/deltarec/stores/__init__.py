@@ -12,6 +12,7 @@ Exports:
     SnapshotRecord, ViewInfo.
     view_name, check_identifier: physical names of views.
     check_batch: the row checks every backend applies.
+    require_sdk, wants_zch_misses: what a store URL asks of a trainer before it starts.
 """
 
 from deltarec.stores.base import Registry, Store
@@ -38,6 +39,7 @@ from deltarec.stores.types import (
     SnapshotRecord,
     ViewInfo,
 )
+from deltarec.stores.urlneeds import require_sdk, wants_zch_misses
 
 __all__ = [
     "STORE_CLASSES",
@@ -62,6 +64,8 @@ __all__ = [
     "parse_config",
     "parse_store_url",
     "redact_url",
+    "require_sdk",
     "store_class",
     "view_name",
+    "wants_zch_misses",
 ]

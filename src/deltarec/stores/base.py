@@ -35,7 +35,7 @@ Stores are used from one thread at a time; backends that may be shared between t
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -201,6 +201,25 @@ class Store(abc.ABC):
             UnsupportedError: the backend cannot remove rows (names it).
         """
         raise self._unsupported("removing the keys a snapshot lacks")
+
+    def write_parts(
+        self,
+        table: str,
+        batches: Iterable[RowBatch],
+        marks: Sequence[ProgressMark],
+        staging_generation: int | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> int:
+        """Several ranks' parts of one table, with every part's mark, in one transaction.
+
+        Rows are applied in the order they come (a key in two parts as part after part would);
+        ``before_commit`` runs last inside the transaction and what it raises rolls it back.
+        Returns the rows applied. Stores with ``capabilities.parts_together``.
+
+        Raises:
+            UnsupportedError: the backend cannot (names it).
+        """
+        raise self._unsupported("several parts in one transaction (write_parts)")
 
     def merge_staging(self, run: str, generation: int) -> int:
         """Make ``generation``'s staging views live with the versioned-merge contract.

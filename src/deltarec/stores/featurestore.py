@@ -30,9 +30,10 @@ after a failed attempt the writer is drained and the client rebuilt before the r
 batch carries a timestamp that increases strictly within the process. FeatureStore cannot
 delete: an ``op = 1`` row of a ZCH table (an evicted id, or with the dumper's ``zch_misses`` an
 id looked up but never admitted) is written with the row passed (its fallback row), as SPEC §5
-asks and as TorchEasyRec publishes such ids (:func:`wants_zch_misses`), and it keeps no
-versions: the version guard is the publisher's (parts are published in dump order and never
-again once their progress mark is complete), and verify compares rows by value.
+asks and as TorchEasyRec publishes such ids
+(:func:`~deltarec.stores.urlneeds.wants_zch_misses`), and it keeps no versions: the version
+guard is the publisher's (parts are published in dump order and never again once their
+progress mark is complete), and verify compares rows by value.
 
 Registry: FeatureStore has no place for it, so generations, progress marks, serving pointer,
 freshness, each run's version and each table's ``embedding_name`` live in a relational side
@@ -509,39 +510,8 @@ def _generation_of(batch: RowBatch, mark: ProgressMark | None) -> int | None:
     return int(np.max(versions)) >> 32 if versions.size else None
 
 
-def require_sdk(url: str | None) -> None:
-    """For a ``featurestore://`` URL: raise :class:`ConfigError` naming the SDK if it is missing.
-
-    Commands that start other processes (``deltarec train``) call it first, so the refusal
-    comes once, before any rank starts. Other URLs: nothing.
-    """
-    if url and url.strip().lower().startswith("featurestore:"):
-        import_module("feature_store_py", "the FeatureStore SDK wheel")
-        import_module("alibabacloud_credentials.client", "alibabacloud-credentials")
-
-
-def wants_zch_misses(url: str) -> bool:
-    """Whether the store at ``url`` needs the ZCH ids the model answers with its fallback row.
-
-    True for a ``featurestore://`` URL with ``contract=tzrec``: TorchEasyRec publishes every
-    ZCH id training looked up, held or not, and its serving finds no row for an id it did not
-    publish; the dumper's ``zch_misses`` setting writes those ids (``op = 1``, fallback row).
-
-    Raises:
-        ConfigError: ``url`` is a ``featurestore://`` URL that does not parse.
-    """
-    from deltarec.stores.config import parse_store_url
-
-    if not url.lower().startswith("featurestore:"):
-        return False
-    config = parse_store_url(url)
-    return isinstance(config, FeatureStoreConfig) and config.contract == "tzrec"
-
-
 __all__ = [
     "REGISTRY_DIR",
     "FeatureStoreStore",
     "default_registry",
-    "require_sdk",
-    "wants_zch_misses",
 ]

@@ -27,7 +27,6 @@ the view's TTL, shard and replica checks; it is never required.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -50,6 +49,7 @@ from deltarec.errors import (
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.tzrec import tzrec_embedding_name
+from deltarec.stores.urlneeds import import_module
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +128,6 @@ def sdk_error(e: BaseException, where: str) -> DeltarecError:
     if isinstance(e, DeltarecError):
         return e
     return _ERRORS.store_error(where, e)
-
-
-def import_module(name: str, what: str) -> Any:
-    """Import an optional module or raise a :class:`ConfigError` saying how to install it."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise ConfigError(
-            f"the featurestore store needs {name!r} ({what}); it is not installed"
-        ) from e
 
 
 # ---- layouts ----------------------------------------------------------------------------------

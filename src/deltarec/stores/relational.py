@@ -134,6 +134,7 @@ class RelationalStore(RunViews, SqlRegistry, Store):
         staging=True,
         scan=True,
         snapshot_replace=True,
+        whole_writes=True,
         batch_bytes=512 << 20,
     )
     prefix: str

@@ -10,6 +10,7 @@ database runs in WAL mode so readers never block the writer. Staging views carry
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -187,6 +188,7 @@ class SqliteStore(RelationalStore):
     """
 
     kind = "sqlite"
+    capabilities = dataclasses.replace(RelationalStore.capabilities, parts_together=True)
     _read_chunk = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
 
     def __init__(self, config: SqliteConfig) -> None:

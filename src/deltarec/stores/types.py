@@ -50,6 +50,13 @@ class Capabilities:
     """While the server applies one write (a transaction, a script) no read is served: Redis
     runs one command or ``MULTI``/``EXEC`` at a time. A read-latency budget then bounds how long
     each write may take (:mod:`deltarec.publish.budget`)."""
+    whole_writes: bool = False
+    """A write (one ``write``/``write_batches`` call) applies whole or not at all, and a bad row
+    aborts it: the publisher may then check a table's rows while writing them instead of reading
+    them twice (the SQL stores)."""
+    parts_together: bool = False
+    """``write_parts`` writes several ranks' parts of one table, with every part's mark, in one
+    transaction (SQLite: one key-ordered pass instead of part after part)."""
     batch_bytes: int = 8 << 20
     """The preferred encoded bytes per write transaction (and progress mark): the publisher's
     default. The SQL stores take a large transaction sorted by key in one pass, several times
