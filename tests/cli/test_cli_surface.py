@@ -149,13 +149,16 @@ FROZEN: dict[str, dict[str, F]] = {
     "serve": {
         **LOCATION,
         "--device": F("str", "cpu"),
-        "--host": F("str", "0.0.0.0"),
+        "--host": F("str", "127.0.0.1"),
         "--port": F("int", 8470),
         "--state-dir": F("str"),
         "--poll-seconds": F("float", 2.0),
         "--checkpoint-seconds": F("float", 60.0),
         "--no-follow": F("switch", False),
         "--no-shadow": F("switch", False),
+        "--max-connections": F("int", 1024),
+        "--max-inflight-mb": F("int", 256),
+        "--request-timeout": F("float", 30.0),
     },
     "pipeline compile": {
         "--engine": F("str", "kfp", ("kfp", "airflow")),

@@ -5,6 +5,12 @@ point the store's serving pointer names; follows the served generation's new dum
 newer generation in when it is promoted and back when rolled back; records its position in
 ``--state-dir`` to resume after a restart. ``deltarec verify --store replica://HOST:PORT``
 reads its rows back. Runs until interrupted (SIGINT, SIGTERM).
+
+The HTTP API is served by uvicorn on ``--host`` (127.0.0.1 unless told: the chart passes
+0.0.0.0 behind its NetworkPolicy) with the bounds of ``deltarec.serving.limits.ServeLimits``;
+``--max-connections``, ``--max-inflight-mb`` and ``--request-timeout`` change the ones an
+operator sizes. ``/v1/*`` requires the bearer token in ``DELTAREC_REPLICA_TOKEN`` (or the file
+``DELTAREC_REPLICA_TOKEN_FILE`` names) when one is set; never on the command line.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from types import FrameType
 
 from deltarec.cli.common import add_location_arguments
 from deltarec.errors import BadInputError
+from deltarec.serving.limits import ServeLimits, token_from_env
 
 log = logging.getLogger("deltarec.serve")
 
@@ -26,7 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default="cpu", metavar="DEV", help="where the tables live: cpu, cuda, cuda:N"
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
     parser.add_argument("--port", type=int, default=8470, help="HTTP port (default: 8470)")
     parser.add_argument(
         "--state-dir", metavar="DIR", help="record the position and rows here; resume from it"
@@ -55,6 +66,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not apply a newer generation beside the served one before it is promoted",
     )
+    defaults = ServeLimits()
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        metavar="N",
+        help="open connections; beyond them requests get 503 "
+        f"(default: {defaults.max_connections})",
+    )
+    parser.add_argument(
+        "--max-inflight-mb",
+        type=int,
+        default=defaults.max_inflight_bytes >> 20,
+        metavar="MB",
+        help="MiB all requests in flight hold together, bodies and answers "
+        f"(default: {defaults.max_inflight_bytes >> 20})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=defaults.request_timeout_s,
+        metavar="S",
+        help="seconds to receive a body, and to send an answer to a client "
+        f"(default: {defaults.request_timeout_s:g})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
         raise BadInputError("--poll-seconds and --checkpoint-seconds must be > 0")
     if not 0 <= args.port < 65536:
         raise BadInputError(f"--port {args.port} is not a port")
+    limits = ServeLimits(
+        max_connections=args.max_connections,
+        max_inflight_bytes=args.max_inflight_mb << 20,
+        request_timeout_s=args.request_timeout,
+    )
+    token = token_from_env()
     root = ArtifactRoot(args.artifacts)
     replica = Replica(root, args.run, args.device)
     options = FollowOptions(
@@ -80,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     pointer = StorePointer(args.store, args.artifacts, args.run)
     follower = Follower(replica, pointer, options)
     follower.resume()
-    server = ReplicaServer(follower, args.host, args.port).start()
+    server = ReplicaServer(follower, args.host, args.port, limits, token).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
@@ -88,11 +130,13 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     log.info(
-        "replica of run %r on %s serving at http://%s:%d (verify with --store replica://%s:%d)",
+        "replica of run %r on %s serving at http://%s:%d, /v1 %s (verify with --store "
+        "replica://%s:%d)",
         args.run,
         replica.device,
         args.host,
         server.port,
+        "with a bearer token" if token else "open",
         args.host,
         server.port,
     )

@@ -9,11 +9,17 @@ refuses every write: a replica changes only by following its run's outbox.
 
 A handle belongs to the replica's own run: opened for another run (``open_store(url,
 run=...)``), every read is refused naming both.
+
+When the replica requires a bearer token, the handle sends the one in the environment
+(``DELTAREC_REPLICA_TOKEN``, or the file ``DELTAREC_REPLICA_TOKEN_FILE`` names): never in the
+URL. A read of more keys than the replica answers at once (413 with ``X-Deltarec-Max-Keys``)
+is split into requests it answers; a busy replica (503 with ``Retry-After``) is asked again.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +31,7 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, StoreError, StoreUnavailableError, UnsupportedError
+from deltarec.serving.limits import TOKEN_ENV, TOKEN_FILE_ENV, token_from_env
 from deltarec.serving.types import ReplicaStatus
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import ReplicaConfig
@@ -40,6 +47,16 @@ from deltarec.stores.types import (
 )
 
 _CAPABILITIES = Capabilities(deletes=True, scan=True)
+_BUSY_RETRIES = 5
+"""Times a request a busy replica refused (503 with Retry-After) is sent again."""
+
+
+class _TooMany(BadInputError):
+    """413 with ``X-Deltarec-Max-Keys``: the most keys of the table one request may name."""
+
+    def __init__(self, message: str, most: int) -> None:
+        super().__init__(message)
+        self.most = most
 
 
 class ReplicaStore(Store, Registry):
@@ -56,6 +73,8 @@ class ReplicaStore(Store, Registry):
         self.config = config
         self.base = f"http://{config.host}:{config.port}"
         self._run_checked = False
+        self._token = token_from_env()
+        self._most_keys: dict[str, int] = {}  # per table, learnt from a 413
 
     def describe(self) -> str:
         """``replica://host:port``."""
@@ -65,24 +84,48 @@ class ReplicaStore(Store, Registry):
     def _request(
         self, path: str, body: bytes | None = None, query: Mapping[str, Any] | None = None
     ) -> tuple[bytes, Any]:
+        for attempt in range(_BUSY_RETRIES + 1):
+            try:
+                return self._send(path, body, query)
+            except urllib.error.HTTPError as e:
+                retry_after = e.headers.get("Retry-After") if e.headers else None
+                if e.code == 503 and retry_after and attempt < _BUSY_RETRIES:
+                    e.close()
+                    time.sleep(min(5.0, float(retry_after)) if retry_after.isdigit() else 1.0)
+                    continue
+                raise self._error(path, e) from e
+            except (urllib.error.URLError, OSError) as e:
+                raise StoreUnavailableError(f"{self.describe()} cannot be reached: {e}") from e
+        raise AssertionError("unreachable")
+
+    def _send(
+        self, path: str, body: bytes | None, query: Mapping[str, Any] | None
+    ) -> tuple[bytes, Any]:
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+        if self._token is not None:
+            req.add_header("Authorization", f"Bearer {self._token}")
+        with urllib.request.urlopen(req, timeout=self.config.timeout_s) as resp:
+            return resp.read(), resp.headers
+
+    def _error(self, path: str, e: urllib.error.HTTPError) -> Exception:
         try:
-            with urllib.request.urlopen(req, timeout=self.config.timeout_s) as resp:
-                return resp.read(), resp.headers
-        except urllib.error.HTTPError as e:
-            try:
-                message = json.loads(e.read()).get("error", str(e))
-            except (ValueError, AttributeError):
-                message = str(e)
-            where = f"{self.describe()}{path}"
-            if e.code == 503:
-                raise StoreUnavailableError(f"{where}: {message}") from e
-            if e.code in (400, 404):
-                raise BadInputError(f"{where}: {message}") from e
-            raise StoreError(f"{where}: HTTP {e.code}: {message}") from e
-        except (urllib.error.URLError, OSError) as e:
-            raise StoreUnavailableError(f"{self.describe()} cannot be reached: {e}") from e
+            message = json.loads(e.read()).get("error", str(e))
+        except (ValueError, AttributeError, OSError):
+            message = str(e)
+        where = f"{self.describe()}{path}"
+        most = e.headers.get("X-Deltarec-Max-Keys") if e.headers else None
+        if e.code == 413 and most and most.isdigit():
+            return _TooMany(f"{where}: {message}", int(most))
+        if e.code == 401:
+            return BadInputError(
+                f"{where}: {message}; set {TOKEN_ENV} (or {TOKEN_FILE_ENV}) to the replica's token"
+            )
+        if e.code == 503:
+            return StoreUnavailableError(f"{where}: {message}")
+        if e.code in (400, 404, 408, 413):
+            return BadInputError(f"{where}: {message}")
+        return StoreError(f"{where}: HTTP {e.code}: {message}")
 
     def status(self) -> ReplicaStatus:
         """The replica's position, lag and tables (``GET /v1/status``)."""
@@ -119,6 +162,20 @@ class ReplicaStore(Store, Registry):
             self._check_served(self.run, "reading rows")
             self._run_checked = True
         keys = np.ascontiguousarray(keys, dtype="<i8")
+        most = self._most_keys.get(table)
+        if most is None or len(keys) <= most:
+            try:
+                return self._read_rows(table, keys)
+            except _TooMany as e:
+                most = self._most_keys[table] = e.most
+        parts = [self._read_rows(table, keys[i : i + most]) for i in range(0, len(keys), most)]
+        return ReadResult(
+            np.concatenate([p.found for p in parts]),
+            np.concatenate([p.versions for p in parts]),
+            np.concatenate([p.embedding for p in parts]),
+        )
+
+    def _read_rows(self, table: str, keys: np.ndarray) -> ReadResult:
         data, headers = self._request("/v1/rows", keys.tobytes(), {"table": table})
         n, width = int(headers["X-Deltarec-Rows"]), int(headers["X-Deltarec-Width"])
         element = codec.element_type(DType(headers["X-Deltarec-Dtype"]))

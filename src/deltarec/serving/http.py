@@ -1,216 +1,185 @@
-"""The replica's HTTP endpoint (stdlib ``http.server``, one thread per request).
+"""The replica's HTTP server: uvicorn (httptools) serving :class:`~deltarec.serving.api.ReplicaApp`.
 
-=======================================  ==========================================================
-request                                  answer
-=======================================  ==========================================================
-``GET /healthz``                         200 while the process runs
-``GET /readyz``                          200 once a generation is served, else 503
-``GET /v1/status``                       :class:`~deltarec.serving.types.ReplicaStatus` as JSON
-``GET /v1/tables``                       table id -> ``{dim, dtype, kind, rows}``
-``POST /v1/rows?table=T``                body: int64 little-endian keys; answer: ``found`` (uint8
-                                         ``[n]``), ``versions`` (int64 ``[n]``), then the encoded
-                                         rows ``[n, width]`` as stored, little-endian; headers
-                                         ``X-Deltarec-Rows``, ``-Width``, ``-Dtype``,
-                                         ``-Generation``, ``-Seq`` (the snapshot read)
-``GET /v1/keys?table=T&after=K&limit=N`` int64 little-endian keys held, ascending, above ``K``
-``POST /v1/lookup``                      JSON ``{"table": T, "ids": [...]}`` -> ``{"generation",
-                                         "seq", "rows": [[float, ...], ...]}`` (decoded; a ZCH
-                                         table answers an id it does not hold with key -1's row)
-``GET /v1/freshness``                    the latest dumps made visible: ``[{generation, seq,
-                                         taken_at, visible_at}]``
-``GET /metrics``                         Prometheus text (:mod:`deltarec.serving.metrics`)
-=======================================  ==========================================================
-
-Every read answers from one pinned snapshot: all of a dump or none of it. Errors come back as
-JSON ``{"error": message}`` with 400 (bad request), 404 (unknown table or path) or 503 (not
-ready).
+One event loop on a thread of its own parses requests and answers small ones; lookups and
+readback of more than :data:`~deltarec.serving.api.INLINE_KEYS` keys run on a bounded pool of
+worker threads. The bounds of :class:`~deltarec.serving.limits.ServeLimits` hold at every
+stage: a request line and headers must arrive within ``header_timeout_s`` and
+``max_head_bytes`` (checked here, in the connection, before uvicorn buffers them: 408 / 431);
+open connections beyond ``max_connections`` get 503; bodies, answers and the bytes in flight
+are bounded by the application. The endpoints are listed in :mod:`deltarec.serving.api`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-import torch
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from deltarec.errors import BadInputError
+from deltarec.errors import DeltarecError
+from deltarec.serving.api import ReplicaApp
 from deltarec.serving.follow import Follower
+from deltarec.serving.limits import ServeLimits
 from deltarec.serving.metrics import ReplicaMetrics
-from deltarec.serving.table import decode_rows
-from deltarec.serving.types import NotReadyError, UnknownTableError
 
 log = logging.getLogger(__name__)
 
-MAX_KEYS = 1 << 22
-"""The most keys one ``/v1/rows`` or ``/v1/keys`` request takes or returns."""
+_END_OF_HEAD = b"\r\n\r\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    # ---- plumbing --------------------------------------------------------------------------
-    def _send(
-        self, code: int, body: bytes, ctype: str, headers: dict[str, str] | None = None
-    ) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, code: int, obj: Any) -> None:
-        self._send(code, json.dumps(obj).encode(), "application/json")
-
-    def _body(self) -> bytes:
-        n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
-
-    def _route(self, method: str) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        query = dict(urllib.parse.parse_qsl(url.query))
-        handler = getattr(self, f"_{method}_{url.path.strip('/').replace('/', '_')}", None)
-        if handler is None:
-            self._json(404, {"error": f"no {method.upper()} {url.path}"})
-            return
-        try:
-            handler(query)
-        except UnknownTableError as e:
-            self._json(404, {"error": str(e)})
-        except NotReadyError as e:
-            self._json(503, {"error": str(e)})
-        except (BadInputError, ValueError, KeyError) as e:
-            self._json(400, {"error": str(e)})
-
-    def do_GET(self) -> None:
-        self._route("get")
-
-    def do_POST(self) -> None:
-        self._route("post")
-
-    # ---- endpoints -------------------------------------------------------------------------
-    def _get_healthz(self, _: dict[str, str]) -> None:
-        self._send(200, b"ok\n", "text/plain")
-
-    def _get_readyz(self, _: dict[str, str]) -> None:
-        ready = self.server.follower.replica.current is not None
-        self._send(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
-
-    def _get_v1_status(self, _: dict[str, str]) -> None:
-        self._json(200, self.server.follower.status().to_json())
-
-    def _get_v1_tables(self, _: dict[str, str]) -> None:
-        self._json(200, self.server.follower.status().tables)
-
-    def _get_v1_freshness(self, _: dict[str, str]) -> None:
-        visible = list(self.server.follower.replica.visible)
-        self._json(
-            200,
-            [
-                {
-                    "generation": v.generation,
-                    "seq": v.seq,
-                    "taken_at": v.taken_at,
-                    "visible_at": v.visible_at,
-                }
-                for v in visible
-            ],
-        )
-
-    def _get_metrics(self, _: dict[str, str]) -> None:
-        self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
-
-    def _post_v1_rows(self, query: dict[str, str]) -> None:
-        table = query["table"]
-        body = self._body()
-        if len(body) % 8:
-            raise BadInputError(f"/v1/rows: the body holds {len(body)} bytes, not int64 keys")
-        keys = np.frombuffer(body, dtype="<i8")
-        if len(keys) > MAX_KEYS:
-            raise BadInputError(f"/v1/rows: {len(keys)} keys, at most {MAX_KEYS} per request")
-        t0 = time.perf_counter()
-        with self.server.follower.replica.pinned() as snap:
-            state = snap.table(table)
-            found, versions, rows = state.read(keys)
-            position = snap.position
-        self.server.metrics.lookups.labels(table).inc(len(keys))
-        self.server.metrics.lookup_seconds.observe(time.perf_counter() - t0)
-        payload = (
-            found.astype(np.uint8).tobytes()
-            + versions.astype("<i8").tobytes()
-            + np.ascontiguousarray(rows).tobytes()
-        )
-        headers = {
-            "X-Deltarec-Rows": str(len(keys)),
-            "X-Deltarec-Width": str(rows.shape[1]),
-            "X-Deltarec-Dtype": state.spec.dtype.value,
-            "X-Deltarec-Generation": str(position.generation),
-            "X-Deltarec-Seq": str(position.seq),
-        }
-        self._send(200, payload, "application/octet-stream", headers)
-
-    def _get_v1_keys(self, query: dict[str, str]) -> None:
-        table = query["table"]
-        limit = min(int(query.get("limit", 65536)), MAX_KEYS)
-        with self.server.follower.replica.pinned() as snap:
-            keys = snap.table(table).keys_np
-            if "after" in query:
-                keys = keys[np.searchsorted(keys, int(query["after"]), side="right") :]
-            out = np.ascontiguousarray(keys[:limit], dtype="<i8")
-        self._send(200, out.tobytes(), "application/octet-stream")
-
-    def _post_v1_lookup(self, _: dict[str, str]) -> None:
-        try:
-            req = json.loads(self._body() or b"{}")
-            table, ids = str(req["table"]), [int(i) for i in req["ids"]]
-        except (json.JSONDecodeError, TypeError) as e:
-            raise BadInputError(f'/v1/lookup: expected {{"table": T, "ids": [...]}}: {e}') from e
-        t0 = time.perf_counter()
-        with self.server.follower.replica.pinned() as snap:
-            state = snap.table(table)
-            rows, _found = state.lookup(torch.tensor(ids, dtype=torch.int64))
-            values = decode_rows(rows, state.spec).cpu().tolist()
-            position = snap.position
-        self.server.metrics.lookups.labels(table).inc(len(ids))
-        self.server.metrics.lookup_seconds.observe(time.perf_counter() - t0)
-        self._json(200, {"generation": position.generation, "seq": position.seq, "rows": values})
+def _raw_error(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+    )
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _guarded_protocol(limits: ServeLimits) -> type[HttpToolsProtocol]:
+    """The httptools protocol of uvicorn, which also bounds the time and bytes of a request's head.
 
-    def __init__(self, address: tuple[str, int], follower: Follower) -> None:
-        super().__init__(address, _Handler)
-        self.follower = follower
-        self.metrics = ReplicaMetrics(follower)
+    Uvicorn arms no timer before a request's headers are complete and buffers its URL and
+    headers without a limit: a client that sends nothing, or headers for ever, would hold the
+    connection (and its memory) until it leaves.
+    """
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _in_head = True
+        _head_bytes = 0
+        _head_tail = b""
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head:
+                if self._head_timer is None:
+                    self._arm()
+                if not self._head_fits(data):
+                    self._refuse(
+                        431, "Request Header Fields Too Large", "the request's head is over"
+                    )
+                    return
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._in_head, self._head_bytes, self._head_tail = False, 0, b""
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_head = True  # the next bytes are the next request's head
+
+        def _head_fits(self, data: bytes) -> bool:
+            room = limits.max_head_bytes - self._head_bytes
+            if len(data) <= room:
+                self._head_bytes += len(data)
+                self._head_tail = (self._head_tail + data)[-3:]
+                return True
+            # Over the limit only if the head does not end within it (the rest is a body).
+            return _END_OF_HEAD in self._head_tail + data[: max(0, room)]
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if not self._in_head or self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.transport.close()  # an answer is still going out: no room for a 408
+                return
+            self._refuse(408, "Request Timeout", "the request's head did not arrive in time")
+
+        def _refuse(self, status: int, reason: str, what: str) -> None:
+            self._disarm()
+            if not self.transport.is_closing():
+                limit = f"{limits.max_head_bytes} bytes, {limits.header_timeout_s:g} s"
+                self.transport.write(_raw_error(status, reason, f"{what} ({limit})"))
+                self.transport.close()
+
+    return GuardedProtocol
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the caller decides when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=backlog)
+    except OSError as e:
+        raise DeltarecError(f"the replica cannot listen on {host}:{port}: {e}") from e
 
 
 class ReplicaServer:
-    """Serves a follower's replica over HTTP on a background thread.
+    """Serves a follower's replica over HTTP (uvicorn) on a background thread.
 
     Args:
         follower: the follower (its replica answers the reads).
-        host: the address to listen on.
+        host: the address to listen on (bound here: the port is taken when this returns).
         port: the port (0: any free one; see :attr:`port`).
+        limits: the request bounds (default: :class:`~deltarec.serving.limits.ServeLimits`).
+        token: the bearer token ``/v1/*`` requires (None: open); the health endpoints and
+            ``/metrics`` never require it.
+
+    Raises:
+        DeltarecError: the address cannot be bound.
     """
 
-    def __init__(self, follower: Follower, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._server = _Server((host, port), follower)
+    def __init__(
+        self,
+        follower: Follower,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ServeLimits | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.limits = limits or ServeLimits()
+        self._metrics = ReplicaMetrics(follower)
+        self._app = ReplicaApp(follower, self._metrics, self.limits, token)
+        self._socket = _bind(host, port, backlog=2048)
         self.host = host
-        self.port: int = int(self._server.server_address[1])
+        self.port: int = int(self._socket.getsockname()[1])
+        config = uvicorn.Config(
+            self._app,
+            http=_guarded_protocol(self.limits),
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            limit_concurrency=self.limits.max_connections,
+            timeout_keep_alive=self.limits.keepalive_s,  # type: ignore[arg-type]
+            timeout_graceful_shutdown=5,
+        )
+        self._server = _Server(config)
         self._thread: threading.Thread | None = None
 
     @property
@@ -221,27 +190,33 @@ class ReplicaServer:
     @property
     def metrics(self) -> ReplicaMetrics:
         """The metrics served at ``/metrics``."""
-        return self._server.metrics
+        return self._metrics
 
-    def start(self) -> ReplicaServer:
-        """Start answering requests (returns self)."""
+    def start(self, timeout: float = 30.0) -> ReplicaServer:
+        """Start answering requests on a background thread (returns self once it answers)."""
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="deltarec-replica-http", daemon=True
+            target=self.serve_forever, name="deltarec-replica-http", daemon=True
         )
         self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise DeltarecError(f"the replica's HTTP server on port {self.port} did not start")
+            time.sleep(0.005)
         return self
 
     def serve_forever(self) -> None:
         """Answer requests on this thread until :meth:`close` (from another thread)."""
-        self._server.serve_forever()
+        self._server.run(sockets=[self._socket])
 
     def close(self) -> None:
         """Stop answering and release the port (idempotent)."""
+        self._server.should_exit = True
         if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(10)
+            self._thread.join(15)
             self._thread = None
-        self._server.server_close()
+        self._app.close()
+        self._socket.close()
 
     def __enter__(self) -> ReplicaServer:
         return self.start()
@@ -250,4 +225,4 @@ class ReplicaServer:
         self.close()
 
 
-__all__ = ["MAX_KEYS", "ReplicaServer"]
+__all__ = ["ReplicaServer"]

@@ -118,6 +118,12 @@ class ReplicaMetrics:
             buckets=_LOOKUP_BUCKETS,
             registry=self.registry,
         )
+        self.refused = Counter(
+            "deltarec_replica_requests_refused",
+            "Requests answered 4xx/503 before the work: over a bound, malformed, unauthorized",
+            ["code"],
+            registry=self.registry,
+        )
 
 
 __all__ = ["ReplicaMetrics"]

@@ -1,0 +1,579 @@
+"""The replica's HTTP API, an ASGI application (served by uvicorn: :mod:`deltarec.serving.http`).
+
+=======================================  ==========================================================
+request                                  answer
+=======================================  ==========================================================
+``GET /healthz``                         200 while the process runs
+``GET /readyz``                          200 once a generation is served, else 503
+``GET /v1/status``                       :class:`~deltarec.serving.types.ReplicaStatus` as JSON
+                                         (without store details: see :func:`public_status`)
+``GET /v1/tables``                       table id -> ``{dim, dtype, kind, rows}``
+``POST /v1/rows?table=T``                body: int64 little-endian keys; answer: ``found`` (uint8
+                                         ``[n]``), ``versions`` (int64 ``[n]``), then the encoded
+                                         rows ``[n, width]`` as stored, little-endian; headers
+                                         ``X-Deltarec-Rows``, ``-Width``, ``-Dtype``,
+                                         ``-Generation``, ``-Seq`` (the snapshot read)
+``GET /v1/keys?table=T&after=K&limit=N`` int64 little-endian keys held, ascending, above ``K``
+``POST /v1/lookup``                      JSON ``{"table": T, "ids": [...]}`` -> ``{"generation",
+                                         "seq", "rows": [[float, ...], ...]}`` (decoded; a ZCH
+                                         table answers an id it does not hold with key -1's row)
+``GET /v1/freshness``                    the latest dumps made visible: ``[{generation, seq,
+                                         taken_at, visible_at}]``
+``GET /metrics``                         Prometheus text (:mod:`deltarec.serving.metrics`)
+=======================================  ==========================================================
+
+Every read answers from one pinned snapshot: all of a dump or none of it. Errors come back as
+JSON ``{"error": message}``: 400 (malformed), 401 (``/v1/*`` without the bearer token, when
+one is set), 404 (unknown table or path), 408 (a body not received in time), 413 (over a
+bound of :class:`~deltarec.serving.limits.ServeLimits`, with ``X-Deltarec-Max-Keys``), 503
+(not ready; or busy, with ``Retry-After``). Every bound is checked before the body is read or
+the work is done, and each request holds its bytes (body and answer) in one budget while in
+flight, so the replica's memory stays bounded whatever clients send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import re
+import sys
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from deltarec.artifacts import codec
+from deltarec.errors import BadInputError
+from deltarec.serving.follow import Follower
+from deltarec.serving.limits import JSON_VALUE_BYTES, ServeLimits
+from deltarec.serving.metrics import ReplicaMetrics
+from deltarec.serving.table import TableState, decode_rows
+from deltarec.serving.types import NotReadyError, UnknownTableError
+
+log = logging.getLogger(__name__)
+
+SEND_PIECE = 1 << 20
+"""An answer goes out in pieces of at most this many bytes, each after the last has drained."""
+DRAIN_BYTES = 16 << 20
+"""A refused body declared this long or shorter is read and dropped before the answer."""
+INLINE_KEYS = 256
+"""Requests of up to this many keys are answered on the event loop; larger ones in a worker."""
+STATUS_ERROR = "the last follow round failed; the replica's log holds the details"
+"""What ``GET /v1/status`` answers in ``error`` (the text may name the store's host or user)."""
+
+_JSON_VALUES_PER_PIECE = 1 << 16
+_JOIN_BYTES = 1 << 16
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
+
+Handler = Callable[["_Request"], Awaitable[None]]
+
+if sys.version_info >= (3, 11):
+    _deadline = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+
+    @contextlib.asynccontextmanager
+    async def _deadline(delay: float) -> AsyncIterator[None]:
+        """``asyncio.timeout`` of Python 3.11: cancel the block after ``delay`` s (TimeoutError)."""
+        task = asyncio.current_task()
+        assert task is not None
+        fired = []
+        handle = asyncio.get_running_loop().call_later(
+            delay, lambda: (fired.append(True), task.cancel())
+        )
+        try:
+            yield
+        except asyncio.CancelledError as e:
+            if fired:
+                raise TimeoutError from e
+            raise
+        finally:
+            handle.cancel()
+
+
+class Refused(Exception):
+    """A request answered with an error before its work (status, message, extra headers)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, dict(headers or {})
+
+
+def public_status(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` as ``GET /v1/status`` answers it: no store host, user, database or URL.
+
+    A failed round's text (``error``) may quote the store's connection error, so it is
+    replaced by :data:`STATUS_ERROR` (the log keeps it); every URL in any other text is cut
+    to its scheme.
+    """
+    out = dict(status)
+    if out.get("error"):
+        out["error"] = STATUS_ERROR
+    return _scrub(out)  # type: ignore[no-any-return]
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return _URL.sub(lambda m: m.group(0).split("://", 1)[0] + "://...", value)
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+class _Budget:
+    """Bytes the requests in flight may hold together; a request waits for room, bounded."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.free = total, total
+        self._cond: asyncio.Condition | None = None
+
+    @contextlib.asynccontextmanager
+    async def hold(self, nbytes: int, timeout: float) -> AsyncIterator[None]:
+        if self._cond is None:  # created on the serving loop
+            self._cond = asyncio.Condition()
+        cond, nbytes = self._cond, max(0, min(nbytes, self.total))
+        async with cond:
+            if self.free < nbytes:
+                try:
+                    await asyncio.wait_for(cond.wait_for(lambda: self.free >= nbytes), timeout)
+                except asyncio.TimeoutError as e:
+                    raise Refused(
+                        503,
+                        f"busy: no room for {nbytes} bytes within {timeout:g} s",
+                        {"Retry-After": "1"},
+                    ) from e
+            self.free -= nbytes
+        try:
+            yield
+        finally:
+            async with cond:
+                self.free += nbytes
+                cond.notify_all()
+
+
+class _Request:
+    """One HTTP request of the ASGI server: its head, body reader and answer writer."""
+
+    def __init__(self, scope: dict[str, Any], receive: Any, send: Any, timeout: float) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        self._query: bytes = scope.get("query_string", b"")
+        self._receive, self._send, self._timeout = receive, send, timeout
+        self.started = False
+        self.unread = self.method == "POST"  # a body may follow the head
+        self.broken = False
+
+    def query(self) -> dict[str, str]:
+        """The query's parameters (the last of a repeated name)."""
+        try:
+            pairs = urllib.parse.parse_qsl(
+                self._query.decode("latin-1"), keep_blank_values=True, max_num_fields=16
+            )
+        except ValueError as e:
+            raise BadInputError(f"{self.path}: the query is not valid: {e}") from e
+        return dict(pairs)
+
+    def content_length(
+        self, limit: int, over: str | None = None, headers: Any = None
+    ) -> int | None:
+        """The declared body length (None: chunked); over ``limit``: 413 before reading it."""
+        text = self.headers.get("content-length")
+        if text is None:
+            return None
+        if not text.isdigit():
+            raise BadInputError(f"{self.path}: Content-Length {text[:32]!r} is not a length")
+        n = int(text)
+        if n > limit:
+            raise Refused(
+                413, over or f"{self.path}: a body of {n} bytes; at most {limit}", headers
+            )
+        return n
+
+    async def body(self, limit: int, headers: Any = None) -> bytes:
+        """The body, refused (413) once over ``limit`` and (408) if not all there in time."""
+        buf = bytearray()
+        try:
+            async with _deadline(self._timeout):
+                while True:
+                    message = await self._receive()
+                    if message["type"] == "http.disconnect":
+                        raise Refused(400, f"{self.path}: the client left before the body")
+                    buf += message.get("body", b"")
+                    if len(buf) > limit:
+                        raise Refused(413, f"{self.path}: the body is over {limit} bytes", headers)
+                    if not message.get("more_body", False):
+                        self.unread = False
+                        return bytes(buf)
+        except TimeoutError as e:
+            raise Refused(
+                408, f"{self.path}: the body was not received within {self._timeout:g} s"
+            ) from e
+        finally:
+            self.broken = self.unread  # a body refused part-read is not drained
+
+    async def answer(
+        self,
+        status: int,
+        parts: list[Any],
+        ctype: str,
+        headers: dict[str, str] | None = None,
+        close: bool = False,
+    ) -> None:
+        """Send ``parts`` (bytes-like) as one answer, in pieces a slow reader must drain.
+
+        Raises:
+            TimeoutError: the client did not read the answer within the request timeout (the
+                server then closes the connection).
+        """
+        views = [memoryview(p).cast("B") for p in parts]
+        size = sum(map(len, views))
+        head = [(b"content-type", ctype.encode()), (b"content-length", b"%d" % size)]
+        head += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        if close:
+            head.append((b"connection", b"close"))
+        if size <= _JOIN_BYTES:  # one write for a small answer
+            views = [memoryview(b"".join(views))]
+        pieces = [v[i : i + SEND_PIECE] for v in views for i in range(0, len(v), SEND_PIECE)]
+        self.started = True
+        async with _deadline(self._timeout):
+            await self._send({"type": "http.response.start", "status": status, "headers": head})
+            for i, piece in enumerate(pieces or [memoryview(b"")], 1):
+                more = i < len(pieces)
+                await self._send({"type": "http.response.body", "body": piece, "more_body": more})
+
+    async def error(self, status: int, message: str, headers: dict[str, str]) -> None:
+        """A JSON ``{"error": message}`` answer.
+
+        A body refused before it was read is read and dropped first when it is declared and
+        at most :data:`DRAIN_BYTES` (a client that sends it whole then reads the answer, not a
+        reset); otherwise the connection is closed after the answer.
+        """
+        close = self.unread and not await self._drain()
+        body = json.dumps({"error": message}).encode()
+        await self.answer(status, [body], "application/json", headers, close=close)
+
+    async def _drain(self) -> bool:
+        text = self.headers.get("content-length", "")
+        if self.broken or not text.isdigit() or int(text) > DRAIN_BYTES:
+            return False
+        try:
+            async with _deadline(self._timeout):
+                while True:
+                    message = await self._receive()
+                    if message["type"] != "http.request" or not message.get("more_body"):
+                        return message["type"] == "http.request"
+        except TimeoutError:
+            return False
+
+
+class ReplicaApp:
+    """The replica's HTTP API (an ASGI 3 application).
+
+    Args:
+        follower: the follower whose replica answers the reads.
+        metrics: where lookups and refusals are counted (served at ``/metrics``).
+        limits: the bounds every request is checked against.
+        token: the bearer token ``/v1/*`` requires (None: open).
+    """
+
+    def __init__(
+        self,
+        follower: Follower,
+        metrics: ReplicaMetrics,
+        limits: ServeLimits,
+        token: str | None = None,
+    ) -> None:
+        self.follower, self.metrics, self.limits = follower, metrics, limits
+        self._token = token.encode() if token else None
+        self._budget = _Budget(limits.max_inflight_bytes)
+        self._pool = ThreadPoolExecutor(limits.max_workers, thread_name_prefix="deltarec-replica")
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/v1/status"): self._status,
+            ("GET", "/v1/tables"): self._tables,
+            ("GET", "/v1/freshness"): self._freshness,
+            ("GET", "/v1/keys"): self._keys,
+            ("POST", "/v1/rows"): self._rows,
+            ("POST", "/v1/lookup"): self._lookup,
+        }
+
+    def close(self) -> None:
+        """Stop the worker threads (requests still in flight get no answer)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Answer one ASGI ``http`` request (every failure before the answer is an answer)."""
+        if scope["type"] != "http":
+            return
+        req = _Request(scope, receive, send, self.limits.request_timeout_s)
+        try:
+            handler = self._routes.get((req.method, req.path))
+            if handler is None:
+                raise Refused(404, f"no {req.method} {req.path}")
+            if req.path.startswith("/v1/"):
+                self._authorize(req)
+            await handler(req)
+        except Exception as e:  # every failure before the answer is an answer
+            if req.started:
+                raise
+            await self._refuse(req, e)
+
+    async def _refuse(self, req: _Request, e: Exception) -> None:
+        if isinstance(e, Refused):
+            status, message, headers = e.status, e.message, e.headers
+        elif isinstance(e, UnknownTableError):
+            status, message, headers = 404, str(e), {}
+        elif isinstance(e, NotReadyError):
+            status, message, headers = 503, str(e), {}
+        elif isinstance(e, BadInputError):
+            status, message, headers = 400, str(e), {}
+        else:
+            log.exception("replica: %s %s failed", req.method, req.path)
+            status, message, headers = 500, f"{req.path}: internal error ({type(e).__name__})", {}
+        self.metrics.refused.labels(str(status)).inc()
+        await req.error(status, message, headers)
+
+    def _authorize(self, req: _Request) -> None:
+        if self._token is None:
+            return
+        scheme, _, given = req.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token):
+            return
+        raise Refused(
+            401,
+            f"{req.path}: this replica requires a bearer token (Authorization: Bearer ...)",
+            {"WWW-Authenticate": 'Bearer realm="deltarec"'},
+        )
+
+    async def _work(self, n: int, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the event loop for small requests, else on a worker thread."""
+        if n <= INLINE_KEYS:
+            return fn()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def _table(self, name: str) -> TableState:
+        snap = self.follower.replica.current
+        if snap is None:
+            raise NotReadyError(f"the replica of run {self.follower.run!r} holds no generation yet")
+        return snap.table(name)
+
+    async def _json(self, req: _Request, obj: Any, status: int = 200) -> None:
+        await req.answer(status, [json.dumps(obj).encode()], "application/json")
+
+    # ---- open endpoints ----------------------------------------------------------------------
+    async def _healthz(self, req: _Request) -> None:
+        await req.answer(200, [b"ok\n"], "text/plain")
+
+    async def _readyz(self, req: _Request) -> None:
+        ready = self.follower.replica.current is not None
+        await req.answer(
+            200 if ready else 503, [b"ready\n" if ready else b"not ready\n"], "text/plain"
+        )
+
+    async def _metrics(self, req: _Request) -> None:
+        await req.answer(200, [generate_latest(self.metrics.registry)], CONTENT_TYPE_LATEST)
+
+    # ---- /v1 ---------------------------------------------------------------------------------
+    async def _status(self, req: _Request) -> None:
+        await self._json(req, public_status(self.follower.status().to_json()))
+
+    async def _tables(self, req: _Request) -> None:
+        await self._json(req, self.follower.status().tables)
+
+    async def _freshness(self, req: _Request) -> None:
+        visible = list(self.follower.replica.visible)
+        await self._json(
+            req,
+            [
+                {
+                    "generation": v.generation,
+                    "seq": v.seq,
+                    "taken_at": v.taken_at,
+                    "visible_at": v.visible_at,
+                }
+                for v in visible
+            ],
+        )
+
+    async def _keys(self, req: _Request) -> None:
+        query = req.query()
+        table = _text(query, "table", req.path)
+        cap = min(self.limits.max_keys, self.limits.max_answer_bytes // 8)
+        limit = min(_int(query, "limit", req.path, 65536, lo=0), cap)
+        after = _int(query, "after", req.path, None)
+        self._table(table)  # 404 / 503 before any room is taken
+
+        def keys() -> np.ndarray:
+            with self.follower.replica.pinned() as snap:
+                held = snap.table(table).keys_np
+                if after is not None:
+                    held = held[np.searchsorted(held, after, side="right") :]
+                return np.ascontiguousarray(held[:limit], dtype="<i8")
+
+        async with self._budget.hold(limit * 8, self.limits.queue_timeout_s):
+            out = await self._work(limit, keys)
+            await req.answer(200, [out], "application/octet-stream")
+
+    async def _rows(self, req: _Request) -> None:
+        table = _text(req.query(), "table", req.path)
+        state = self._table(table)
+        row_bytes = (
+            9
+            + codec.encoded_width(state.spec.dtype, state.spec.dim)
+            * np.dtype(codec.element_type(state.spec.dtype)).itemsize
+        )
+        most = self._most_keys(row_bytes, self.limits.max_keys)
+        over = {"X-Deltarec-Max-Keys": str(most)}
+        declared = req.content_length(
+            most * 8,
+            f"{req.path}: {req.headers.get('content-length', 0)} body bytes, over {most} keys of "
+            f"table {table!r} ({row_bytes} answer bytes a key); at most {most} per request",
+            over,
+        )
+        if declared is not None and declared % 8:
+            raise BadInputError(f"{req.path}: the body holds {declared} bytes, not int64 keys")
+        n_most = most if declared is None else declared // 8
+        async with self._budget.hold(n_most * (8 + row_bytes), self.limits.queue_timeout_s):
+            body = await req.body(most * 8, over)
+            if len(body) % 8:
+                raise BadInputError(f"{req.path}: the body holds {len(body)} bytes, not int64 keys")
+            keys = np.frombuffer(body, dtype="<i8")
+            found, versions, rows, position, state = await self._work(
+                len(keys), lambda: self._read(table, keys)
+            )
+            self.metrics.lookups.labels(table).inc(len(keys))
+            headers = {
+                "X-Deltarec-Rows": str(len(keys)),
+                "X-Deltarec-Width": str(rows.shape[1]),
+                "X-Deltarec-Dtype": state.spec.dtype.value,
+                "X-Deltarec-Generation": str(position.generation),
+                "X-Deltarec-Seq": str(position.seq),
+            }
+            parts = [found.astype(np.uint8), versions.astype("<i8"), np.ascontiguousarray(rows)]
+            await req.answer(200, parts, "application/octet-stream", headers)
+
+    def _read(self, table: str, keys: np.ndarray) -> tuple[Any, ...]:
+        with self.metrics.lookup_seconds.time(), self.follower.replica.pinned() as snap:
+            state = snap.table(table)
+            found, versions, rows = state.read(keys)
+            return found, versions, rows, snap.position, state
+
+    async def _lookup(self, req: _Request) -> None:
+        declared = req.content_length(self.limits.max_body_bytes(rows=False))
+        body_most = self.limits.max_body_bytes(rows=False) if declared is None else declared
+        # Before the body is parsed its table is unknown: room for its ids (at least two bytes
+        # each in the JSON) at the widest table; the exact bound is checked once parsed.
+        snap = self.follower.replica.current
+        widest = max((s.spec.dim for s in snap.tables.values()), default=1) if snap else 1
+        ids_most = min(self.limits.max_ids, body_most // 2)
+        answer_most = min(ids_most * widest * JSON_VALUE_BYTES, self.limits.max_answer_bytes)
+        async with self._budget.hold(body_most + answer_most, self.limits.queue_timeout_s):
+            body = await req.body(self.limits.max_body_bytes(rows=False))
+            table, ids = await self._work(len(body) // 64, lambda: _parse_lookup(body))
+            dim = self._table(table).spec.dim
+            most = self._most_keys(dim * JSON_VALUE_BYTES, self.limits.max_ids)
+            if len(ids) > most:
+                raise Refused(
+                    413,
+                    f"{req.path}: {len(ids)} ids of table {table!r} (dim {dim}); at most {most} "
+                    "per request",
+                    {"X-Deltarec-Max-Keys": str(most)},
+                )
+            parts = await self._work(len(ids), lambda: self._lookup_json(table, ids))
+            self.metrics.lookups.labels(table).inc(len(ids))
+            await req.answer(200, parts, "application/json")
+
+    def _lookup_json(self, table: str, ids: np.ndarray) -> list[bytes]:
+        with self.metrics.lookup_seconds.time(), self.follower.replica.pinned() as snap:
+            state = snap.table(table)
+            position = snap.position
+            if len(ids) == 0:  # no rows to decode (an int8 table's empty view cannot be)
+                values = np.zeros((0, state.spec.dim), np.float32)
+            else:
+                rows, _found = state.lookup(torch.from_numpy(ids))
+                values = decode_rows(rows, state.spec).cpu().numpy()
+        head = b'{"generation": %d, "seq": %d, "rows": [' % (position.generation, position.seq)
+        return [head, *_json_rows(values), b"]}"]
+
+    def _most_keys(self, key_bytes: int, cap: int) -> int:
+        """The most keys one request may name when each answers ``key_bytes`` bytes."""
+        return max(1, min(cap, self.limits.max_answer_bytes // max(1, key_bytes)))
+
+
+def _json_rows(values: np.ndarray) -> list[bytes]:
+    """``values [n, dim]`` as the JSON items of a list of rows, a block of rows at a time.
+
+    Only one block is ever Python floats (``tolist``), not the whole answer.
+    """
+    per = max(1, _JSON_VALUES_PER_PIECE // max(1, values.shape[1]))
+    out: list[bytes] = []
+    for i in range(0, values.shape[0], per):
+        if out:
+            out.append(b", ")
+        out.append(json.dumps(values[i : i + per].tolist())[1:-1].encode())
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse_lookup(body: bytes) -> tuple[str, np.ndarray]:
+    """``{"table": T, "ids": [int, ...]}`` -> (table, int64 ids); anything else: 400."""
+    expected = '/v1/lookup: expected {"table": "<table>", "ids": [<int64>, ...]}'
+    try:
+        req = json.loads(body or b"{}", parse_constant=_no_constant)
+    except RecursionError as e:
+        raise BadInputError(f"{expected}; the body nests too deeply") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
+        raise BadInputError(f"{expected}; the body is not JSON: {e}") from e
+    if not isinstance(req, dict):
+        raise BadInputError(f"{expected}; got a JSON {type(req).__name__}")
+    table, ids = req.get("table"), req.get("ids")
+    if not isinstance(table, str) or not isinstance(ids, list):
+        raise BadInputError(f"{expected}; got table {_kind(table)} and ids {_kind(ids)}")
+    if not all(type(i) is int for i in ids):
+        bad = next(i for i in ids if type(i) is not int)
+        raise BadInputError(f"{expected}; an id is {_kind(bad)}: {json.dumps(bad)[:40]}")
+    try:
+        return table, np.array(ids, dtype=np.int64).reshape(-1)
+    except OverflowError as e:
+        raise BadInputError(f"{expected}; an id is outside int64") from e
+
+
+def _kind(value: Any) -> str:
+    return "missing" if value is None else f"a {type(value).__name__}"
+
+
+def _text(query: dict[str, str], name: str, path: str) -> str:
+    if name not in query:
+        raise BadInputError(f"{path}: the query needs {name}=")
+    return query[name]
+
+
+def _int(query: dict[str, str], name: str, path: str, default: Any, lo: int = _INT64_MIN) -> Any:
+    if name not in query:
+        return default
+    text = query[name]
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise BadInputError(f"{path}: {name}={text[:32]!r} is not an integer") from e
+    if not lo <= value <= _INT64_MAX:
+        raise BadInputError(f"{path}: {name}={value} is outside [{lo}, {_INT64_MAX}]")
+    return value
+
+
+__all__ = ["INLINE_KEYS", "SEND_PIECE", "STATUS_ERROR", "Refused", "ReplicaApp", "public_status"]
