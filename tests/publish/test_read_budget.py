@@ -14,7 +14,14 @@ from deltarec.faults import SLOW_ENV, slowdown
 from deltarec.ids import make_version
 from deltarec.publish import DumpPublisher, PublishMetrics
 from deltarec.publish import budget as budget_module
-from deltarec.publish.budget import MIN_BYTES, ReadBudget, Throttle, check_budget, throttled
+from deltarec.publish.budget import (
+    MIN_BYTES,
+    ReadBudget,
+    Throttle,
+    check_budget,
+    held_back_s,
+    throttled,
+)
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 
@@ -184,6 +191,8 @@ def test_the_trainers_background_publisher_publishes_under_its_budget(tmp_path, 
     assert bg.throttle is not None
     report = bg.throttle.close()
     assert report.read_p99_ms == 50.0 and report.probes > 0
+    assert held_back_s(root, "r", 1) == report.held_back_s  # what verify's KFP metrics carry
+    assert held_back_s(root, "r", 2) is None
     assert [p.rows for p in bg.results] == [3000]
     with open_store(url, run="r") as store:
         got = store.read(T, data.keys)

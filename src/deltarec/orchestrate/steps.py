@@ -167,7 +167,8 @@ class VerifyOutcome:
     Attributes:
         verdict: ``"PASS"`` or ``"FAIL"``.
         run, generation, through_seq: what was verified.
-        metrics: verify's KFP metrics plus ``freshness_p50_s``/``freshness_p99_s``.
+        metrics: verify's KFP metrics plus ``freshness_p50_s``/``freshness_p99_s`` and, where
+            the trainer published under a read budget, ``publish_held_back_s``.
         failure: one line naming what failed (empty on PASS).
         report_path: the HTML report, if one was written.
     """
@@ -246,6 +247,7 @@ def verify(
     )
     _write_outputs(result, report_path, json_path, render_html, dumps_json)
     outcome = outcome_of(result, report_path)
+    _add_held_back(outcome, params)
     log.info("verify: run %s generation %d: %s %s", outcome.run, outcome.generation,
              outcome.verdict, outcome.failure)  # fmt: skip
     return outcome
@@ -299,9 +301,20 @@ def verify_gate(
         )
     _write_outputs(result, report_path, json_path, render_html, dumps_json)
     outcome = outcome_of(result, report_path)
+    _add_held_back(outcome, params)
     log.info("verify gate: run %s generation %d over %d partitions: %s %s", outcome.run,
              outcome.generation, len(partitions), outcome.verdict, outcome.failure)  # fmt: skip
     return outcome
+
+
+def _add_held_back(outcome: VerifyOutcome, params: PipelineParams) -> None:
+    """``publish_held_back_s``: what the trainer's read budget held back, where one ran."""
+    from deltarec.publish.budget import held_back_s
+
+    root = ArtifactRoot(params.artifact_root)
+    held = held_back_s(root, outcome.run, outcome.generation)
+    if held is not None:
+        outcome.metrics["publish_held_back_s"] = held
 
 
 def _write_outputs(

@@ -20,7 +20,13 @@ from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import Manifest
 from deltarec.errors import DeltarecError, StoreError
-from deltarec.publish.budget import Throttle, check_budget, throttled
+from deltarec.publish.budget import (
+    BudgetReport,
+    Throttle,
+    check_budget,
+    record_report,
+    throttled,
+)
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
@@ -224,9 +230,17 @@ class BackgroundPublisher:
                     self._cond.notify_all()
         finally:
             if self.throttle is not None:
-                self.throttle.close()
+                self._record_budget(self.throttle.close())
             if self._store is not None:
                 self._store.close()
+
+    def _record_budget(self, report: BudgetReport) -> None:
+        """Leave the budget's report beside the last generation published (verify's metrics)."""
+        if self.results:
+            try:
+                record_report(self.root, self.run, self.results[-1].generation, self.rank, report)
+            except OSError as e:  # a report is not worth failing the run for
+                log.warning("rank %d: the read budget's report was not written: %s", self.rank, e)
 
     def _wait_manifest(self, item: _Item) -> Manifest:
         path = self.root.manifest_file(self.run, item.generation, item.seq)

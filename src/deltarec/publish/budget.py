@@ -20,7 +20,9 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    (the median of the last :data:`TIMED` transactions) says would take longer than the budget
    less the probes' median (a read's own time);
 4. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
-   ``deltarec_publish_held_back_seconds_total``) and the probes' last p99.
+   ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
+   background publisher also leaves its report beside the generation
+   (:func:`record_report`), where verify's KFP metrics find it (:func:`held_back_s`).
 
 Without a budget nothing of this runs: the publisher writes as it always did. The throttle
 changes only the publisher's ``batch_bytes`` between transactions and pauses in its
@@ -30,13 +32,15 @@ changes only the publisher's ``batch_bytes`` between transactions and pauses in 
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import posixpath
 import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deltarec.artifacts import codec
+from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.errors import ConfigError
 from deltarec.publish.probe import Probe, probe_target
 from deltarec.stats import quantile
@@ -275,3 +279,25 @@ def throttled(publisher: DumpPublisher, read_p99_ms: float | None) -> Throttle |
         return None
     assert read_p99_ms is not None
     return Throttle(publisher, read_p99_ms)
+
+
+def report_path(root: ArtifactRoot, run: str, generation: int, rank: int) -> str:
+    """Where a rank's background publisher leaves its budget's report: ``gen-<G>/budget/``."""
+    return posixpath.join(root.gen_dir(run, generation), "budget", f"rank-{rank}.json")
+
+
+def record_report(
+    root: ArtifactRoot, run: str, generation: int, rank: int, report: BudgetReport
+) -> None:
+    """Leave ``report`` beside ``generation`` for rank ``rank`` (replacing an earlier one)."""
+    path = report_path(root, run, generation, rank)
+    root.write_bytes_atomic(path, json.dumps(report.to_json(), indent=1).encode())
+
+
+def held_back_s(root: ArtifactRoot, run: str, generation: int) -> float | None:
+    """Seconds the ranks' publishers of ``generation`` held back in all; None: no budget ran."""
+    folder = posixpath.dirname(report_path(root, run, generation, 0))
+    if not root.exists(folder):
+        return None
+    names = [n for n in root.fs.ls(folder, detail=False) if str(n).endswith(".json")]
+    return sum(float(root.read_json(str(n))["held_back_s"]) for n in names)
