@@ -147,3 +147,55 @@ def test_no_module_outside_stores_dispatches_on_a_backend_class():
             ):
                 found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
     assert not found, "dispatch on backend classes (use Capabilities):\n" + "\n".join(found)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the deltarec modules it imports at run time (function-level imports included,
+    ``if TYPE_CHECKING:`` blocks not); ``from pkg import mod`` counts as importing ``pkg.mod``."""
+    mods: dict[str, Path] = {}
+    for path in SRC.rglob("*.py"):
+        name = "deltarec." + path.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
+        mods[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+        out = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                subs = [s for s in subs if s in mods]
+                targets = subs if len(subs) == len(node.names) else [node.module, *subs]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            out |= {t for t in targets if t in mods and t != name}
+        graph[name] = out
+    return graph
+
+
+def test_no_module_cycle_function_level_imports_included():
+    graph = _module_graph()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert not cycles, "module import cycles:\n" + "\n".join(cycles)

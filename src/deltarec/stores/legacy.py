@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from deltarec.stores.ddl import SERVING_VIEWS_DDL, VIEWS_DDL
 from deltarec.stores.naming import quote, run_view_name, staging_prefix
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ def migrate_legacy_views(store: RelationalStore, cur: Any) -> str | None:
         None when the store has the per-run layout (now or already), else why it is refused:
         the message every row operation raises, naming the runs and what to do.
     """
-    from deltarec.stores.relational import SERVING_VIEWS_DDL, VIEWS_DDL
-
     columns = store._columns(cur, "deltarec_views")
     if not columns or "run" in columns:
         return None
