@@ -8,6 +8,13 @@ import sys
 import pytest
 import yaml
 
+from deltarec.credentials import check_no_credentials
+from deltarec.orchestrate.types import (
+    CONTAINER_SECURITY_CONTEXT,
+    CREDENTIAL_ENV,
+    POD_SECURITY_CONTEXT,
+)
+
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (dev extra) is not installed")
 
 CHART = pathlib.Path(__file__).resolve().parents[2] / "charts" / "deltarec"
@@ -47,6 +54,8 @@ def test_chart_renders_config_rbac_for_trainjobs_pytorchjobs_and_the_scheduled_v
     assert set(objs) == {
         ("ConfigMap", "dr-deltarec-config"),
         ("ServiceAccount", "deltarec-pipeline"),
+        ("ServiceAccount", "deltarec-launcher"),
+        ("Secret", "deltarec-launcher-token"),
         ("Role", "dr-deltarec-train-launcher"),
         ("RoleBinding", "dr-deltarec-train-launcher"),
         ("CronJob", "dr-deltarec-verify"),
@@ -62,17 +71,17 @@ def test_chart_renders_config_rbac_for_trainjobs_pytorchjobs_and_the_scheduled_v
             "verbs": ["get", "list", "watch"]} in rules  # fmt: skip
     binding = objs[("RoleBinding", "dr-deltarec-train-launcher")]
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "deltarec-pipeline", "namespace": "ml"}
+        {"kind": "ServiceAccount", "name": "deltarec-launcher", "namespace": "ml"}
     ]
     job = objs[("CronJob", "dr-deltarec-verify")]["spec"]["jobTemplate"]["spec"]["template"]
     (c,) = job["spec"]["containers"]
     assert c["image"] == "ghcr.io/deltarec/deltarec-tools:0.1.0"
     assert c["command"] == ["deltarec"] and c["args"][:2] == ["pipeline", "verify-serving"]
     assert "$(DELTAREC_STORE_URL)" in c["args"] and c["args"][-1] == "10000"
-    assert c["envFrom"] == [
-        {"configMapRef": {"name": "dr-deltarec-config"}},
-        {"secretRef": {"name": "deltarec-credentials", "optional": True}},
-    ]
+    assert c["envFrom"] == [{"configMapRef": {"name": "dr-deltarec-config"}}]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+    assert refs == {k: {"name": "deltarec-credentials", "key": k, "optional": True}
+                    for k in CREDENTIAL_ENV}  # fmt: skip
     assert job["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -86,7 +95,7 @@ def test_chart_options_drop_the_cronjob_and_bind_extra_service_accounts():
     objs = objects(render(values))
     assert not any(kind == "CronJob" for kind, _ in objs)
     subjects = objs[("RoleBinding", "dr-deltarec-train-launcher")]["subjects"]
-    assert [s["name"] for s in subjects] == ["deltarec-pipeline", "default-editor"]
+    assert [s["name"] for s in subjects] == ["deltarec-launcher", "default-editor"]
 
 
 def test_chart_deploys_serving_replicas_that_follow_the_promoted_generation(tmp_path):
@@ -141,3 +150,91 @@ def test_helm_lint_passes_with_the_required_values():
     report = helm.lint(str(CHART), VALUES, strict=True)
     errors = [m for m in report["messages"] if m["severity"] >= 2]
     assert errors == [] and report["errors"] == []
+
+
+def _pod_specs(objs):
+    """``(name, pod spec)`` of every workload the chart renders."""
+    for (kind, name), obj in objs.items():
+        if kind == "CronJob":
+            yield name, obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        elif kind == "Deployment":
+            yield name, obj["spec"]["template"]["spec"]
+
+
+def test_only_the_launcher_account_may_create_jobs_and_no_workload_mounts_a_token():
+    objs = objects(render({**VALUES, "replica": {"enabled": True}}))
+    bindings = [o for (kind, _), o in objs.items() if kind in ("RoleBinding", "ClusterRoleBinding")]
+    bound = {s["name"] for b in bindings for s in b["subjects"]}
+    assert bound == {"deltarec-launcher"}
+    (role,) = [o for (kind, _), o in objs.items() if kind == "Role"]
+    creates = {r for rule in role["rules"] if "create" in rule["verbs"] for r in rule["resources"]}
+    assert creates == {"pytorchjobs", "trainjobs"}  # no pods, secrets or roles
+    steps = objs[("ServiceAccount", "deltarec-pipeline")]
+    assert steps["automountServiceAccountToken"] is False
+    pods = dict(_pod_specs(objs))
+    assert set(pods) == {"dr-deltarec-verify", "dr-deltarec-replica"}
+    for name, pod in pods.items():
+        assert pod["serviceAccountName"] == "deltarec-pipeline", name
+        assert pod["automountServiceAccountToken"] is False, name
+        assert pod["securityContext"] == POD_SECURITY_CONTEXT, name
+        (c,) = pod["containers"]
+        assert c["securityContext"] == CONTAINER_SECURITY_CONTEXT, name
+        assert all("secretRef" not in e for e in c.get("envFrom", [])), name  # keys only
+    token = objs[("Secret", "deltarec-launcher-token")]
+    assert token["type"] == "kubernetes.io/service-account-token" and "data" not in token
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "deltarec-launcher"
+    }
+
+
+def test_the_replicas_port_is_open_only_to_the_releases_pods_labelled_clients_and_listed_peers():
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "serving"}}}
+    policy_values = {"enabled": True, "from": [peer]}
+    values = {**VALUES, "replica": {"enabled": True, "networkPolicy": policy_values}}
+    objs = objects(render(values))
+    policy = objs[("NetworkPolicy", "dr-deltarec-replica")]["spec"]
+    deploy = objs[("Deployment", "dr-deltarec-replica")]["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= deploy["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": 8470, "protocol": "TCP"}]
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "dr"}}},
+        {"podSelector": {"matchLabels": {"deltarec.io/replica-client": "true"}}},
+        peer,
+    ]
+    off = objects(
+        render({**VALUES, "replica": {"enabled": True, "networkPolicy": {"enabled": False}}})
+    )
+    assert not any(kind == "NetworkPolicy" for kind, _ in off)
+
+
+def test_the_charts_credential_keys_are_the_codes_one_list():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["credentials"]["keys"] == list(CREDENTIAL_ENV)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://trainer@db:5432/emb?password=hunter2",
+        "redis://db:6379/0?token=hunter2",
+        "postgresql://trainer@db/emb?sslpassword=hunter2",
+        "featurestore://p/v?region=r&registry=postgresql://reg:hunter2@db/reg",
+        "featurestore://p/v?region=r&access_key=hunter2",
+        "postgresql://trainer@db.ml.svc:5432/emb?layout=bytea",
+        "featurestore://p/v?region=r&registry=postgresql://reg@db/reg",
+        "redis://db:6379/0?prefix=emb:",
+    ],
+)
+def test_the_schema_refuses_exactly_the_store_urls_the_code_refuses(url):
+    try:
+        check_no_credentials("store_url", url)
+        refused = False
+    except ValueError:
+        refused = True
+    if refused:
+        with pytest.raises(helm.HelmError, match="/store/url"):
+            render({**VALUES, "store": {"url": url}})
+    else:
+        assert objects(render({**VALUES, "store": {"url": url}}))

@@ -42,6 +42,10 @@ def test_every_credential_the_docs_ask_for_is_in_the_one_list():
     assert len(set(CREDENTIAL_ENV)) == len(CREDENTIAL_ENV)
 
 
+def test_the_pipeline_docs_list_exactly_the_keys_the_code_mounts():
+    assert _documented("pipeline.md") == set(CREDENTIAL_ENV)
+
+
 def test_the_compiled_kfp_pipeline_mounts_every_credential_in_every_step_that_opens_a_store(
     tmp_path,
 ):
@@ -69,8 +73,10 @@ def test_the_compiled_kfp_pipeline_mounts_every_credential_in_every_step_that_op
     assert "test-secret" not in text and "password=" not in text  # names only
 
 
-def test_the_airflow_dag_mounts_every_credential_in_every_pod(tmp_path):
+def test_the_airflow_dag_mounts_every_credential_in_every_pod(tmp_path, monkeypatch):
     pytest.importorskip("airflow")
+    monkeypatch.setenv("DELTAREC_AIRFLOW_SERVICE_ACCOUNT", "deltarec-pipeline")
+    monkeypatch.setenv("DELTAREC_AIRFLOW_LAUNCHER_SERVICE_ACCOUNT", "deltarec-launcher")
     dags = tmp_path / "dags"
     dag_file = dags / "deltarec_dag.py"
     assert main(["pipeline", "compile", "--engine", "airflow", "--output", str(dag_file)]) == 0
@@ -84,6 +90,10 @@ def test_the_airflow_dag_mounts_every_credential_in_every_pod(tmp_path):
             (k, DEFAULT_SECRET, k) for k in CREDENTIAL_ENV
         ), name
     assert pods["train"]["arguments"][-2:] == ["--secrets", DEFAULT_SECRET]
+    # only the launcher may create jobs: its account, and the only mounted token
+    accounts = {n: (p["service_account"], p["automount_token"]) for n, p in pods.items()}
+    assert accounts.pop("train_launcher") == ("deltarec-launcher", True)
+    assert set(accounts.values()) == {("deltarec-pipeline", False)}, accounts
 
 
 def test_multi_node_training_pods_get_every_credential_of_the_secret():
@@ -105,3 +115,37 @@ def test_multi_node_training_pods_get_every_credential_of_the_secret():
             k: {"name": DEFAULT_SECRET, "key": k, "optional": True} for k in CREDENTIAL_ENV
         }
         assert "envFrom" not in container
+
+
+def test_only_the_launcher_step_of_the_compiled_pipeline_gets_the_launcher_token(tmp_path):
+    from deltarec.orchestrate.pytorchjob import LAUNCHER_TOKEN_DIR
+    from deltarec.orchestrate.types import LAUNCHER_TOKEN_SECRET
+
+    out = tmp_path / "pipeline.yaml"
+    assert main(["pipeline", "compile", "--output", str(out)]) == 0
+    _, platform = list(yaml.safe_load_all(out.read_text()))
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    mounted = {name: e["secretAsVolume"] for name, e in executors.items() if "secretAsVolume" in e}
+    assert list(mounted) == ["exec-train-launcher"]
+    (volume,) = mounted["exec-train-launcher"]
+    assert volume["secretName"] == LAUNCHER_TOKEN_SECRET and volume["optional"] is True
+    assert volume["mountPath"] == LAUNCHER_TOKEN_DIR
+
+
+def test_the_launcher_talks_to_the_api_with_the_mounted_launcher_token(tmp_path, monkeypatch):
+    from kubernetes import client
+
+    from deltarec.orchestrate import pytorchjob
+
+    (tmp_path / "token").write_text("launcher-token-value\n")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "namespace").write_text("ml-team\n")
+    monkeypatch.setattr(pytorchjob, "LAUNCHER_TOKEN_DIR", str(tmp_path))
+    monkeypatch.setattr(client.Configuration, "_default", None)  # restored afterwards
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert pytorchjob.load_cluster_config() == "launcher token"
+    config = client.Configuration.get_default_copy()
+    assert config.host == "https://10.0.0.1:443"
+    assert config.api_key["authorization"].strip().lower() == "bearer launcher-token-value"
+    assert pytorchjob.current_namespace() == "ml-team"

@@ -19,3 +19,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "deltarec.serviceAccountName" -}}
 {{- .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{/* The credentials Secret's keys as environment variables, key by key (credentials.keys: the
+code's CREDENTIAL_ENV), each optional; nothing without credentials.existingSecret. */}}
+{{- define "deltarec.credentialEnv" -}}
+{{- if .Values.credentials.existingSecret }}
+{{- range .Values.credentials.keys }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.Values.credentials.existingSecret }}
+      key: {{ . }}
+      optional: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "deltarec.launcherServiceAccountName" -}}
+{{- .Values.serviceAccount.launcherName -}}
+{{- end -}}

@@ -233,10 +233,14 @@ def _pod_tasks(
         for key, env in s["key_to_env"].items()
     ]
     names = ",".join(s["name"] for s in secrets)
+    # the steps need no Kubernetes API (no token mounted); only the launcher creates jobs
     service_account = os.environ.get("DELTAREC_AIRFLOW_SERVICE_ACCOUNT") or None
+    launcher_account = os.environ.get("DELTAREC_AIRFLOW_LAUNCHER_SERVICE_ACCOUNT") or None
 
     def pod(step: str, image: str, upstream: str | None = None, **extra: Any) -> Any:
         task_id = extra.pop("task_id", step)
+        account = extra.pop("service_account_name", service_account)
+        automount = extra.pop("automount_service_account_token", False)
         arguments = [step, "--params", _PARAMS_XCOM]
         if upstream == "train":
             arguments += ["--input", _TRAIN_XCOM]
@@ -251,7 +255,8 @@ def _pod_tasks(
             cmds=["python", "-m", "deltarec.orchestrate.airflow_task"],
             arguments=arguments,
             env_vars=env_vars,
-            service_account_name=service_account,
+            service_account_name=account,
+            automount_service_account_token=automount,
             do_xcom_push=True,
             get_logs=True,
             on_finish_action="delete_pod",
@@ -267,7 +272,14 @@ def _pod_tasks(
         arguments=train_args,
         container_resources=k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": _TRAIN_GPUS}),
     )
-    launcher = pod("train", TOOLS_IMAGE, arguments=train_args, task_id="train_launcher")
+    launcher = pod(
+        "train",
+        TOOLS_IMAGE,
+        arguments=train_args,
+        task_id="train_launcher",
+        service_account_name=launcher_account,
+        automount_service_account_token=True,
+    )
 
     @task.branch(task_id="train_route")
     def route(conf: dict[str, Any]) -> str:
@@ -293,6 +305,7 @@ def _pod_tasks(
         ],
         env_vars=env_vars,
         service_account_name=service_account,
+        automount_service_account_token=False,
         do_xcom_push=True,
         get_logs=True,
         on_finish_action="delete_pod",

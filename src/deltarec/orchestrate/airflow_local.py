@@ -177,6 +177,8 @@ def check_dag_folder(folder: str) -> dict[str, Any]:
                     for e in getattr(t, "env_vars", None) or []
                     if e.value_from is not None
                 ],
+                "service_account": getattr(t, "service_account_name", None),
+                "automount_token": getattr(t, "automount_service_account_token", None),
                 "upstream": sorted(t.upstream_task_ids),
                 "trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
                 "gpus": _gpus(t),

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 from deltarec.errors import ConfigError
 from deltarec.orchestrate.params import PipelineParams
-from deltarec.orchestrate.types import SecretEnv, default_secrets
+from deltarec.orchestrate.pytorchjob import LAUNCHER_TOKEN_DIR
+from deltarec.orchestrate.types import LAUNCHER_TOKEN_SECRET, SecretEnv, default_secrets
 
 PIPELINE_NAME = "deltarec"
 DEFAULT_OUTPUT = "deltarec-pipeline.yaml"
@@ -95,6 +96,10 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None, *, accelerators: 
             # the step's pod owns the job it creates: no training outlives the step
             kubernetes.use_field_path_as_env(launcher, "DELTAREC_POD_NAME", "metadata.name")
             kubernetes.use_field_path_as_env(launcher, "DELTAREC_POD_UID", "metadata.uid")
+            # the one step that may create jobs: the launcher account's token, here alone
+            kubernetes.use_secret_as_volume(
+                launcher, LAUNCHER_TOKEN_SECRET, LAUNCHER_TOKEN_DIR, optional=True
+            )
         generation = dsl.OneOf(train.outputs["Output"], launcher.outputs["Output"])
         plan = with_secrets(c.verify_plan(params=params, generation=generation), "verify-plan")
         with dsl.ParallelFor(plan.output, name="verify-partitions") as item:

@@ -50,6 +50,9 @@ GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the Training Operator requires this container name
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+LAUNCHER_TOKEN_DIR = "/var/run/secrets/deltarec/launcher"
+"""Where the KFP train-launcher step mounts the launcher account's token Secret
+(:data:`~deltarec.orchestrate.types.LAUNCHER_TOKEN_SECRET`)."""
 POD_NAME_ENV, POD_UID_ENV = "DELTAREC_POD_NAME", "DELTAREC_POD_UID"
 
 
@@ -420,21 +423,45 @@ PYTORCHJOB = JobResource(GROUP, VERSION, PLURAL, KIND, job_state, ("Succeeded", 
 
 def current_namespace(default: str = "default") -> str:
     """The namespace of the pod this runs in (service account file), else ``default``."""
+    for path in (os.path.join(LAUNCHER_TOKEN_DIR, "namespace"), SERVICE_ACCOUNT_NAMESPACE):
+        try:
+            with open(path, encoding="utf-8") as f:
+                found = f.read().strip()
+        except OSError:
+            continue
+        if found:
+            return found
+    return default
+
+
+def load_cluster_config() -> str:
+    """Configure the Kubernetes client; returns which identity it uses.
+
+    The launcher account's token Secret mounted at :data:`LAUNCHER_TOKEN_DIR` (the KFP
+    train-launcher step: the only one that may create jobs) comes first, then the pod's own
+    service account, then ``~/.kube/config``.
+    """
+    from kubernetes import config
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    token = os.path.join(LAUNCHER_TOKEN_DIR, "token")
+    if os.path.isfile(token):
+        ca = os.path.join(LAUNCHER_TOKEN_DIR, "ca.crt")
+        InClusterConfigLoader(token_filename=token, cert_filename=ca).load_and_set()
+        return "launcher token"
     try:
-        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
-            return f.read().strip() or default
-    except OSError:
-        return default
+        config.load_incluster_config()
+        return "in-cluster service account"
+    except config.ConfigException:
+        config.load_kube_config()
+        return "kubeconfig"
 
 
 def kubernetes_api() -> CustomObjectsApiLike:  # pragma: no cover - needs a cluster
-    """A ``CustomObjectsApi`` from the in-cluster config, else from ``~/.kube/config``."""
-    from kubernetes import client, config
+    """A ``CustomObjectsApi`` configured by :func:`load_cluster_config`."""
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    load_cluster_config()
     return client.CustomObjectsApi()  # type: ignore[no-any-return]
 
 

@@ -285,13 +285,12 @@ def delete_job(api: CustomObjectsApiLike, namespace: str, name: str) -> bool:
 
 
 def kubernetes_apis() -> tuple[CustomObjectsApiLike, CoreV1ApiLike]:  # pragma: no cover
-    """``CustomObjectsApi`` and ``CoreV1Api`` from the in-cluster config, else kubeconfig."""
-    from kubernetes import client, config
+    """``CustomObjectsApi`` and ``CoreV1Api`` configured by ``load_cluster_config``."""
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    from deltarec.orchestrate.pytorchjob import load_cluster_config
+
+    load_cluster_config()
     return client.CustomObjectsApi(), client.CoreV1Api()
 
 

@@ -126,6 +126,11 @@ pipeline and the Airflow DAG mounts them, and TrainJob and PyTorchJob pods get t
 DEFAULT_SECRET = "deltarec-credentials"
 """The Secret the chart references and the pipeline mounts (optional) by default."""
 
+LAUNCHER_TOKEN_SECRET = "deltarec-launcher-token"
+"""The chart's Secret holding the launcher account's token (``rbac.launcherTokenSecret``): a
+KFP run has one service account for every step, so the compiled pipeline mounts this Secret,
+optionally, into the train-launcher step alone, the one step that may create jobs."""
+
 RUN_AS_USER = 10001
 """The images' user (``USER 10001`` in images/*/Dockerfile) and the chart's ``runAsUser``."""
 
