@@ -23,9 +23,15 @@ Printed per trial: the readers' p50 / p99 / max per second, then per phase (befo
 after), the longest single read, the publish rate, the held-back seconds and the probes'
 figures; the load average before and after. ``--json`` writes everything.
 
+**Freshness** (``--fresh-dumps N``): then the trainer's publisher, with and without the budget:
+a :class:`~deltarec.publish.BackgroundPublisher` is handed a delta dump of ``--fresh-rows``
+random keys (rows in memory, as the dumper hands them over) every ``--fresh-every`` seconds
+while the readers read; the freshness of each (its ``taken_at`` to visible) gives p50 / p99.
+
 usage: .venv/bin/python bench/bench_readers.py [--rows 2000000] [--dim 64] [--clients 4]
            [--rate 1000] [--keys-per-read 1] [--stores sqlite,postgres,redis]
            [--budget-x 2] [--repeat 1] [--before 5] [--after 5] [--json PATH]
+           [--fresh-dumps N] [--fresh-rows 50000] [--fresh-every 2] [--skip-publish]
 """
 
 from __future__ import annotations
@@ -245,6 +251,53 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
     }
 
 
+# ---- freshness: the trainer's background publisher -----------------------------------------
+def freshness_trial(kind, url, target, root, keys, args, budget_ms):  # type: ignore[no-untyped-def]
+    """Dumps of ``--fresh-rows`` keys every ``--fresh-every`` s, published by the trainer's
+    background publisher (rows from memory) while the readers read; freshness and readers."""
+    from deltarec.artifacts.types import Manifest
+    from deltarec.publish import BackgroundPublisher
+
+    store = open_store(url, root.uri, run=RUN)
+    DumpPublisher(store, root, RUN).publish_dump(root.read_manifest(RUN, 1, 1), 0)
+    store.close()
+    info = root.read_generation(RUN, 1)
+    readers = Readers(kind, target, keys, args)
+    time.sleep(2.0)
+    t0 = time.time()
+    bg = BackgroundPublisher(url, root.uri, RUN, 0, 1, read_p99_ms=budget_ms)
+    rng = np.random.default_rng(5)
+    for i in range(args.fresh_dumps):
+        due = t0 + i * args.fresh_every
+        time.sleep(max(0.0, due - time.time()))
+        pick = np.sort(rng.choice(keys, args.fresh_rows, replace=False))
+        rows = next(_chunks(pick, args.dim, 100 + i))
+        seq = 100 + i  # after dumps 1 and 2
+        m: Manifest = write_dump(
+            root, info, seq, DumpKind.DELTA, {TABLE: {0: rows}}, seq, seq,
+            extra={"taken_at": utc_now()}, fsync=False,
+        )  # fmt: skip
+        bg.submit(m, {TABLE: rows})
+    bg.close(timeout=900)
+    p1 = time.time()
+    time.sleep(1.0)
+    got = [(d, x) for d, x in readers.stop() if d >= t0]
+    fresh = sorted(float(r.freshness_s) for r in bg.results if r.freshness_s is not None)
+    for seq in range(100, 100 + args.fresh_dumps):  # the next trial writes them again
+        shutil.rmtree(root.dump_dir(RUN, 1, seq), ignore_errors=True)
+    report = None if bg.throttle is None else bg.throttle.close().to_json()
+    return {
+        "budget_ms": budget_ms,
+        "load": [round(x, 2) for x in os.getloadavg()],
+        "readers_during": _stats([x for d, x in got if d < p1]),
+        "freshness_p50_s": round(quantile(fresh, 0.5), 3),
+        "freshness_p99_s": round(quantile(fresh, 0.99), 3),
+        "freshness_max_s": round(fresh[-1], 3),
+        "dumps": len(fresh),
+        "budget": report,
+    }
+
+
 # ---- the stores --------------------------------------------------------------------------
 @contextlib.contextmanager
 def namespace(kind: str, server: Any, work: str, n: int):  # type: ignore[no-untyped-def]
@@ -314,6 +367,10 @@ def main() -> None:
     p.add_argument("--before", type=float, default=5.0)
     p.add_argument("--after", type=float, default=5.0)
     p.add_argument("--calibrate", type=float, default=5.0)
+    p.add_argument("--fresh-dumps", type=int, default=0, help="dumps of the freshness trial")
+    p.add_argument("--fresh-rows", type=int, default=50_000)
+    p.add_argument("--fresh-every", type=float, default=2.0)
+    p.add_argument("--skip-publish", action="store_true", help="only the freshness trials")
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -341,7 +398,7 @@ def main() -> None:
                     idle = trial(kind, url, target, root, keys, args, None, args.calibrate)
                 budget = args.budget_ms or round(args.budget_x * idle["idle"]["p99_ms"], 3)
                 print(f"{kind}: idle readers {idle['idle']}; budget {budget} ms")
-                for i in range(args.repeat * 2):
+                for i in range(0 if args.skip_publish else args.repeat * 2):
                     with_budget = i % 2 == 1
                     n += 1
                     with namespace(kind, server, work, n) as (url, target):
@@ -351,7 +408,19 @@ def main() -> None:
                     runs.append(r)
                     print(_line(f"{kind} {'budget' if with_budget else 'none'} #{i // 2 + 1}", r))
                     sys.stdout.flush()
-                out["stores"][kind] = {"idle": idle["idle"], "budget_ms": budget, "runs": runs}
+                fresh = []
+                for i in range(args.repeat * 2 if args.fresh_dumps else 0):
+                    n += 1
+                    with namespace(kind, server, work, n) as (url, target):
+                        f = freshness_trial(
+                            kind, url, target, root, keys, args, budget if i % 2 else None
+                        )
+                    fresh.append(f)
+                    print(f"{kind} freshness {'budget' if i % 2 else 'none'}: {f}")
+                    sys.stdout.flush()
+                out["stores"][kind] = {
+                    "idle": idle["idle"], "budget_ms": budget, "runs": runs, "freshness": fresh
+                }  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"load at the end {os.getloadavg()}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -213,3 +214,20 @@ def test_the_budget_reaches_the_trainer_from_the_pipeline_and_the_environment():
     assert settings.hook_arguments()["read_p99_ms"] == 2.5
     assert "--read-p99-ms" not in train_args(params.model_copy(update={"read_p99_ms": 0.0}))
     assert "read_p99_ms" not in TrainSettings(artifacts="/a", run="r").hook_arguments()
+
+
+def test_publish_under_a_budget_says_what_it_held_back(tmp_path, capsys):
+    from deltarec.cli import main
+
+    root, _, data = _dump(tmp_path, 2000, seed=4)
+    url = f"sqlite:///{tmp_path}/s.db"
+    args = ["publish", "--artifacts", root.uri, "--run", "r", "--store", url, "--json"]
+    assert main([*args, "--read-p99-ms", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"] == 2000
+    assert out["budget"]["read_p99_ms"] == 20.0 and out["budget"]["probes"] > 0
+    assert out["budget"]["held_back_s"] >= 0.0
+    assert main([*args, "--read-p99-ms", "0"]) == 2
+    assert "--read-p99-ms must be a positive number of milliseconds" in capsys.readouterr().err
+    with open_store(url, run="r") as store:
+        assert store.read(T, data.keys).found.all()
