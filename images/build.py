@@ -355,6 +355,7 @@ def build_image(
     base: str | None = None,
     env: BuildEnv | None = None,
     featurestore_wheel: str | None = None,
+    featurestore_wheel_sha256: str | None = None,
     torch_index: str | None = None,
     tag: str | None = None,
 ) -> str:
@@ -367,6 +368,8 @@ def build_image(
         base: ``BASE_IMAGE`` (default: the Dockerfile's pinned upstream image).
         env: the build's pip secrets and volumes.
         featurestore_wheel: ``FEATURESTORE_WHEEL``, a URL or a path inside the repository.
+        featurestore_wheel_sha256: ``FEATURESTORE_WHEEL_SHA256``, the wheel's sha256 (required
+            with a wheel: the build installs only that file).
         torch_index: ``TORCH_INDEX`` (trainer; ``default`` = the pip configuration's index).
         tag: the tag (default: the pinned one; ``-cpu`` tag for the CPU trainer).
     """
@@ -384,7 +387,14 @@ def build_image(
     if base:
         args += ["--build-arg", f"BASE_IMAGE={base}"]
     if featurestore_wheel:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", featurestore_wheel_sha256 or ""):
+            raise BuildError(
+                "--featurestore-wheel needs --featurestore-wheel-sha256 (its sha256, 64 hex "
+                "digits): the build installs only the file with that hash"
+            )
         args += ["--build-arg", f"FEATURESTORE_WHEEL={featurestore_wheel}"]
+        sha = (featurestore_wheel_sha256 or "").lower()
+        args += ["--build-arg", f"FEATURESTORE_WHEEL_SHA256={sha}"]
     if env is not None:
         args += env.args(builder)
     started = time.monotonic()
@@ -403,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pip-config", help="a pip.conf for the build, or 'host' for this machine's")
     p.add_argument("--ca-bundle", type=Path, help="CA bundle named by --pip-config FILE's cert")
     p.add_argument("--featurestore-wheel", help="FeatureStore SDK wheel: URL or repository path")
+    p.add_argument("--featurestore-wheel-sha256", help="the FeatureStore SDK wheel's sha256")
     p.add_argument("--torch-index", help="TORCH_INDEX ('default': the pip configuration's)")
     p.add_argument("--storage-driver", help="podman/buildah storage driver (e.g. vfs)")
     p.add_argument("--storage-root", type=Path, help="podman/buildah image store (--root)")
@@ -432,6 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         base=base,
                         env=env,
                         featurestore_wheel=a.featurestore_wheel,
+                        featurestore_wheel_sha256=a.featurestore_wheel_sha256,
                         torch_index=torch_index,
                     )
                     if a.push:

@@ -96,14 +96,17 @@ def test_build_image_passes_the_pinned_tag_variant_base_and_wheel(monkeypatch):
     calls = []
     monkeypatch.setattr(build, "run", lambda *argv, quiet=False: calls.append(argv))
     builder = build.Builder("buildah", ["--storage-driver", "vfs"])
+    sha = "ab" * 32
     tag = build.build_image(
-        builder, "trainer", variant="cpu", base="localhost/b:1", featurestore_wheel="w.whl"
-    )
+        builder, "trainer", variant="cpu", base="localhost/b:1", featurestore_wheel="w.whl",
+        featurestore_wheel_sha256=sha,
+    )  # fmt: skip
     assert tag == build.pinned_tags()["trainer"] + "-cpu"
     argv = calls[0]
     assert argv[:6] == ("buildah", "--storage-driver", "vfs", "bud", "--isolation", "chroot")
     pairs = {argv[i + 1] for i, a in enumerate(argv) if a == "--build-arg"}
-    assert pairs == {"VARIANT=cpu", "BASE_IMAGE=localhost/b:1", "FEATURESTORE_WHEEL=w.whl"}
+    assert pairs == {"VARIANT=cpu", "BASE_IMAGE=localhost/b:1", "FEATURESTORE_WHEEL=w.whl",
+                     f"FEATURESTORE_WHEEL_SHA256={sha}"}  # fmt: skip
     assert argv[-1] == str(build.REPO) and str(build.IMAGES_DIR / "trainer/Dockerfile") in argv
 
     assert build.build_image(builder, "tools") == build.pinned_tags()["tools"]
@@ -116,3 +119,13 @@ def test_no_builder_found_names_what_to_install(monkeypatch):
     monkeypatch.setattr(build.shutil, "which", lambda tool: None)
     with pytest.raises(build.BuildError, match="install docker, podman or buildah"):
         build.find_builder("auto")
+
+
+@pytest.mark.parametrize("sha", [None, "", "abc", "g" * 64])
+def test_a_featurestore_wheel_without_its_sha256_is_refused_before_building(monkeypatch, sha):
+    calls = []
+    monkeypatch.setattr(build, "run", lambda *argv, quiet=False: calls.append(argv))
+    with pytest.raises(build.BuildError, match="sha256"):
+        build.build_image(build.Builder("buildah", []), "tools", featurestore_wheel="https://x/w.whl",
+                          featurestore_wheel_sha256=sha)  # fmt: skip
+    assert calls == []

@@ -175,7 +175,8 @@ def wheel_url(tmp_path: Path) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/{wheel.name}"
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        yield f"http://127.0.0.1:{server.server_address[1]}/{wheel.name}", sha
     finally:
         server.shutdown()
         server.server_close()
@@ -185,7 +186,9 @@ def test_featurestore_wheel_build_argument_installs_the_sdk_beside_the_credentia
     images, tools_image, wheel_url
 ):
     tag = "localhost/deltarec-tools-featurestore:test"
-    images.build("tools", key="tools-featurestore", featurestore_wheel=wheel_url, tag=tag)
+    url, sha = wheel_url
+    images.build("tools", key="tools-featurestore", featurestore_wheel=url,
+                 featurestore_wheel_sha256=sha, tag=tag)  # fmt: skip
     code = "import alibabacloud_credentials.client, feature_store_py as s; print(s.__version__)"
     out = _ok(images.run(tag, ["python3", "-c", code]), "import the SDK")
     assert out.strip() == "0.0.0+imagetest"
