@@ -191,3 +191,46 @@ def test_the_compiled_pipeline_gives_the_job_launcher_its_pod_name_and_uid(tmp_p
         (pj.POD_NAME_ENV, "metadata.name"),
         (pj.POD_UID_ENV, "metadata.uid"),
     }
+
+
+def test_the_airflow_local_child_ends_with_the_command_that_started_it(tmp_path):
+    # `pipeline run --local --engine airflow` -> `python -m deltarec.orchestrate.airflow_local`
+    pytest.importorskip("airflow", reason="the airflow extra is not installed")
+    from deltarec.orchestrate.airflow_local import airflow_env
+
+    work = tmp_path / "airflow"
+    child_cmd = [sys.executable, "-m", "deltarec.orchestrate.airflow_local", "--workdir",
+                 str(work), "--conf", "{}", "--result", str(tmp_path / "result.json")]  # fmt: skip
+    parent_code = textwrap.dedent(
+        f"""
+        import subprocess, time
+        p = subprocess.Popen({child_cmd!r}, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(p.pid, flush=True)
+        time.sleep(120)
+        """
+    )
+    env = {**os.environ, **airflow_env(str(work))}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        # it makes Airflow's home after the parent-death signal is set and airflow imported
+        home = env["AIRFLOW_HOME"]
+        deadline = time.monotonic() + 120.0
+        while alive(child) and not os.path.isdir(home) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alive(child), "the child ended before its parent was killed"
+        os.killpg(parent.pid, signal.SIGKILL)  # the child is in another session: not reached
+        parent.wait()
+        deadline = time.monotonic() + 3.0
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not alive(child), "the Airflow child outlived its parent by 3 s"
+    finally:
+        for pid in (parent.pid, child):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -50,7 +50,7 @@ def _read_columns(root: ArtifactRoot, ref: ShardRef, columns: list[str]) -> dict
             table = pq.ParquetFile(f, memory_map=isinstance(f, str)).read(columns=columns)
     except FileNotFoundError:
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
-    except OSError as e:
+    except (OSError, pa.ArrowException) as e:  # a truncated file is ArrowInvalid, not OSError
         raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
     if table.num_rows != ref.shard.rows:
         raise ArtifactError(

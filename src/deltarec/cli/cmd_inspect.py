@@ -87,6 +87,8 @@ def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Column, Table
 
+    from deltarec.verify.report import fits
+
     console = Console()
     console.print(f"run [bold]{report['run']}[/bold] under {report['root']}")
     for g in report["generations"]:
@@ -100,13 +102,14 @@ def _print(report: dict[str, Any]) -> None:
         console.print(
             f"\n[bold]generation {g['generation']}[/bold] ({origin}; {g['world_size']} ranks; "
             f"{len(g['tables'])} tables; {len(g['dumps'])} dumps; {g['rows']:,} rows; "
-            f"{g['bytes']:,} bytes; {steps})"
+            f"{g['bytes']:,} bytes; {steps})",
+            soft_wrap=True,
         )
-        # a table name and a time are read whole (copied into other commands): fold the name
-        # onto more lines on a narrow terminal, never cut either with an ellipsis
-        table = Column("table", overflow="fold", min_width=12)
-        created = Column("created", overflow="fold", min_width=19)
-        t = Table("seq", "kind", "steps", table, "rows", "bytes", created)
+        # a table name and a time are read whole (copied into other commands): never folded
+        # nor cut; a console too narrow for the table gets one line per dump and table
+        t = Table("seq", "kind", "steps", Column("table", no_wrap=True), "rows", "bytes",
+                  Column("created", no_wrap=True))  # fmt: skip
+        lines = []
         for d in g["dumps"]:
             t.add_row(
                 str(d["seq"]),
@@ -117,10 +120,19 @@ def _print(report: dict[str, Any]) -> None:
                 f"{d['bytes']:,}",
                 d["created_at"][:19],
             )
+            lines.append(
+                f"dump {d['seq']} {d['kind']} steps {d['first_step']}-{d['last_step']}: "
+                f"{d['rows']:,} rows, {d['bytes']:,} bytes, created {d['created_at'][:19]}"
+            )
             for name, tab in d["tables"].items():
                 if tab["rows"]:
                     t.add_row("", "", "", name, f"{tab['rows']:,}", f"{tab['bytes']:,}", "")
-        console.print(t)
+                    lines.append(f"  {name}: {tab['rows']:,} rows, {tab['bytes']:,} bytes")
+        if fits(console, t):
+            console.print(t)
+        else:
+            for line in lines:
+                console.print(line, soft_wrap=True, highlight=False)
         if g["incomplete_dumps"]:
             left = g["incomplete_dumps"]
             console.print(f"incomplete dumps (no manifest; cleaned at the next start): {left}")

@@ -287,12 +287,23 @@ def _run_engine(args: argparse.Namespace, params: Any) -> int:
 
 
 def _verify_serving(args: argparse.Namespace) -> int:
+    from deltarec.cli.common import require_existing_store
     from deltarec.orchestrate.steps import verify_serving
 
+    require_existing_store(args.store)
     outcome = verify_serving(
         args.artifacts, args.run, args.store, args.sample,
         json_path=args.json, report_path=args.report,
     )  # fmt: skip
+    what = (
+        f"run {args.run!r} generation {outcome.generation} through dump {outcome.through_seq} "
+        f"(promoted)"
+    )
+    report = f"; report {args.report}" if args.report else ""
+    print(
+        f"verify-serving: {what}: {outcome.verdict}, "
+        f"{int(outcome.metrics.get('keys_checked', 0)):,} keys checked{report}"
+    )
     if not outcome.passed:
-        raise CheckFailedError(f"the promoted generation of run {args.run!r} failed verify")
+        raise CheckFailedError(f"{what} failed verify: {outcome.failure}")
     return 0

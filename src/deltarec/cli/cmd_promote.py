@@ -10,6 +10,7 @@ from deltarec.cli.common import (
     add_generation_argument,
     add_location_arguments,
     add_through_seq_argument,
+    require_existing_store,
 )
 
 
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from deltarec.promote.run import promote_generation
     from deltarec.stores import redact_url
 
+    require_existing_store(args.store)
     result = promote_generation(
         args.artifacts, args.run, args.store, args.generation,
         through_seq=args.through_seq, force=args.force,

@@ -18,6 +18,7 @@ from deltarec.cli.common import (
     add_generation_argument,
     add_json_result_argument,
     add_location_arguments,
+    require_resolvable_host,
     seconds,
     write_output,
 )
@@ -106,6 +107,15 @@ def run(args: argparse.Namespace) -> int:
     generation = (
         args.generation if args.generation is not None else root.latest_generation(args.run)
     )
+    if ranks is not None:
+        world = root.read_generation(args.run, generation).world_size
+        beyond = [r for r in ranks if r >= world]
+        if beyond:  # refused before the store is opened: no progress mark for a rank not there
+            raise BadInputError(
+                f"--ranks {args.ranks}: run {args.run!r} generation {generation} has ranks "
+                f"0..{world - 1}, not {beyond}"
+            )
+    require_resolvable_host(args.store)
     metrics = PublishMetrics()
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port)

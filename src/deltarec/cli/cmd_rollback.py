@@ -7,7 +7,11 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from deltarec.cli.common import add_location_arguments, add_through_seq_argument
+from deltarec.cli.common import (
+    add_location_arguments,
+    add_through_seq_argument,
+    require_existing_store,
+)
 from deltarec.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInputError(
             f"--sample must be >= 1 (leave it out to check every key), got {args.sample}"
         )
+    require_existing_store(args.store)
     console = Console()
     try:
         result = rollback(

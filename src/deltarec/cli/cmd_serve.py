@@ -20,7 +20,7 @@ import logging
 import signal
 from types import FrameType
 
-from deltarec.cli.common import add_location_arguments
+from deltarec.cli.common import add_location_arguments, require_existing_store
 from deltarec.errors import BadInputError
 from deltarec.serving.limits import ServeLimits, token_from_env
 
@@ -111,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
     )
     token = token_from_env()
     root = ArtifactRoot(args.artifacts)
+    if not root.list_generations(args.run):  # else never ready, and nothing says why
+        raise BadInputError(
+            f"run {args.run!r} does not exist under {root.uri} (runs there: {root.list_runs()})"
+        )
     replica = Replica(root, args.run, args.device)
+    require_existing_store(args.store)
     options = FollowOptions(
         follow=not args.no_follow,
         shadow=not args.no_shadow,

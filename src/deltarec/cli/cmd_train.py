@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deltarec.cli.common import require_resolvable_host
 from deltarec.cli.fields import FieldFlag, add_flags
 from deltarec.errors import ConfigError, validation_problems
 
@@ -190,6 +191,32 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
 
     check_publish_mode(args.store, args.publish_mode)
     require_sdk(args.store)
+    require_resolvable_host(args.store)
+
+
+def _check_resume(config: Any) -> None:
+    """Refuse a resume whose ``--steps`` ends before the checkpoint it resumes from.
+
+    Such a run would restore the checkpoint, train nothing and exit 0 (checked before any rank
+    starts; the newest complete checkpoint, or ``--resume-step``).
+    """
+    if not (config.workdir and config.resume and os.path.isdir(checkpoints_dir(config))):
+        return
+    from deltarec.train.checkpoint import CheckpointManager
+
+    steps = CheckpointManager(config.workdir).complete_steps()
+    step = config.resume_step if config.resume_step is not None else max(steps, default=None)
+    if step is not None and step > config.steps:
+        raise ConfigError(
+            f"--steps {config.steps} is below step {step} of the checkpoint this run resumes "
+            f"from ({checkpoints_dir(config)}): nothing would be trained; give --steps above "
+            f"{step}, or --no-resume to start afresh"
+        )
+
+
+def checkpoints_dir(config: Any) -> str:
+    """Where the checkpoints of ``config.workdir`` are (``CheckpointManager``'s root)."""
+    return os.path.join(config.workdir, "checkpoints")
 
 
 def _check_row_encodings(args: argparse.Namespace, config: Any) -> None:
@@ -293,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
     _check_dump_flags(args)
     config = build_config(args)
     _check_row_encodings(args, config)
+    _check_resume(config)
     from deltarec.train.launch import init_distributed, launch_torchrun, under_torchrun
 
     if args.nproc_per_node is not None and not under_torchrun():

@@ -13,9 +13,12 @@ from deltarec.cli.common import (
     add_generation_argument,
     add_location_arguments,
     add_through_seq_argument,
+    nonnegative_int,
+    positive_int,
+    require_existing_store,
     write_output,
 )
-from deltarec.errors import BadInputError, CheckFailedError
+from deltarec.errors import ArtifactError, BadInputError, CheckFailedError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,10 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", metavar="PATH", help="write a self-contained HTML report")
     parser.add_argument("--metrics", metavar="PATH", help="write KFP metrics as a JSON object")
     parser.add_argument(
-        "--batch-size", type=int, default=8192, metavar="N", help="keys per store read"
+        "--batch-size", type=positive_int, default=8192, metavar="N", help="keys per store read"
     )
     parser.add_argument(
-        "--max-mismatches", type=int, default=20, metavar="N", help="worst keys kept per table"
+        "--max-mismatches",
+        type=nonnegative_int,
+        default=20,
+        metavar="N",
+        help="worst keys kept per table",
     )
     parser.add_argument(
         "--no-record",
@@ -69,26 +76,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the verification; exit 0 if it passed, raise CheckFailedError (exit 1) if not."""
-    from deltarec.verify import dumps_json, kfp_metrics, print_summary, render_html
-    from deltarec.verify.partition import partition_json
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.verify import kfp_metrics, print_summary, render_html
+    from deltarec.verify.run import keep_record
 
     if args.sample is not None and args.sample < 0:
         raise BadInputError(f"--sample must be >= 0, got {args.sample}")
+    if not args.combine:
+        require_existing_store(args.store)
     to_stdout = args.json == "-"
     console = Console(stderr=to_stdout)
     result = _combined(args) if args.combine else _verified(args, console)
     print_summary(result, console)
-    if args.json:
-        doc = partition_json(result) if args.partition else json.loads(dumps_json(result))
-        write_output(args.json, json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    if args.metrics:
-        write_output(args.metrics, json.dumps(kfp_metrics(result), indent=2) + "\n")
-    if args.report:
-        write_output(args.report, render_html(result))
+    # The result is printed first and each output written on its own, so that one output
+    # that cannot be written (a read-only root) loses none of the others.
+    unwritten = []
+    outputs = [
+        (args.json, lambda: _json_doc(result, bool(args.partition))),
+        (args.metrics, lambda: json.dumps(kfp_metrics(result), indent=2) + "\n"),
+        (args.report, lambda: render_html(result)),
+    ]
+    for path, text in outputs:
+        if path:
+            try:
+                write_output(path, text())
+            except BadInputError as e:
+                unwritten.append(str(e))
+    if args.report and not any(args.report in u for u in unwritten):
         console.print(f"report: {args.report}")
+    if not (args.no_record or args.partition):
+        try:
+            keep_record(ArtifactRoot(args.artifacts), result)
+        except ArtifactError as e:
+            unwritten.append(f"{e} (promote needs this record)")
+    if unwritten:
+        verdict = "PASSED" if result.passed else "FAILED"
+        raise BadInputError(f"verdict {verdict}, but not written: " + "; ".join(unwritten))
     if not result.passed:
         raise CheckFailedError(result.failure_summary())
     return 0
+
+
+def _json_doc(result: Any, partition: bool) -> str:
+    from deltarec.verify import dumps_json
+    from deltarec.verify.partition import partition_json
+
+    doc = partition_json(result) if partition else json.loads(dumps_json(result))
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
 
 
 def _combined(args: argparse.Namespace) -> Any:
@@ -110,7 +144,7 @@ def _combined(args: argparse.Namespace) -> Any:
                 f"{args.run!r}"
             )
     return combine_partitions(
-        args.artifacts, docs, max_mismatches=args.max_mismatches, record=not args.no_record
+        args.artifacts, docs, max_mismatches=args.max_mismatches, record=False
     )
 
 
@@ -139,9 +173,7 @@ def _verified(args: argparse.Namespace, console: Console) -> Any:
         if args.partition:
             part = Partition.parse(args.partition)
             return verify_partition(args.artifacts, args.run, args.store, part, **common)
-        return run_verification(
-            args.artifacts, args.run, args.store, record=not args.no_record, **common
-        )
+        return run_verification(args.artifacts, args.run, args.store, record=False, **common)
 
 
 def _progress(console: Console) -> Progress:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from deltarec.errors import BadInputError
@@ -75,3 +76,79 @@ def seconds(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a duration >= 0 seconds")
     return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0 (argparse names the flag in the error)."""
+    return _int_at_least(text, 0)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse names the flag in the error)."""
+    return _int_at_least(text, 1)
+
+
+def _int_at_least(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text} must be >= {minimum}")
+    return value
+
+
+def require_existing_store(url: str) -> None:
+    """Refuse a SQLite store URL whose file does not exist, before anything opens it.
+
+    Commands that read a store (verify, promote, rollback, serve) must not create an empty
+    database file at a mistyped path and then advise provisioning it.
+
+    Raises:
+        BadInputError: the URL names a SQLite file that does not exist.
+    """
+    from deltarec.stores.config import SqliteConfig, parse_store_url
+
+    try:
+        config = parse_store_url(url)
+    except BadInputError:
+        return  # said, with its reason, where the store is opened
+    if not isinstance(config, SqliteConfig) or config.path == ":memory:":
+        return
+    if not os.path.exists(config.path):
+        raise BadInputError(
+            f"--store {url}: the SQLite file {config.path} does not exist "
+            "(publish or provision creates it)"
+        )
+
+
+def require_resolvable_host(url: str | None) -> None:
+    """Refuse a network store URL whose host name does not resolve, before any retry starts.
+
+    A store that is down is retried up to the retry deadline (600 s by default); a host name
+    that the resolver answers "not known" for stays unknown, so it fails at once. A resolver
+    that cannot answer now (``EAI_AGAIN``) is left to the retries.
+
+    Raises:
+        BadInputError: the URL's host does not resolve (names it and the URL).
+    """
+    import socket
+
+    from deltarec.stores import redact_url
+    from deltarec.stores.config import parse_store_url
+
+    if not url:
+        return
+    try:
+        host = getattr(parse_store_url(url), "host", None)
+    except BadInputError:
+        return  # said, with its reason, where the store is opened
+    if not host or host.startswith("/"):  # no host, or a PostgreSQL socket directory
+        return
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as e:
+        if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise BadInputError(
+                f"--store {redact_url(url)}: host {host!r} does not resolve ({e.strerror})"
+            ) from None

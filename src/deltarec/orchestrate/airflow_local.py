@@ -212,6 +212,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not (args.workdir and args.conf and args.result):
         parser.error("--workdir, --conf and --result are required")
+    from deltarec.train.launch import exit_with_parent
+
+    # the DAG run ends with the command that started it, even a kill -9 of it: the parent-death
+    # signal, and a watchdog for a parent that died before the signal was set
+    exit_with_parent()
     return _child(args.workdir, json.loads(args.conf), args.result)
 
 

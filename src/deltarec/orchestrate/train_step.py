@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -112,12 +114,14 @@ def torchrun_command(params: PipelineParams) -> tuple[list[str], dict[str, str]]
 
 
 def check_entry_point(params: PipelineParams) -> None:
-    """Refuse a ``module:function`` entry point this environment cannot import.
+    """Refuse an entry point this environment cannot run.
 
-    Checked before any rank starts: one line naming it instead of one traceback per rank.
+    Checked before any rank starts: one line naming it instead of one traceback per rank. A
+    ``module:function`` must import; a command's program must be a file or on ``PATH``.
 
     Raises:
-        BadInputError: the module cannot be imported or has no such callable.
+        BadInputError: the module cannot be imported or has no such callable; the command's
+            program does not exist (for a dotted name, the line suggests ``module:function``).
     """
     if not params.entry_point.strip():
         return
@@ -126,6 +130,15 @@ def check_entry_point(params: PipelineParams) -> None:
         from deltarec.orchestrate.entry import load_entry_point
 
         load_entry_point(target[0])
+    elif shutil.which(target[0]) is None and not os.path.isfile(target[0]):
+        hint = (
+            f"; a function is named package.module:function, e.g. {target[0]}:main"
+            if re.fullmatch(r"[A-Za-z_][\w.]*", target[0])
+            else ""
+        )
+        raise BadInputError(
+            f"entry point {params.entry_point!r}: no program {target[0]!r} on PATH{hint}"
+        )
 
 
 def generation_record(root: ArtifactRoot, run: str, generation: int) -> GenerationRecord:

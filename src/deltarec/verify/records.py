@@ -77,6 +77,7 @@ def write_record(root: ArtifactRoot, result: VerifyResult) -> str | None:
     Raises:
         BadInputError: the result names no store id (it was not made by
             :func:`deltarec.verify.verify` against an open store).
+        ArtifactError: the record cannot be written (a read-only artifact root), naming where.
     """
     if result.through_seq is None:
         return None
@@ -88,7 +89,11 @@ def write_record(root: ArtifactRoot, result: VerifyResult) -> str | None:
     doc = to_json(result)
     doc["recorded_at"] = utc_now()
     path = record_path(root, result.run, result.generation, result.through_seq, result.store_id)
-    root.write_bytes_atomic(path, json.dumps(doc, indent=2, allow_nan=False).encode())
+    try:
+        root.write_bytes_atomic(path, json.dumps(doc, indent=2, allow_nan=False).encode())
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise ArtifactError(root.url(path), f"cannot write the verification record: {why}") from e
     return path
 
 

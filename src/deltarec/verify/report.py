@@ -41,36 +41,53 @@ def print_summary(result: VerifyResult, console: Console | None = None) -> None:
         f"through dump {result.through_seq} ({result.mode})"
     )
     table = Table(title=title)
-    table.add_column("table")
+    table.add_column("table", no_wrap=True)
     table.add_column("checked", justify="right")
     for c in CLASS_ORDER:
         table.add_column(c.value, justify="right", style="red" if c in FAILING_CLASSES else None)
     table.add_column("max |diff|", justify="right")
-    for name, t in sorted(result.tables.items()):
+    rows = sorted(result.tables.items())
+    for name, t in rows:
         table.add_row(
             name,
             str(t.checked),
             *(str(t.counts[c]) for c in CLASS_ORDER),
             _fmt_diff(t.max_abs_diff),
         )
-    console.print(table)
+    if fits(console, table):
+        console.print(table)
+    else:  # narrower than the table (80 columns, piped): one line per table, names whole
+        console.print(title, soft_wrap=True, highlight=False)
+        for name, t in rows:
+            counts = ", ".join(f"{c.value} {t.counts[c]}" for c in CLASS_ORDER if t.counts[c])
+            line = f"  {name}: {t.checked} checked ({counts or 'none'})"
+            console.print(f"{line}, max |diff| {_fmt_diff(t.max_abs_diff)}", soft_wrap=True)
     console.print(
         f"shards checked: {result.shards_checked}, failed: {len(result.shard_failures)}; "
         f"{result.checked} keys in {result.duration_s:.2f}s"
     )
+    # paths and keys are copied into other commands: long lines wrap softly, never cut
     for f in result.shard_failures:
-        console.print(f"[red]shard {f.path}: {f.problem}[/red]", highlight=False)
+        console.print(f"[red]shard {f.path}: {f.problem}[/red]", highlight=False, soft_wrap=True)
     for e in result.errors:
-        console.print(f"[red]error: {e}[/red]", highlight=False)
+        console.print(f"[red]error: {e}[/red]", highlight=False, soft_wrap=True)
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     worst = _worst(result, 10)
     if worst:
         console.print("worst mismatches:")
         for m in worst:
-            console.print(f"  {_mismatch_line(m)}", highlight=False)
+            console.print(f"  {_mismatch_line(m)}", highlight=False, soft_wrap=True)
     verdict = "[green]PASSED[/green]" if result.passed else "[red]FAILED[/red]"
     console.print(f"verdict: {verdict}")
+
+
+def fits(console: Console, table: Table) -> bool:
+    """Whether ``table`` fits the console's width without folding or cutting a cell."""
+    from rich.measure import Measurement
+
+    wide = console.options.update_width(1 << 20)  # measured unclamped, then compared
+    return Measurement.get(console, wide, table).maximum <= console.width
 
 
 def _fmt_diff(x: float | None) -> str:
