@@ -1,12 +1,12 @@
 """The replica's HTTP server: uvicorn (httptools) serving :class:`~deltarec.serving.api.ReplicaApp`.
 
-One event loop on a thread of its own parses requests and answers small ones; lookups and
-readback of more than :data:`~deltarec.serving.api.INLINE_KEYS` keys run on a bounded pool of
-worker threads. The bounds of :class:`~deltarec.serving.limits.ServeLimits` hold at every
-stage: a request line and headers must arrive within ``header_timeout_s`` and
-``max_head_bytes`` (checked here, in the connection, before uvicorn buffers them: 408 / 431);
-open connections beyond ``max_connections`` get 503; bodies, answers and the bytes in flight
-are bounded by the application. The endpoints are listed in :mod:`deltarec.serving.api`.
+One event loop on a thread of its own reads requests and writes answers; lookups, readback
+and their encoding run on a bounded pool of worker threads. The bounds of
+:class:`~deltarec.serving.limits.ServeLimits` hold at every stage: a request line and headers
+must arrive within ``header_timeout_s`` and ``max_head_bytes`` (checked here, in the
+connection, before uvicorn buffers them: 408 / 431); open connections beyond
+``max_connections`` get 503; bodies, answers and the bytes in flight are bounded by the
+application. The endpoints are listed in :mod:`deltarec.serving.api`.
 """
 
 from __future__ import annotations
