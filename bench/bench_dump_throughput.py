@@ -32,7 +32,7 @@ import torch
 
 from deltarec.artifacts import TableKind, TableSpec
 from deltarec.dump import Dumper, DumperConfig
-from deltarec.dump.staging import default_host_budget
+from deltarec.dump.budget import default_host_budget
 from deltarec.tracking.plain import RowShardSource
 from deltarec.tracking.tracker import ManualTracker, TrackerHub
 

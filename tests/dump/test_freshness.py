@@ -18,7 +18,7 @@ from deltarec.ports import free_port
 from deltarec.publish import BackgroundPublisher, PublishMetrics
 from deltarec.stats import quantile
 from deltarec.stores import open_store
-from deltarec.tracking.staging import DeviceBudget
+from deltarec.tracking.device_budget import DeviceBudget
 
 
 def test_freshness_counts_from_the_dump_step_and_the_trainers_publisher_serves_it(

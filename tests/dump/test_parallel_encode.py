@@ -12,13 +12,13 @@ import pytest
 
 from deltarec.artifacts import ArtifactRoot, DType, codec, read_shard
 from deltarec.artifacts.shards import ShardPlace, ShardRows
-from deltarec.dump.encode import EncodePool, ParallelShardWriter, encode_piece, encode_rows
-from deltarec.dump.queue import ByteBoundedQueue
-from deltarec.dump.staging import (
+from deltarec.dump.budget import (
     MIN_HOST_BUDGET,
     default_encode_workers,
     default_host_budget,
 )
+from deltarec.dump.encode import EncodePool, ParallelShardWriter, encode_piece, encode_rows
+from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.stitch import MAGIC, Piece, StitchError, footer_tail, stitched_footer
 
 
@@ -169,16 +169,16 @@ def test_the_worker_reserves_host_bytes_without_waiting_for_queued_items():
 
 
 def test_default_budgets_follow_the_machine_and_the_ranks_on_it(monkeypatch):
-    monkeypatch.setattr("deltarec.dump.staging.usable_cores", lambda: 16)
+    monkeypatch.setattr("deltarec.dump.budget.usable_cores", lambda: 16)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert default_encode_workers() == 15
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert default_encode_workers() == 7
-    monkeypatch.setattr("deltarec.dump.staging.usable_cores", lambda: 2)
+    monkeypatch.setattr("deltarec.dump.budget.usable_cores", lambda: 2)
     assert default_encode_workers() == 1
-    monkeypatch.setattr("deltarec.dump.staging.available_memory", lambda: 16 << 30)
+    monkeypatch.setattr("deltarec.dump.budget.available_memory", lambda: 16 << 30)
     assert default_host_budget() == 1 << 30  # 16 GiB / 8 / 2 ranks
-    monkeypatch.setattr("deltarec.dump.staging.available_memory", lambda: 0)
+    monkeypatch.setattr("deltarec.dump.budget.available_memory", lambda: 0)
     assert default_host_budget() == MIN_HOST_BUDGET
 
 
@@ -247,7 +247,7 @@ def test_a_chunks_encoding_allocates_no_more_than_its_budget_bytes_and_its_scrat
 
 
 def test_the_host_budget_is_shared_out_between_queue_scratch_and_arena():
-    from deltarec.dump.staging import ARENA_MAX, plan_host_budget
+    from deltarec.dump.budget import ARENA_MAX, plan_host_budget
 
     big = plan_host_budget(2 << 30, 15, 25 << 20)
     assert (big.encode_threads, big.arena_bytes, big.scratch_bytes) == (15, ARENA_MAX, 375 << 20)
@@ -260,7 +260,7 @@ def test_the_host_budget_is_shared_out_between_queue_scratch_and_arena():
 
 
 def test_a_publishing_trainer_keeps_rows_for_its_publisher_out_of_the_same_budget():
-    from deltarec.dump.staging import plan_host_budget
+    from deltarec.dump.budget import plan_host_budget
 
     alone = plan_host_budget(1 << 30, 4, 10 << 20)
     publishing = plan_host_budget(1 << 30, 4, 10 << 20, hand_off=True)

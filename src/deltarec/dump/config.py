@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deltarec.artifacts.types import DType
-from deltarec.dump.staging import default_encode_workers, default_host_budget
+from deltarec.dump.budget import default_encode_workers, default_host_budget
 from deltarec.errors import ConfigError, InvalidIdentifierError
 from deltarec.ids import validate_run, validate_table_id
 
@@ -49,14 +49,14 @@ class DumperConfig(BaseModel):
     :func:`~deltarec.artifacts.codec.row_group_rows`)."""
     queue_bytes: int | None = Field(default=None, ge=1 << 16)
     """Host staging budget: bytes of host memory the dump path may hold. It is shared out
-    (:func:`~deltarec.dump.staging.plan_host_budget`) between the encoders' reusable piece
+    (:func:`~deltarec.dump.budget.plan_host_budget`) between the encoders' reusable piece
     buffers (1/8, at most 128 MiB), in a publishing trainer the rows handed to its background
     publisher from memory (1/8), the scratch of the encodings running at once (at most
     1/4: fewer encoding threads run if it affords fewer,
     :func:`~deltarec.dump.encode.encode_scratch_bytes`) and the rest, for gathered rows and
     their encoded copies (queued, copied from a device staging buffer, being encoded or
     written). None: sized from the available memory
-    (:func:`~deltarec.dump.staging.default_host_budget`). When it is full the training thread
+    (:func:`~deltarec.dump.budget.default_host_budget`). When it is full the training thread
     waits (rows gathered into host memory) or the worker does (rows staged on the device):
     nothing is dropped."""
     device_staging_share: float = Field(default=0.25, ge=0.0, lt=1.0)
@@ -71,7 +71,7 @@ class DumperConfig(BaseModel):
     path. None: 256 MiB, at most 1/256 of the device's memory; 0: no graphed dumps."""
     encode_workers: int | None = Field(default=None, ge=1)
     """Threads that encode and checksum chunks in parallel. None: the cores the training
-    processes leave free (:func:`~deltarec.dump.staging.default_encode_workers`)."""
+    processes leave free (:func:`~deltarec.dump.budget.default_encode_workers`)."""
     encoder: Literal["auto", "thread", "process"] = "auto"
     """Where chunks are encoded and shards written. ``process``: in a child process of the
     training process, fed through a shared (on CUDA also pinned) memory ring, so that the

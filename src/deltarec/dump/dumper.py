@@ -46,9 +46,9 @@ from deltarec.dump.queue import ByteBoundedQueue
 from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
 from deltarec.errors import ConfigError, DumpError
 from deltarec.tracking.assemble import LocalParts, Part
+from deltarec.tracking.device_budget import DeviceBudget, device_staging
 from deltarec.tracking.gather import DeviceRows
 from deltarec.tracking.pinned import PinnedRing
-from deltarec.tracking.staging import DeviceBudget, device_staging
 from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Dumper:
         (:mod:`deltarec.dump.encoder_process`)."""
         slot = dump_plan.slot_bytes
         self.plan = dump_plan.host
-        """How the host budget is shared out (:func:`~deltarec.dump.staging.plan_host_budget`)."""
+        """How the host budget is shared out (:func:`~deltarec.dump.budget.plan_host_budget`)."""
         self.queue = ByteBoundedQueue(self.plan.queue_bytes, abort_check=self._check_worker)
         self.device_budget = DeviceBudget(config.device_staging_share)
         self.pinned: PinnedRing | None = (

@@ -36,7 +36,7 @@ from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardPlace, ShardRows, ShardTarget
 from deltarec.artifacts.types import DType, ShardInfo
-from deltarec.dump.staging import ARENA_MAX
+from deltarec.dump.budget import ARENA_MAX
 from deltarec.dump.stitch import MAGIC, Piece, PieceMeta, footer_tail, stitched_footer
 from deltarec.faults import failpoint
 
@@ -226,7 +226,7 @@ class EncodePool:
     Args:
         workers: number of threads (>= 1).
         arena_bytes: piece buffers kept for reuse, at most (the dumper's share of its host
-            budget: :func:`~deltarec.dump.staging.plan_host_budget`).
+            budget: :func:`~deltarec.dump.budget.plan_host_budget`).
     """
 
     def __init__(self, workers: int, arena_bytes: int = ARENA_MAX) -> None:

@@ -51,8 +51,8 @@ from deltarec.errors import DeltarecError
 
 if TYPE_CHECKING:
     from deltarec.artifacts.types import TableSpec
+    from deltarec.dump.budget import HostBudgetPlan
     from deltarec.dump.config import DumperConfig
-    from deltarec.dump.staging import HostBudgetPlan
     from deltarec.tracking.pinned import PinnedRing
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 :func:`plan_dump` is the plan :class:`~deltarec.dump.dumper.Dumper` is built around: its host
 budget, whether a child process encodes the shards, the pinned ring's slot size and how the
-budget is shared out (:func:`~deltarec.dump.staging.plan_host_budget`). At start the ranks
+budget is shared out (:func:`~deltarec.dump.budget.plan_host_budget`). At start the ranks
 agree on the tables (:func:`agreed_table_specs`) and on whether a snapshot fits
 (:func:`snapshot_fits`).
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from deltarec.artifacts.types import TableSpec
+from deltarec.dump.budget import HostBudgetPlan, plan_host_budget
 from deltarec.dump.config import DumperConfig, check_row_encoding
 from deltarec.dump.encode import encode_scratch_bytes
 from deltarec.dump.exchange import Exchange
-from deltarec.dump.staging import HostBudgetPlan, plan_host_budget
 from deltarec.errors import ConfigError
 from deltarec.tracking.pinned import pinned_slot_bytes
 from deltarec.tracking.types import TableSource

@@ -39,6 +39,7 @@ import numpy as np
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardPlace, ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
+from deltarec.dump.budget import ARENA_MAX
 from deltarec.dump.encode import (
     Encoded,
     EncodePool,
@@ -49,7 +50,6 @@ from deltarec.dump.encode import (
 from deltarec.dump.encoder_process import EncoderProcess
 from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
-from deltarec.dump.staging import ARENA_MAX
 from deltarec.errors import DumpError
 from deltarec.faults import failpoint
 from deltarec.tracking.assemble import Assembly, Part
@@ -143,7 +143,7 @@ class DumpWorker:
         fence: called on rank 0 right before MANIFEST.json is written; if it raises (a newer
             trainer owns the run), the dump fails on every rank and nothing is committed.
         encode_workers: threads that encode chunks (see
-            :func:`~deltarec.dump.staging.default_encode_workers`).
+            :func:`~deltarec.dump.budget.default_encode_workers`).
         chunk_rows: rows per host chunk copied from a device staging buffer.
         arena_bytes: the encoders' reusable piece buffers, at most.
         pinned: the ring that chunks copied out of device staging buffers lie in (None:

@@ -11,10 +11,10 @@ once when the dumper starts and reused; the copies run on the device's copy engi
 (:mod:`deltarec.tracking.pinned`). Outside a ring (direct calls) chunks are pinned one by one
 through torch's caching host allocator.
 
-Inside a :func:`~deltarec.tracking.staging.device_staging` block (the dumper's), a CUDA table's
-rows are instead gathered at once into a device staging buffer (:class:`DeviceRows`) when the
-block's budget has room: the training thread then waits only for the device, and the dump
-worker copies the buffer to host memory chunk by chunk (:meth:`DeviceRows.to_host`).
+Inside a :func:`~deltarec.tracking.device_budget.device_staging` block (the dumper's), a CUDA
+table's rows are instead gathered at once into a device staging buffer (:class:`DeviceRows`)
+when the block's budget has room: the training thread then waits only for the device, and the
+dump worker copies the buffer to host memory chunk by chunk (:meth:`DeviceRows.to_host`).
 
 Typical use (training thread)::
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from deltarec.tracking.device_budget import DeviceBudget, current_budget, current_ring
 from deltarec.tracking.pinned import PinnedRing, PinnedSlot, copy_engine, slot_bytes
-from deltarec.tracking.staging import DeviceBudget, current_budget, current_ring
 
 _BITMAP_PER_ID = 16
 _BITMAP_MIN_ROWS = 1 << 16
@@ -258,8 +258,8 @@ def gather_to_host(
 
     Yields:
         :class:`HostRows` chunks in ``ids`` order; ``ops`` are all upserts. Inside a
-        :func:`~deltarec.tracking.staging.device_staging` block with room on a CUDA device: one
-        :class:`DeviceRows` with every row instead.
+        :func:`~deltarec.tracking.device_budget.device_staging` block with room on a CUDA
+        device: one :class:`DeviceRows` with every row instead.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")

@@ -1,6 +1,6 @@
 """Budgets of the dump path: host staging memory and encoding threads (defaults, sharing).
 
-The device staging budget lives with the gather, in :mod:`deltarec.tracking.staging`. The
+The device staging budget lives with the gather, in :mod:`deltarec.tracking.device_budget`. The
 standard library only, so the configuration imports these defaults cheaply.
 """
 
