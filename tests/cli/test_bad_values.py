@@ -224,3 +224,21 @@ def test_a_resume_whose_steps_end_before_its_checkpoint_is_refused(tmp_path, cap
         f"from ({tmp_path / 'work' / 'checkpoints'}): nothing would be trained; give --steps "
         "above 60, or --no-resume to start afresh"
     )
+
+
+def test_inspect_of_an_unreachable_object_store_is_one_line_naming_the_root(capsys, monkeypatch):
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s", "AWS_MAX_ATTEMPTS": "1", "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    assert main(["inspect", "--artifacts", "s3://bucket/art", "--run", "r"]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(
+        "deltarec inspect: failed: cannot reach the artifact root s3://bucket/art: "
+        f'Could not connect to the endpoint URL: "http://127.0.0.1:{port}/bucket'
+    )

@@ -72,6 +72,8 @@ def configure_logging(verbose: bool) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    for chatty in ("botocore", "aiobotocore"):  # "Found credentials in ..." on every start
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     if verbose:
         logging.getLogger("deltarec").setLevel(logging.DEBUG)
 
@@ -116,6 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CHECK_FAILED
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # an object store's endpoint that cannot be reached: one line
+        from deltarec.cli.common import unreachable
+
+        reason = unreachable(e, getattr(args, "artifacts", None))
+        if reason is None:
+            raise
+        print(f"deltarec {args.command}: failed: {redact_text(reason)}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -152,3 +152,35 @@ def require_resolvable_host(url: str | None) -> None:
             raise BadInputError(
                 f"--store {redact_url(url)}: host {host!r} does not resolve ({e.strerror})"
             ) from None
+
+
+# Exceptions by which object-store clients say an endpoint cannot be reached (none of them an
+# OSError): botocore's, aiohttp's (s3fs, gcsfs) and requests' (ossfs, adlfs).
+_UNREACHABLE = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ClientConnectorError",
+    "ServerTimeoutError",
+    "ConnectionError",
+    "ConnectTimeout",
+}
+
+
+def unreachable(error: BaseException, artifacts: str | None = None) -> str | None:
+    """One line for an error that says a remote endpoint cannot be reached, else None.
+
+    Walks the error's causes: a client library's connection error (``_UNREACHABLE``, or an
+    ``OSError`` connection error) deep inside a file-system call becomes "cannot reach" with
+    the artifact root and the library's own message, which names the endpoint.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError) or type(e).__name__ in _UNREACHABLE:
+            where = f"the artifact root {artifacts}" if artifacts else "a remote endpoint"
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            return f"cannot reach {where}: {first}"
+        e = e.__cause__ or e.__context__
+    return None
