@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from deltarec.dump.dumper import Dumper
 from deltarec.errors import ConfigError, validation_problems
 from deltarec.publish.types import PublishMode
 from deltarec.tracking.types import TableSource
+
+if TYPE_CHECKING:
+    from deltarec.publish.background import BackgroundPublisher
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class DumpHook:
         self._sources = sources
         self.metrics_port = metrics_port
         self.dumper: Dumper | None = None
-        self.publisher: Any = None
+        self.publisher: BackgroundPublisher | None = None
         self.registry: Any = None  # prometheus_client.CollectorRegistry when served
         self._state: dict[str, Any] | None = None
         self.dense = None if dense_every is None else DenseDumps(dense_every, dense_state)
@@ -163,7 +166,7 @@ class DumpHook:
         finally:
             store.close()
 
-    def _make_publisher(self, max_queue_bytes: int) -> Any:
+    def _make_publisher(self, max_queue_bytes: int) -> BackgroundPublisher:
         import torch.distributed as dist
 
         from deltarec.publish import BackgroundPublisher, PublishMetrics
@@ -189,6 +192,7 @@ class DumpHook:
         return self.metrics_port + int(os.environ.get("LOCAL_RANK", "0") or 0)
 
     def _submit(self, manifest: Manifest, rows: dict[str, ShardRows] | None) -> None:
+        assert self.publisher is not None  # the dumper's on_commit only with a publisher
         self.publisher.submit(manifest, rows)
 
     def after_step(self, step: int) -> None:

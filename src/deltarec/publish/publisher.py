@@ -108,7 +108,7 @@ class DumpPublisher:
             raise ConfigError(f"the {store.kind} store has no staging views; use mode=direct")
         if batch_bytes <= 0:
             raise ConfigError(f"batch_bytes must be positive, got {batch_bytes}")
-        if getattr(store, "run", run) != run:  # rows are kept per run (docs/runs.md)
+        if store.run != run:  # rows are kept per run (docs/runs.md)
             raise ConfigError(
                 f"publishing run {run!r} through a store handle of run {store.run!r} "
                 f"({store.describe()}): open the store with run={run!r}"
