@@ -27,6 +27,8 @@ ENV = "DELTAREC_FAULT"
 DIR_ENV = "DELTAREC_FAULT_DIR"
 POINTS = ("shard.write", "commit.manifest", "publish.batch", "checkpoint.save")
 """The fault points, in the order a dump and its checkpoint reach them."""
+COMPACT_POINTS = ("compact.part", "compact.base_json")
+"""Compaction's fault points: after a part's bytes are built, before BASE.json is written."""
 
 SLOW_ENV = "DELTAREC_SLOW"
 SLOW_POINTS = ("redis.exec",)

@@ -146,6 +146,14 @@ FROZEN: dict[str, dict[str, F]] = {
         "--generation": F("int"),
         "--json": F("switch", False),
     },
+    "compact": {
+        "--artifacts": F("str", required=True),
+        "--run": F("str", required=True),
+        "--generation": F("int"),
+        "--through-seq": F("int"),
+        "--part-rows": F("int"),
+        "--json": F("switch", False),
+    },
     "serve": {
         **LOCATION,
         "--device": F("str", "cpu"),
@@ -259,6 +267,7 @@ def test_cli_command_names_are_frozen():
         "promote",
         "rollback",
         "inspect",
+        "compact",
         "serve",
         "pipeline",
     ]

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from deltarec.artifacts.types import TableSpec, _check_schema, _require, utc_now
+from deltarec.artifacts.types import ShardInfo, TableSpec, _check_schema, _require, utc_now
 from deltarec.errors import ArtifactError
 from deltarec.ids import SCHEMA_VERSION, make_version, validate_run, validate_table_id
 
@@ -96,6 +96,7 @@ class BaseInfo:
     rows: dict[str, int]
     parts: tuple[BasePart, ...]
     base: tuple[int, int] | None = None  # (generation, through_seq) of the base built from
+    last_step: int | None = None  # the newest folded dump's last_step (a field of our own)
     created_at: str = field(default_factory=utc_now)
     schema_version: int = SCHEMA_VERSION
 
@@ -137,6 +138,7 @@ class BaseInfo:
                 for t, spec in self.tables.items()
             },
             "parts": [p.to_json() for p in self.parts],
+            "last_step": self.last_step,
         }
 
     @classmethod
@@ -166,6 +168,7 @@ class BaseInfo:
                 base=None
                 if base_obj is None
                 else (int(base_obj["generation"]), int(base_obj["through_seq"])),
+                last_step=None if obj.get("last_step") is None else int(obj["last_step"]),
                 created_at=str(obj.get("created_at", "")),
             )
         except ArtifactError:
@@ -253,3 +256,42 @@ def seq_ranges(seqs: list[int]) -> str:
         else:
             out.append([s, s])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def part_shard(part: BasePart) -> ShardInfo:
+    """A base part as a shard entry (rank 0), for the readers and checks of shards."""
+    return ShardInfo(part.path, part.table, 0, part.rows, part.bytes, part.sha256)
+
+
+def usable_base(
+    root: ArtifactRoot,
+    run: str,
+    chain: list[tuple[int, int | None]],
+    through_seq: int | None,
+) -> BaseInfo | None:
+    """The newest committed base a replay of ``chain`` through ``through_seq`` may start from.
+
+    ``chain`` is the lineage as ``(generation, cutoff step or None)``, oldest first, ending at
+    the generation replayed. A base fits when its lineage is a prefix of ``chain`` with the
+    same cutoffs, and its own generation is either the one replayed (folded no further than
+    ``through_seq``) or an ancestor whose folded rows were all read at or before the step its
+    child restored from.
+    """
+    target = chain[-1][0]
+    order = [g for g, _ in chain]
+    cut = dict(chain)
+    for g, s in sorted(list_bases(root, run), reverse=True):
+        if g not in cut or (g == target and through_seq is not None and s > through_seq):
+            continue
+        info = read_base(root, run, g, s)
+        gens = [e.generation for e in info.lineage]
+        if gens != order[: len(gens)]:
+            continue
+        if any(cut[e.generation] != e.cutoff_step for e in info.lineage[:-1]):
+            continue
+        if g == target:
+            return info
+        limit = cut[g]
+        if limit is not None and info.last_step is not None and info.last_step <= limit:
+            return info
+    return None

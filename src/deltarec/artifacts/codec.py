@@ -19,6 +19,8 @@ import pyarrow as pa
 from deltarec.artifacts.types import DType
 
 KEY, EMBEDDING, OP, STEP = "key", "embedding", "op", "step"
+VERSION = "version"
+"""A base part's fifth column (SPEC §3a): the version of the dump that wrote the row."""
 COLUMNS = (KEY, EMBEDDING, OP, STEP)
 
 ROW_GROUP_VALUES = 1 << 21

@@ -16,381 +16,21 @@ embeddings are read on demand by :meth:`ExpectedTable.load`.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import posixpath
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from deltarec.artifacts import codec
+from deltarec.artifacts.base import BaseInfo, list_bases, part_shard, usable_base
+from deltarec.artifacts.expected import (
+    ExpectedRows,
+    ExpectedTable,
+    ShardRef,
+    _read_columns,
+)
 from deltarec.artifacts.root import ArtifactRoot
-from deltarec.artifacts.types import DType, DumpKind, Manifest, Op, Parent, ShardInfo, TableSpec
+from deltarec.artifacts.types import DumpKind, Manifest, Op, Parent
 from deltarec.errors import ArtifactError, BadInputError
-
-
-@dataclass(frozen=True)
-class ShardRef:
-    """Where a shard lies: its dump directory and manifest entry."""
-
-    dump_dir: str
-    shard: ShardInfo
-    version: int
-
-
-def _read_columns(root: ArtifactRoot, ref: ShardRef, columns: list[str]) -> dict[str, np.ndarray]:
-    path = posixpath.join(ref.dump_dir, ref.shard.path)
-    try:
-        # ParquetFile, not read_table: read_table imports pyarrow.dataset (~0.1 s per process).
-        # Locally Arrow's own memory-mapped reader: no Python file in the loop.
-        with root.open_listed(ref.dump_dir, ref.shard.path) as f:
-            table = pq.ParquetFile(f, memory_map=isinstance(f, str)).read(columns=columns)
-    except FileNotFoundError:
-        raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
-    except (OSError, pa.ArrowException) as e:  # a truncated file is ArrowInvalid, not OSError
-        raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
-    if table.num_rows != ref.shard.rows:
-        raise ArtifactError(
-            root.url(path), f"holds {table.num_rows} rows, the manifest says {ref.shard.rows}"
-        )
-    return {c: table.column(c) for c in columns}
-
-
-def _one_run(idx: np.ndarray) -> bool:
-    """True if ``idx`` is ``a, a+1, ..., b`` (non-empty)."""
-    return (
-        len(idx) > 0
-        and int(idx[-1]) - int(idx[0]) + 1 == len(idx)
-        and bool((np.diff(idx) == 1).all())
-    )
-
-
-def _row_groups(root: ArtifactRoot, ref: ShardRef) -> tuple[contextlib.ExitStack, Any, list[int]]:
-    """A shard opened for reading row groups: ``(what closes it, reader, first row of each)``.
-
-    Closing the returned stack closes the reader and the file.
-    """
-    path = posixpath.join(ref.dump_dir, ref.shard.path)
-    stack = contextlib.ExitStack()
-    try:
-        # Read through (not memory-mapped): row group after row group into buffers that Arrow's
-        # pool reuses, instead of faulting in the whole file and decoding the column at once.
-        f = stack.enter_context(root.open_listed(ref.dump_dir, ref.shard.path))
-        reader = pq.ParquetFile(f, memory_map=False)
-        stack.callback(reader.close)
-    except FileNotFoundError:
-        stack.close()
-        raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
-    except (OSError, pa.ArrowException) as e:
-        stack.close()
-        raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
-    except BaseException:
-        stack.close()
-        raise
-    meta = reader.metadata
-    if meta.num_rows != ref.shard.rows:
-        stack.close()
-        raise ArtifactError(
-            root.url(path), f"holds {meta.num_rows} rows, the manifest says {ref.shard.rows}"
-        )
-    starts = np.cumsum([0] + [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
-    return stack, reader, starts.tolist()
-
-
-def _fill_rows(
-    root: ArtifactRoot,
-    ref: ShardRef,
-    rows: np.ndarray,
-    out: np.ndarray,
-    dst: np.ndarray,
-    dtype: DType,
-) -> None:
-    """``out[dst] = embedding[rows]`` of one shard, reading only the row groups that hold rows.
-
-    A run of consecutive rows into consecutive destinations (a whole snapshot shard) is block
-    copied row group by row group; other rows are gathered per row group.
-    """
-    opened, reader, starts = _row_groups(root, ref)
-    path = root.url(posixpath.join(ref.dump_dir, ref.shard.path))
-    run = _one_run(dst) and _one_run(rows)
-    order = None if run else np.argsort(rows, kind="stable")
-    ordered = rows if order is None else rows[order]
-    try:
-        for g in range(len(starts) - 1):
-            lo, hi = np.searchsorted(ordered, [starts[g], starts[g + 1]])
-            if lo == hi:
-                continue
-            try:
-                column = reader.read_row_group(g, columns=[codec.EMBEDDING]).column(0)
-            except (OSError, pa.ArrowException) as e:
-                raise ArtifactError(path, f"unreadable parquet: {e}") from e
-            values = codec.embedding_matrix(column, dtype)
-            if order is None:
-                out[dst[lo] : dst[lo] + (hi - lo)] = values[ordered[lo] - starts[g] :][: hi - lo]
-            else:
-                pick = order[lo:hi]
-                out[dst[pick]] = values[rows[pick] - starts[g]]
-    finally:
-        opened.close()
-
-
-@dataclass
-class ExpectedTable:
-    """The expected state of one table: the latest record of every key ever seen.
-
-    Attributes:
-        table: table id.
-        spec: the table's spec (from the newest generation of the lineage).
-        keys: int64, sorted, unique: every key with a record (present or absent).
-        versions: int64 version of each key's latest record.
-        ops: int8: ``Op.UPSERT`` (present) or ``Op.EVICTED`` (absent: evicted, or removed by
-            a later snapshot).
-        steps: int64 training step the latest record was read at.
-    """
-
-    table: str
-    spec: TableSpec
-    keys: np.ndarray
-    versions: np.ndarray
-    ops: np.ndarray
-    steps: np.ndarray
-    _refs: list[ShardRef] = field(repr=False, default_factory=list)
-    _ref_idx: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, np.int32))
-    _row_idx: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, np.int64))
-    _root: ArtifactRoot | None = field(repr=False, default=None)
-
-    @property
-    def present(self) -> np.ndarray:
-        """Boolean mask of keys that serving must hold."""
-        return self.ops == Op.UPSERT
-
-    def present_keys(self) -> np.ndarray:
-        """Sorted keys that serving must hold."""
-        return self.keys[self.present]
-
-    def index_of(self, keys: np.ndarray) -> np.ndarray:
-        """Positions of ``keys`` in :attr:`keys`, ``-1`` where a key has no record."""
-        keys = np.asarray(keys, dtype=np.int64)
-        n = len(keys)
-        if n and len(self.keys):  # keys that are one run of records (an ordered scan's batch)
-            first = int(np.searchsorted(self.keys, keys[0]))
-            if np.array_equal(self.keys[first : first + n], keys):
-                return np.arange(first, first + n, dtype=np.int64)
-        if n > 1024 and not (keys[1:] >= keys[:-1]).all():
-            # Keys in no order (a scan in the store's own order): numpy's binary search is
-            # faster on sorted queries (each starts where the last one ended), by more than
-            # the sort of the queries costs.
-            order = np.argsort(keys)
-            pos = np.empty(n, np.int64)
-            pos[order] = np.searchsorted(self.keys, keys[order])
-        else:
-            pos = np.searchsorted(self.keys, keys)
-        pos = np.minimum(pos, max(len(self.keys) - 1, 0))
-        hit = (len(self.keys) > 0) & (self.keys[pos] == keys) if len(self.keys) else None
-        if hit is None:
-            return np.full(keys.shape, -1, dtype=np.int64)
-        return np.where(hit, pos, -1)
-
-    def load(self, keys: np.ndarray) -> np.ndarray:
-        """Encoded rows ``[n, encoded_width]`` of the latest records of ``keys``.
-
-        For an absent key (``op == 1``) the row is the one its record carries (the fallback
-        row of an evicted ZCH id; zeros for a key removed by a snapshot).
-
-        Raises:
-            KeyError: if a key has no record.
-        """
-        if keys is self.keys:  # every record (verify --all): no lookup, no gathered copies
-            ref_idx, row_idx = self._ref_idx, self._row_idx
-        else:
-            idx = self.index_of(keys)
-            if (idx < 0).any():
-                missing = np.asarray(keys)[idx < 0][:5].tolist()
-                raise KeyError(f"table {self.table!r}: no expected record for keys {missing}")
-            ref_idx, row_idx = self._ref_idx[idx], self._row_idx[idx]
-        width = codec.encoded_width(self.spec.dtype, self.spec.dim)
-        out = _allocate((len(ref_idx), width), codec.element_type(self.spec.dtype))
-        out[ref_idx < 0] = 0  # removed by a snapshot: no row to load
-        assert self._root is not None or len(ref_idx) == 0
-        for r in np.unique(ref_idx[ref_idx >= 0]):
-            sel = np.nonzero(ref_idx == r)[0]
-            ref = self._refs[int(r)]
-            _fill_rows(self._root, ref, row_idx[sel], out, sel, self.spec.dtype)  # type: ignore[arg-type]
-        return out
-
-    def load_in_shard_order(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every record's encoded row, in shard order: ``(rows, at)``, with ``rows[at[p]]``.
-
-        Record ``p``'s row is ``rows[at[p]]``. For reading every record in an order of the
-        store's own (a Redis or PostgreSQL scan): where :meth:`load` scatters each shard's rows
-        into key order (a sort of each shard's rows and a copy to random places), this copies
-        every shard's rows in file order, a row group at a time; of a shard whose rows are not
-        all records, those that are, in file order. ``rows`` holds one row per record and a zero
-        row (for records removed by a snapshot): the memory :meth:`load` of every key takes.
-        """
-        width = codec.encoded_width(self.spec.dtype, self.spec.dim)
-        ref_idx, row_idx = self._ref_idx, self._row_idx
-        rows = _allocate((len(ref_idx) + 1, width), codec.element_type(self.spec.dtype))
-        at = np.full(len(ref_idx), len(ref_idx), np.int64)  # the zero row, until a shard's
-        rows[len(ref_idx)] = 0
-        start = 0
-        for r in np.unique(ref_idx[ref_idx >= 0]).tolist():
-            sel = np.flatnonzero(ref_idx == r)
-            ref = self._refs[r]
-            mine = row_idx[sel]
-            if len(mine) == ref.shard.rows:  # every row of the shard (rows are distinct)
-                used = np.arange(len(mine), dtype=np.int64)
-                at[sel] = start + mine
-            else:
-                used = np.sort(mine)
-                at[sel] = start + np.searchsorted(used, mine)
-            dst = np.arange(start, start + len(used), dtype=np.int64)
-            assert self._root is not None
-            _fill_rows(self._root, ref, used, rows, dst, self.spec.dtype)
-            start += len(used)
-        return rows, at
-
-
-class ExpectedRows:
-    """Encoded rows of an :class:`ExpectedTable`'s records by position, read as asked.
-
-    For reading every record in key order (``verify --all`` against an ordered store scan)
-    without holding the whole table in memory: each shard keeps its last decoded row group, so
-    a batch of consecutive records of one shard is a view of it, and each row group is decoded
-    once as long as the positions asked for advance through every shard in order. If they do
-    not (row groups decoded more than twice over on average, or more than ``cache_bytes`` of
-    row groups held at once), the whole table is loaded with :meth:`ExpectedTable.load` and
-    served from memory. Use it as a context manager: it holds the shards open.
-    """
-
-    def __init__(self, table: ExpectedTable, cache_bytes: int = 256 << 20) -> None:
-        self._table = table
-        self._cache_bytes = cache_bytes
-        # ref -> _row_groups(...)
-        self._open: dict[int, tuple[contextlib.ExitStack, Any, list[int]]] = {}
-        self._groups: dict[int, tuple[int, np.ndarray]] = {}  # ref -> (row group, its rows)
-        self._decoded = 0
-        self._all: np.ndarray | None = None
-        self._at = np.empty(0, np.int64)  # record -> its row in _all
-
-    def __enter__(self) -> ExpectedRows:
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the shards and drop the cached rows (idempotent)."""
-        for opened, _, _ in self._open.values():
-            opened.close()
-        self._open.clear()
-        self._groups.clear()
-
-    @property
-    def streamed(self) -> bool:
-        """False once the rows were loaded whole (the positions did not advance in order)."""
-        return self._all is None
-
-    def take(self, pos: np.ndarray) -> np.ndarray:
-        """Rows ``[len(pos), encoded_width]`` of the records at positions ``pos`` (read-only)."""
-        t = self._table
-        ref_idx, row_idx = t._ref_idx[pos], t._row_idx[pos]
-        if self._all is None and (self._thrashing() or self._scattered(ref_idx, row_idx)):
-            self.close()
-            self._all, self._at = self._table.load_in_shard_order()
-        if self._all is not None:
-            return _gather(self._all, self._at[pos])
-        if len(pos) and ref_idx[0] >= 0 and (ref_idx == ref_idx[0]).all() and _one_run(row_idx):
-            r, first = int(ref_idx[0]), int(row_idx[0])
-            start, values = self._group(r, first)
-            if first + len(pos) <= start + len(values):  # one row group holds them: a view
-                return values[first - start : first - start + len(pos)]
-        width = codec.encoded_width(t.spec.dtype, t.spec.dim)
-        out = np.zeros((len(pos), width), dtype=codec.element_type(t.spec.dtype))
-        for r in np.unique(ref_idx[ref_idx >= 0]).tolist():
-            sel = np.nonzero(ref_idx == r)[0]
-            rows = row_idx[sel]
-            starts = np.asarray(self._shard(r)[2])
-            group = np.searchsorted(starts, rows, side="right") - 1
-            for g in np.unique(group).tolist():
-                mine = group == g
-                start, values = self._group(r, int(starts[g]))
-                out[sel[mine]] = values[rows[mine] - start]
-        return out
-
-    def _scattered(self, ref_idx: np.ndarray, row_idx: np.ndarray) -> bool:
-        """Whether the row groups these records lie in hold far more rows than they are.
-
-        Records read in each shard's order touch their rows' row groups and at most one more
-        per shard at either end; records out of shard order (random keys read in key order)
-        touch most row groups of every shard at each batch, and would decode the whole table
-        again and again: that is known at the first batch, before any row group is decoded.
-        """
-        touched, slack = 0, 0
-        for r in np.unique(ref_idx[ref_idx >= 0]).tolist():
-            starts = np.asarray(self._shard(r)[2])
-            sizes = np.diff(starts)
-            groups = np.unique(np.searchsorted(starts, row_idx[ref_idx == r], side="right") - 1)
-            touched += int(sizes[groups].sum())
-            slack += 2 * int(sizes.max())
-        return touched > 2 * len(row_idx) + slack
-
-    def _thrashing(self) -> bool:
-        groups = sum(len(starts) - 1 for _, _, starts in self._open.values())
-        held = sum(values.nbytes for _, values in self._groups.values())
-        return self._decoded > 2 * groups + 16 or held > self._cache_bytes
-
-    def _shard(self, r: int) -> tuple[Any, Any, list[int]]:
-        if r not in self._open:
-            assert self._table._root is not None
-            self._open[r] = _row_groups(self._table._root, self._table._refs[r])
-        return self._open[r]
-
-    def _group(self, r: int, row: int) -> tuple[int, np.ndarray]:
-        """The first row and the decoded rows of the row group of shard ``r`` holding ``row``."""
-        _, reader, starts = self._shard(r)
-        g = int(np.searchsorted(starts, row, side="right")) - 1
-        cached = self._groups.get(r)
-        if cached is None or cached[0] != g:
-            try:
-                column = reader.read_row_group(g, columns=[codec.EMBEDDING]).column(0)
-            except (OSError, pa.ArrowException) as e:
-                ref, root = self._table._refs[r], self._table._root
-                where = root.url(posixpath.join(ref.dump_dir, ref.shard.path))  # type: ignore[union-attr]
-                raise ArtifactError(where, f"unreadable parquet: {e}") from e
-            cached = (g, codec.embedding_matrix(column, self._table.spec.dtype))
-            self._groups[r] = cached
-            self._decoded += 1
-        return starts[g], cached[1]
-
-
-_POPULATE_BYTES = 32 << 20
-"""Arrays this large are allocated with their pages mapped at once (:func:`_allocate`)."""
-
-
-def _allocate(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array; a large one with all of its pages mapped up front.
-
-    Rows are scattered into it in random order; faulting its fresh pages in one at a time
-    costs several times the copy itself on a VM (about 2 ms per MB), ``MAP_POPULATE`` maps
-    them in one call. The memory is returned when the array is dropped.
-    """
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    if nbytes < _POPULATE_BYTES or not populate:
-        return np.empty(shape, dtype)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype).reshape(shape)
-
-
-def _gather(rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``rows[pos]``, as a view when ``pos`` is one ascending run."""
-    if _one_run(pos):
-        return rows[int(pos[0]) : int(pos[-1]) + 1]
-    return rows[pos]
 
 
 @dataclass
@@ -402,13 +42,20 @@ class ExpectedState:
     through_seq: int | None
     version: int  # version of the newest dump included (0 if none)
     tables: dict[str, ExpectedTable]
-    manifests: list[Manifest]  # every dump included, in version order
+    manifests: list[Manifest]  # every dump included after the base, in version order
+    base: BaseInfo | None = None  # the base the replay started from
 
     def shard_refs(self) -> list[ShardRef]:
-        """Every shard of every included dump (for checksum verification)."""
-        return [
+        """Every part of the base and shard of every included dump (for checksums)."""
+        dumps = [
             ShardRef(dump_dir, s, m.version) for m, dump_dir in self._dump_dirs() for s in m.shards
         ]
+        root = next((t._root for t in self.tables.values() if t._root is not None), None)
+        if self.base is None or root is None:
+            return dumps
+        b = self.base
+        base_dir = root.base_dir(b.run, b.generation, b.through_seq)
+        return [ShardRef(base_dir, part_shard(p), b.through_version) for p in b.parts] + dumps
 
     def _dump_dirs(self) -> list[tuple[Manifest, str]]:
         root = next((t._root for t in self.tables.values() if t._root is not None), None)
@@ -424,16 +71,23 @@ class _Accumulator:
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.snapshot_version = -1
 
-    def add(self, ref_no: int, version: int, cols: dict[str, np.ndarray], keep: np.ndarray) -> None:
+    def add(
+        self,
+        ref_no: int,
+        version: int | np.ndarray,
+        cols: dict[str, np.ndarray],
+        keep: np.ndarray,
+    ) -> None:
         keys = np.asarray(cols[codec.KEY], dtype=np.int64)
         rows = np.arange(len(keys), dtype=np.int64)
         if not keep.all():
             keys, rows = keys[keep], rows[keep]
         n = len(keys)
+        versions = np.full(n, version, np.int64) if isinstance(version, int) else version[keep]
         self.parts.append(
             (
                 keys,
-                np.full(n, version, np.int64),
+                versions,
                 np.asarray(cols[codec.OP], dtype=np.int8)[keep],
                 np.asarray(cols[codec.STEP], dtype=np.int64)[keep],
                 np.full(n, ref_no, np.int32),
@@ -482,7 +136,7 @@ def _latest_last(keys: np.ndarray, versions: np.ndarray) -> np.ndarray:
     return np.lexsort((versions, keys))
 
 
-def _cutoffs(root: ArtifactRoot, run: str, generation: int) -> list[tuple[int, int | None]]:
+def cutoffs(root: ArtifactRoot, run: str, generation: int) -> list[tuple[int, int | None]]:
     """``(generation, max step or None)`` for each generation of the lineage, oldest first."""
     chain = root.lineage(run, generation)
     out: list[tuple[int, int | None]] = []
@@ -499,46 +153,48 @@ def expected_state(
 ) -> ExpectedState:
     """The expected serving state of ``generation`` through dump ``through_seq`` (all if None).
 
+    The replay starts from the newest committed base that fits (SPEC §3a,
+    :func:`~deltarec.artifacts.base.usable_base`) and reads only the dumps after it.
+
     Raises:
         BadInputError: if ``through_seq`` names no committed dump of the generation.
         ArtifactError: if an artifact is missing, malformed or of an unknown schema version.
+        MissingDumpError: if a dump after the base is missing (the chain has a hole).
     """
-    if through_seq is not None and through_seq not in root.list_dumps(run, generation):
+    committed = root.list_dumps(run, generation)  # the chain checked, base or not
+    if through_seq not in (None, *committed) and (generation, through_seq) not in list_bases(
+        root, run
+    ):
         raise BadInputError(
-            f"run {run!r} generation {generation} has no committed dump {through_seq} under "
-            f"{root.uri} (committed: {root.list_dumps(run, generation)})"
+            f"run {run!r} generation {generation} has no committed dump {through_seq} "
+            f"under {root.uri} (committed: {committed})"
         )
+    chain = cutoffs(root, run, generation)
+    base = usable_base(root, run, chain, through_seq)
+    folded = {e.generation: e.through_seq for e in base.lineage} if base else {}
     specs = dict(root.read_generation(run, generation).tables)
     accs: dict[str, _Accumulator] = {}
     refs: list[ShardRef] = []
     manifests: list[Manifest] = []
-    for gen, cutoff in _cutoffs(root, run, generation):
+    if base is not None:
+        _add_base(root, base, accs, refs)
+        specs = {**base.tables, **specs}
+    last_folded = base.generation if base else None
+    for gen, cutoff in chain:
+        if gen in folded and gen != last_folded:
+            continue  # an ancestor the base folds up to its cutoff
         for seq in root.list_dumps(run, gen):
+            if seq <= folded.get(gen, -1):
+                continue
             if gen == generation and through_seq is not None and seq > through_seq:
                 break
             m = root.read_manifest(run, gen, seq)
             if cutoff is not None and m.first_step > cutoff:
                 break
             manifests.append(m)
-            dump_dir = root.dump_dir(run, gen, seq)
-            for table in m.tables:
-                acc = accs.setdefault(table, _Accumulator())
-                include_all = cutoff is None or m.last_step <= cutoff
-                if m.kind is DumpKind.SNAPSHOT and include_all:
-                    acc.snapshot_version = m.version
-                for shard in m.shards_of(table):
-                    ref = ShardRef(dump_dir, shard, m.version)
-                    cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP])
-                    steps = np.asarray(cols[codec.STEP], dtype=np.int64)
-                    keep = (
-                        np.ones(len(steps), bool)
-                        if cutoff is None or include_all
-                        else steps <= cutoff
-                    )
-                    refs.append(ref)
-                    acc.add(len(refs) - 1, m.version, cols, keep)
-            if gen != generation:
-                specs = {**root.read_generation(run, gen).tables, **specs}
+            _add_dump(root, m, cutoff, accs, refs)
+        if gen != generation:
+            specs = {**root.read_generation(run, gen).tables, **specs}
     tables: dict[str, ExpectedTable] = {}
     for table, acc in accs.items():
         if table not in specs:
@@ -555,8 +211,45 @@ def expected_state(
             e64 = np.empty(0, np.int64)
             tables[table] = ExpectedTable(table, spec, e64, e64, np.empty(0, np.int8), e64)
             tables[table]._root = root
-    version = manifests[-1].version if manifests else 0
-    return ExpectedState(run, generation, through_seq, version, tables, manifests)
+    version = manifests[-1].version if manifests else (base.through_version if base else 0)
+    return ExpectedState(run, generation, through_seq, version, tables, manifests, base)
+
+
+def _add_base(
+    root: ArtifactRoot, base: BaseInfo, accs: dict[str, _Accumulator], refs: list[ShardRef]
+) -> None:
+    """Every part of ``base`` as records (each row keeps the version of the dump that wrote it)."""
+    base_dir = root.base_dir(base.run, base.generation, base.through_seq)
+    for part in base.parts:
+        ref = ShardRef(base_dir, part_shard(part), base.through_version)
+        cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP, codec.VERSION])
+        refs.append(ref)
+        keep = np.ones(part.rows, bool)
+        versions = np.asarray(cols[codec.VERSION], dtype=np.int64)
+        accs.setdefault(part.table, _Accumulator()).add(len(refs) - 1, versions, cols, keep)
+
+
+def _add_dump(
+    root: ArtifactRoot,
+    m: Manifest,
+    cutoff: int | None,
+    accs: dict[str, _Accumulator],
+    refs: list[ShardRef],
+) -> None:
+    """The records of one dump; of a parent, only rows read at or before ``cutoff``."""
+    dump_dir = root.dump_dir(m.run, m.generation, m.seq)
+    include_all = cutoff is None or m.last_step <= cutoff
+    for table in m.tables:
+        acc = accs.setdefault(table, _Accumulator())
+        if m.kind is DumpKind.SNAPSHOT and include_all:
+            acc.snapshot_version = m.version
+        for shard in m.shards_of(table):
+            ref = ShardRef(dump_dir, shard, m.version)
+            cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP])
+            steps = np.asarray(cols[codec.STEP], dtype=np.int64)
+            keep = np.ones(len(steps), bool) if cutoff is None or include_all else steps <= cutoff
+            refs.append(ref)
+            acc.add(len(refs) - 1, m.version, cols, keep)
 
 
 def keys_published_after(root: ArtifactRoot, run: str, parent: Parent) -> dict[str, np.ndarray]:
@@ -593,3 +286,13 @@ def keys_published_after(root: ArtifactRoot, run: str, parent: Parent) -> dict[s
                     keys = keys[np.asarray(cols[codec.STEP], dtype=np.int64) > limit]
                 found.setdefault(shard.table, []).append(keys)
     return {t: np.unique(np.concatenate(parts)) for t, parts in found.items()}
+
+
+__all__ = [
+    "ExpectedRows",
+    "ExpectedState",
+    "ExpectedTable",
+    "ShardRef",
+    "expected_state",
+    "keys_published_after",
+]

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "promote": "record a verified generation as serving's current one",
     "rollback": "restore serving to a promoted generation",
     "inspect": "list generations, dumps, tables, rows and bytes under an artifact root",
+    "compact": "fold a generation's dumps into a base that readers start from",
     "serve": "serve a run's promoted tables and dense state from memory (a replica, HTTP)",
     "pipeline": "compile, submit or locally run the pipeline on Kubeflow or Airflow",
 }

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from deltarec.artifacts.base import BaseInfo
 from deltarec.artifacts.dense import DenseInfo, read_dense
 from deltarec.artifacts.lineage import expected_state
 from deltarec.artifacts.root import ArtifactRoot
@@ -143,13 +144,17 @@ def taken_at(manifest: Manifest) -> float | None:
         return None
 
 
-def _check_contiguous(run: str, manifests: list[Manifest]) -> None:
-    """Every generation's dumps in ``manifests`` follow each other from 0 or 1, or raise."""
+def _check_contiguous(run: str, manifests: list[Manifest], base: BaseInfo | None = None) -> None:
+    """Every generation's dumps in ``manifests`` follow each other from 0 or 1, or raise.
+
+    Of a generation the replay's ``base`` folds, from the dump after the newest it folds.
+    """
     seqs: dict[int, list[int]] = {}
     for m in manifests:
         seqs.setdefault(m.generation, []).append(m.seq)
     for generation, found in seqs.items():
-        start = 0 if found[0] == 0 else 1
+        folded = base.covers(generation) if base is not None else -1
+        start = folded + 1 if folded >= 0 else (0 if found[0] == 0 else 1)
         for want, got in zip(range(start, start + len(found)), found, strict=True):
             if want != got:
                 raise GapError(
@@ -200,7 +205,7 @@ class Line:
             GapError: a generation of the lineage misses a committed dump before the point.
         """
         state = expected_state(root, run, generation, seq)
-        _check_contiguous(run, state.manifests)
+        _check_contiguous(run, state.manifests, state.base)
         writers = {}
         for table, et in state.tables.items():
             present = et.present

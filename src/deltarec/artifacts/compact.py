@@ -1,0 +1,191 @@
+"""Compaction: fold a generation's lineage through a dump into a base (SPEC §3a).
+
+A base is what verify expects of serving at ``(G, S)``: per table the latest record of every
+key (``op = 1`` records kept), with the version of the dump that wrote it. It is built by the
+same replay readers use (:func:`~deltarec.artifacts.lineage.expected_state`), which starts from
+the newest base that fits and reads only the dumps after it: a base is built from the previous
+base plus the dumps after it, never from the whole history.
+
+Crash safety: every part is written under a temporary name and renamed into place, and
+BASE.json is written last, the same way. A base directory without BASE.json is ignored by
+every reader, so a compaction killed at any point leaves the previous state valid; running it
+again rewrites the parts and commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from deltarec.artifacts import codec
+from deltarec.artifacts.base import (
+    BaseInfo,
+    BasePart,
+    LineageEntry,
+    list_bases,
+    part_relpath,
+    read_base,
+)
+from deltarec.artifacts.expected import ExpectedRows, ExpectedTable
+from deltarec.artifacts.lineage import ExpectedState, cutoffs, expected_state
+from deltarec.artifacts.root import ArtifactRoot
+from deltarec.errors import BadInputError
+from deltarec.faults import failpoint
+
+log = logging.getLogger(__name__)
+
+PART_ROWS = 1 << 20
+"""Rows per part unless told: parts of a table are key ranges of at most this many rows."""
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """What :func:`compact` did: the committed base and whether this call wrote it."""
+
+    base: BaseInfo
+    written: bool
+    dumps_read: int
+
+
+def compact(
+    root: ArtifactRoot,
+    run: str,
+    generation: int | None = None,
+    through_seq: int | None = None,
+    *,
+    tables: Iterable[str] | None = None,
+    part_rows: int = PART_ROWS,
+) -> CompactResult:
+    """Write (or find) the base of ``run``'s ``generation`` through dump ``through_seq``.
+
+    Args:
+        root: the artifact root.
+        run: the run.
+        generation: the generation folded (default: the newest).
+        through_seq: the newest dump folded (default: the generation's newest committed one).
+        tables: only these tables (default: every table); a base of some tables serves the
+            readers of those only, so the default is what retention counts on.
+        part_rows: the most rows of one part.
+
+    Returns:
+        The committed base; ``written`` is False if it was committed already.
+
+    Raises:
+        BadInputError: no generation, no committed dump, or a bad ``part_rows``.
+        MissingDumpError: the chain after the previous base has a hole.
+    """
+    if part_rows < 1:
+        raise BadInputError(f"part_rows must be at least 1, got {part_rows}")
+    generation = generation if generation is not None else root.latest_generation(run)
+    if through_seq is None:
+        seqs = root.list_dumps(run, generation)
+        if not seqs:
+            raise BadInputError(
+                f"run {run!r} generation {generation} under {root.uri} has no committed dump"
+            )
+        through_seq = seqs[-1]
+    if (generation, through_seq) in list_bases(root, run):
+        return CompactResult(read_base(root, run, generation, through_seq), False, 0)
+    state = expected_state(root, run, generation, through_seq)
+    wanted = sorted(state.tables if tables is None else set(tables))
+    unknown = [t for t in wanted if t not in state.tables]
+    if unknown:
+        raise BadInputError(f"run {run!r} generation {generation} has no table {unknown}")
+    base_dir = root.base_dir(run, generation, through_seq)
+    parts: list[BasePart] = []
+    for table in wanted:
+        parts.extend(_write_table(root, base_dir, state.tables[table], part_rows))
+    info = BaseInfo(
+        run=run,
+        generation=generation,
+        through_seq=through_seq,
+        lineage=_lineage(root, state),
+        tables={t: state.tables[t].spec for t in wanted},
+        rows={t: len(state.tables[t].keys) for t in wanted},
+        parts=tuple(parts),
+        base=None if state.base is None else (state.base.generation, state.base.through_seq),
+        last_step=state.manifests[-1].last_step if state.manifests else _base_step(state),
+    )
+    failpoint("compact.base_json")
+    root.write_bytes_atomic(root.base_file(run, generation, through_seq), _json(info))
+    log.info(
+        "base %s: %d rows in %d parts from %s and %d dumps",
+        base_dir,
+        sum(info.rows.values()),
+        len(parts),
+        "no base" if state.base is None else f"base {info.base}",
+        len(state.manifests),
+    )
+    return CompactResult(info, True, len(state.manifests))
+
+
+def _base_step(state: ExpectedState) -> int | None:
+    return state.base.last_step if state.base is not None else None
+
+
+def _json(info: BaseInfo) -> bytes:
+    import json
+
+    return json.dumps(info.to_json(), indent=2).encode()
+
+
+def _lineage(root: ArtifactRoot, state: ExpectedState) -> tuple[LineageEntry, ...]:
+    """Each generation of the lineage with the newest seq folded and its cutoff step."""
+    newest: dict[int, int] = {}
+    if state.base is not None:
+        newest.update({e.generation: e.through_seq for e in state.base.lineage})
+    for m in state.manifests:
+        newest[m.generation] = max(newest.get(m.generation, -1), m.seq)
+    return tuple(
+        LineageEntry(g, newest.get(g, -1), cutoff)
+        for g, cutoff in cutoffs(root, state.run, state.generation)
+    )
+
+
+def _write_table(
+    root: ArtifactRoot, base_dir: str, table: ExpectedTable, part_rows: int
+) -> list[BasePart]:
+    """The parts of one table: its records in key order, ``part_rows`` at a time."""
+    n = len(table.keys)
+    parts = []
+    with ExpectedRows(table) as rows:
+        for p, lo in enumerate(range(0, n, part_rows)):
+            hi = min(n, lo + part_rows)
+            pos = np.arange(lo, hi, dtype=np.int64)
+            data = _part_bytes(table, pos, rows.take(pos))
+            relpath = part_relpath(table.table, p)
+            failpoint("compact.part")
+            root.write_bytes_atomic(posixpath.join(base_dir, relpath), data)
+            parts.append(
+                BasePart(
+                    path=relpath,
+                    table=table.table,
+                    rows=hi - lo,
+                    bytes=len(data),
+                    sha256=hashlib.sha256(data).hexdigest(),
+                    min_key=int(table.keys[lo]),
+                    max_key=int(table.keys[hi - 1]),
+                )
+            )
+    return parts
+
+
+def _part_bytes(table: ExpectedTable, pos: np.ndarray, embedding: np.ndarray) -> bytes:
+    """One part as parquet: key, embedding, op, step, version (SPEC §3a)."""
+    spec = table.spec
+    shard = codec.to_arrow(table.keys[pos], embedding, table.ops[pos], table.steps[pos], spec.dtype)
+    arrow = shard.append_column(
+        pa.field(codec.VERSION, pa.int64(), nullable=False),
+        pa.array(np.asarray(table.versions[pos], np.int64)),
+    )
+    buf = io.BytesIO()
+    pq.write_table(arrow, buf, row_group_size=codec.row_group_rows(spec.dtype, spec.dim))
+    return buf.getvalue()
