@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from deltarec.errors import BadInputError, ConfigError
-from deltarec.serving.api import STATUS_ERROR, public_status
+from deltarec.serving.api import STATUS_ERROR, Refused, _Budget, public_status
 from deltarec.serving.follow import FixedPointer, Follower
 from deltarec.serving.http import ReplicaServer
 from deltarec.serving.limits import TOKEN_ENV, TOKEN_FILE_ENV, ServeLimits, token_from_env
@@ -243,6 +244,23 @@ def test_status_answers_no_store_details():
     out = public_status(status)
     assert out["error"] == STATUS_ERROR and out["run"] == RUN
     assert out["blocked"] == "gap at s3://..." and status["blocked"].startswith("gap at s3://b")
+
+
+def test_a_request_that_finds_no_room_in_flight_waits_then_gets_503_with_retry_after():
+    async def run() -> tuple[int, dict, int]:
+        budget = _Budget(100)
+        async with budget.hold(80, timeout=1.0):
+            with pytest.raises(Refused) as e:
+                async with budget.hold(30, timeout=0.05):
+                    pass
+            async with budget.hold(20, timeout=0.05):  # fits beside the first
+                pass
+        async with budget.hold(100, timeout=0.05):  # all of it once released
+            pass
+        return e.value.status, e.value.headers, budget.free
+
+    status, headers, free = asyncio.run(run())
+    assert status == 503 and headers == {"Retry-After": "1"} and free == 100
 
 
 def test_limits_that_cannot_hold_one_request_are_refused():
