@@ -268,3 +268,36 @@ def test_verify_promote_inspect_and_a_replica_start_from_the_base_once_dumps_are
         want = [h.state[t][k][1] == 0 for k in keys.tolist()]
         assert found.tolist() == want
         assert versions[found].tolist() == [h.state[t][k][0] for k in keys[found].tolist()]
+
+
+def _verify_all(tmp_path, h, url) -> dict:
+    report = tmp_path / "verify.json"
+    loc = ["--artifacts", h.root.uri, "--run", RUN, "--store", url]
+    assert main(["verify", *loc, "--all", "--json", str(report)]) in (0, 1)
+    return json.loads(report.read_text())
+
+
+def test_an_empty_store_and_a_lagging_one_are_published_from_the_base(tmp_path, capsys):
+    h = History(ArtifactRoot(str(tmp_path / "art")))
+    info = h.generation()
+    h.dump(info, 0, DumpKind.SNAPSHOT, n=100)
+    h.dump(info, 1, evict=1)
+    lagging = f"sqlite:///{tmp_path / 'lagging.db'}"
+    loc = ["--artifacts", h.root.uri, "--run", RUN]
+    assert main(["publish", *loc, "--store", lagging]) == 0
+    for seq in range(2, 7):
+        h.dump(info, seq, evict=1)
+    compact(h.root, RUN, through_seq=5)
+    for seq in range(0, 6):
+        shutil.rmtree(h.root.dump_dir(RUN, info.generation, seq))
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    for url in (empty, lagging):
+        capsys.readouterr()
+        assert main(["publish", *loc, "--store", url, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert [p["seq"] for p in out["parts"]] == [6, 6]  # the base, then the dump after it
+        result = _verify_all(tmp_path, h, url)
+        assert result["passed"] is True, result
+        capsys.readouterr()
+        assert main(["publish", *loc, "--store", url, "--json"]) == 0  # nothing left
+        assert json.loads(capsys.readouterr().out)["parts"] == []

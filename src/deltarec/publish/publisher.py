@@ -34,6 +34,7 @@ from deltarec.errors import BadInputError, ConfigError
 from deltarec.faults import failpoint
 from deltarec.ids import validate_run
 from deltarec.publish.ahead import parts_checked_ahead
+from deltarec.publish.frombase import start_from_base
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.snapshot import finish_snapshot
@@ -553,14 +554,19 @@ class DumpPublisher:
         """Publish every committed dump of ``generation`` the store does not hold yet.
 
         Dumps go in ``seq`` order, each rank's part from the artifacts; parts already complete
-        per the progress marks are skipped, partial ones resume after their mark. Into SQLite,
+        per the progress marks are skipped, partial ones resume after their mark. A store that
+        holds nothing of the generation, or lacks dumps retention removed, starts from the
+        generation's newest base (:mod:`deltarec.publish.frombase`). Into SQLite,
         the parts of a dump go together where they can (:mod:`deltarec.publish.together`). Snapshots
         whose parts are all in are completed even if nothing was left to write.
         """
         self.prepare(generation)
         results = []
         todo = set(self.pending(generation, ranks))
+        based = start_from_base(self, generation, ranks)  # an empty or lagging store
         for seq in self.root.list_dumps(self.run, generation):
+            if seq <= based:
+                continue
             manifest = self.root.read_manifest(self.run, generation, seq)
             mine = [
                 rank
