@@ -7,7 +7,7 @@ dump or none of it. The writer (one thread, :class:`~deltarec.serving.follow.Fol
 up to three series of snapshots, each a :class:`Line` of one generation:
 
 * the **current** line, served, which may follow its generation's newer dumps;
-* a **shadow** line: a newer generation applied beside it, made current by :meth:`swap_in`
+* a **shadow** line: a newer generation applied beside it, made current by :meth:`install`
   when that generation is promoted;
 * the **previous** line: the one a swap replaced, kept so a rollback swaps straight back.
 

@@ -76,7 +76,7 @@ class LowestVersion:
 class RelationalStore(RunViews, SqlRegistry, Store):
     """Rows and registry of the SQL backends: provisioning, the registry tables, snapshots.
 
-    Subclasses provide the connection (:meth:`_tx`, :meth:`_fetch`, :meth:`_exec`), the view
+    Subclasses provide the connection (:meth:`_tx`, :meth:`_rows`, :meth:`_exec`), the view
     DDL, and the row operations.
     """
 

@@ -6,7 +6,7 @@ given back once its bytes are written. Pinned memory is never allocated while tr
 H200 host, which stalled the training thread's kernel launches for as long.
 
 One :class:`CopyEngine` per device owns the copy stream that every device→host copy of the
-dumps runs on (:func:`_engine`); outside a ring, chunks are pinned one by one through torch's
+dumps runs on (:func:`copy_engine`); outside a ring, chunks are pinned one by one through torch's
 caching host allocator. Used by :mod:`deltarec.tracking.gather`.
 """
 
