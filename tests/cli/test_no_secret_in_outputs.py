@@ -5,11 +5,15 @@ pipelines and (for training) the ranks' command lines are searched for them."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -106,9 +110,48 @@ def test_no_command_prints_writes_or_logs_a_planted_secret(stores, tmp_path):
             assert "error" in done.stderr, name  # one clear error, without the value
     echoed = _run(runs["unrecognized"][0], tmp_path).stderr
     assert "unrecognized arguments: postgresql://" in echoed and ":***@127.0.0.1" in echoed
+    served = _serve_and_read(good, tmp_path / "replica")
+    assert '"ready": true' in served and not _leaks(served), served
     written = _files_text(out) + _files_text(Path(root.path))
     assert '"passed": true' in written and "postgres" in written  # records and results are there
     assert not _leaks(written)
+
+
+def _serve_and_read(args, state: Path) -> str:
+    """Run ``deltarec -v serve`` on the promoted generation, read its status, health and
+    metrics, stop it; everything it answered and logged."""
+    from deltarec.ports import free_port
+
+    port = free_port()
+    cmd = [*CLI, "-v", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--state-dir", str(state), "--poll-seconds", "0.2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    answers = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=2) as r:
+                    status = r.read().decode()
+                if json.loads(status).get("ready"):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        for path in ("/v1/status", "/healthz", "/readyz", "/metrics", "/v1/tables"):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    answers.append(r.read().decode())
+            except urllib.error.HTTPError as e:
+                answers.append(e.read().decode())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+    return "\n".join([*answers, stdout.decode(), stderr.decode()])
 
 
 def _argv_of_children(pid: int) -> list[str]:
