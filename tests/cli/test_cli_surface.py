@@ -154,6 +154,15 @@ FROZEN: dict[str, dict[str, F]] = {
         "--part-rows": F("int"),
         "--json": F("switch", False),
     },
+    "gc": {
+        "--artifacts": F("str", required=True),
+        "--run": F("str", required=True),
+        "--store": F("str+", required=True),
+        "--keep-promotions": F("int", 3),
+        "--checkpoint": F("str+", []),
+        "--dry-run": F("switch", False),
+        "--json": F("switch", False),
+    },
     "serve": {
         **LOCATION,
         "--device": F("str", "cpu"),
@@ -268,6 +277,7 @@ def test_cli_command_names_are_frozen():
         "rollback",
         "inspect",
         "compact",
+        "gc",
         "serve",
         "pipeline",
     ]

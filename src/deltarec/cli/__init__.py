@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "rollback": "restore serving to a promoted generation",
     "inspect": "list generations, dumps, tables, rows and bytes under an artifact root",
     "compact": "fold a generation's dumps into a base that readers start from",
+    "gc": "delete the dumps and bases of a run that a newer base covers and nothing needs",
     "serve": "serve a run's promoted tables and dense state from memory (a replica, HTTP)",
     "pipeline": "compile, submit or locally run the pipeline on Kubeflow or Airflow",
 }

@@ -1,0 +1,105 @@
+"""``deltarec gc``: delete the dumps and bases of a run that a newer base covers and nothing needs.
+
+SPEC §3a. What still needs them is read from the stores (``--store``, repeatable): their kept
+promotions (rollback targets) and their progress marks; kept checkpoints are named with
+``--checkpoint G:STEP``. ``--dry-run`` lists every path with what would happen and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from deltarec.cli.common import add_location_arguments
+from deltarec.errors import BadInputError
+
+KEEP_PROMOTIONS = 3
+"""Rollback targets kept unless told: the newest promotions of the run, distinct points."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``deltarec gc``."""
+    add_location_arguments(parser, store=False)
+    parser.add_argument(
+        "--store",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a store the run publishes to (repeatable): its promotions and progress count",
+    )
+    parser.add_argument(
+        "--keep-promotions",
+        type=int,
+        default=KEEP_PROMOTIONS,
+        metavar="N",
+        help=f"rollback targets kept: the newest N promotions (default {KEEP_PROMOTIONS})",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="G:STEP",
+        help="a checkpoint a restore may come back to (repeatable)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="list, delete nothing")
+    parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
+
+
+def _checkpoints(values: list[str]) -> list[tuple[int, int]]:
+    out = []
+    for v in values:
+        g, _, step = v.partition(":")
+        try:
+            out.append((int(g), int(step)))
+        except ValueError:
+            raise BadInputError(f"--checkpoint {v!r}: expected G:STEP, e.g. 3:1200") from None
+    return out
+
+
+def _needs(args: argparse.Namespace, generations: list[int]):  # type: ignore[no-untyped-def]
+    from deltarec.artifacts.retention import Needs
+    from deltarec.stores import open_store
+
+    if args.keep_promotions < 0:
+        raise BadInputError(f"--keep-promotions must be >= 0, got {args.keep_promotions}")
+    needs = Needs(checkpoints=_checkpoints(args.checkpoint))
+    for url in args.store:
+        with open_store(url, args.artifacts) as store:
+            points: list[tuple[int, int]] = []
+            for p in reversed(store.registry.serving_history(args.run)):
+                if (p.generation, p.seq) not in points:
+                    points.append((p.generation, p.seq))
+            needs.promotions.extend(points[: args.keep_promotions])
+            held = {}
+            for g in generations:
+                marks = store.registry.progress(args.run, g)
+                held[g] = max((m.seq for m in marks if m.complete), default=-1)
+            needs.stores[store.describe()] = held
+    return needs
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan (and unless ``--dry-run``, apply) the run's retention; print every decision."""
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.retention import apply, plan
+
+    root = ArtifactRoot(args.artifacts)
+    gens = root.list_generations(args.run)
+    if not gens:
+        raise BadInputError(f"run {args.run!r} has no generation under {root.uri}")
+    decisions = plan(root, args.run, _needs(args, gens))
+    deleted = 0 if args.dry_run else apply(root, args.run, decisions)
+    if args.json:
+        rows = [
+            {"path": d.path, "kind": d.kind, "delete": d.delete, "reason": d.reason}
+            for d in decisions
+        ]
+        print(json.dumps({"dry_run": args.dry_run, "deleted": deleted, "paths": rows}, indent=2))
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    for d in decisions:
+        print(f"{verb if d.delete else 'keep':>12}  {d.path}  ({d.reason})")
+    gone = sum(d.delete for d in decisions)
+    print(f"{verb} {gone} of {len(decisions)} dumps and bases of run {args.run!r}", file=sys.stderr)
+    return 0
