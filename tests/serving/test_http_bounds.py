@@ -187,6 +187,30 @@ def test_a_half_sent_head_or_body_is_answered_408_and_closed(served):
     assert time.monotonic() - started < 4.5  # not the 5 s socket timeout of the client
 
 
+def test_a_client_that_does_not_read_its_answer_is_cut_off_and_its_bytes_freed(outbox):
+    g = outbox.first_generation()
+    follower = Follower(Replica(outbox.root, RUN), FixedPointer(ServingPointer(RUN, g, 1, 1.0)))
+    follower.poll()
+    with ReplicaServer(follower, limits=ServeLimits(request_timeout_s=0.5)) as server:
+        n = 1 << 20  # 41 MiB of answer: more than the sockets' buffers hold
+        body = b"\0" * (8 * n)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", server.port))
+            head = f"POST /v1/rows?table={T_EMB} HTTP/1.1\r\nHost: x\r\nContent-Length: {8 * n}\r\n"
+            s.sendall(head.encode() + b"\r\n" + body)
+            deadline = time.monotonic() + 10
+            while server._app._budget.free < server.limits.max_inflight_bytes:
+                assert time.monotonic() < deadline, "the answer's bytes were never freed"
+                time.sleep(0.1)
+            s.settimeout(10)
+            received = 0
+            while chunk := s.recv(1 << 20):
+                received += len(chunk)
+        assert received < 41 * n  # the connection closed before the whole answer
+        assert get(server.port, "/healthz")[0] == 200
+
+
 def test_an_endless_head_is_431(served):
     head = b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4096 + b"\r\n\r\n"
     status, message = error(exchange(served.port, head))

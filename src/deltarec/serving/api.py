@@ -323,6 +323,18 @@ class ReplicaApp:
             if req.path.startswith("/v1/"):
                 self._authorize(req)
             await handler(req)
+        except TimeoutError as e:
+            if not req.started:
+                await self._refuse(req, e)
+                return
+            # The client did not read the answer in time: returning unfinished makes the
+            # server close the connection, which frees the request's bytes.
+            log.warning(
+                "replica: %s %s: the client did not read the answer within %g s; closed",
+                req.method,
+                req.path,
+                self.limits.request_timeout_s,
+            )
         except Exception as e:  # every failure before the answer is an answer
             if req.started:
                 raise
