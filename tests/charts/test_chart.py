@@ -78,11 +78,22 @@ def test_chart_renders_config_rbac_for_trainjobs_pytorchjobs_and_the_scheduled_v
     assert c["image"] == "ghcr.io/deltarec/deltarec-tools:0.1.0"
     assert c["command"] == ["deltarec"] and c["args"][:2] == ["pipeline", "verify-serving"]
     assert "$(DELTAREC_STORE_URL)" in c["args"] and c["args"][-1] == "10000"
+    assert "--run" not in c["args"]  # the scheduled check follows the run that serves
     assert c["envFrom"] == [{"configMapRef": {"name": "dr-deltarec-config"}}]
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
     assert refs == {k: {"name": "deltarec-credentials", "key": k, "optional": True}
                     for k in CREDENTIAL_ENV}  # fmt: skip
     assert job["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_scheduled_check_can_be_pinned_to_the_chart_run_which_must_serve():
+    pinned = {**VALUES, "verifyCronJob": {"enabled": True, "schedule": "*/30 * * * *",
+                                          "sample": 10000, "followServing": False}}  # fmt: skip
+    objs = objects(render(pinned))
+    job = objs[("CronJob", "dr-deltarec-verify")]["spec"]["jobTemplate"]["spec"]["template"]
+    (c,) = job["spec"]["containers"]
+    i = c["args"].index("--run")
+    assert c["args"][i + 1] == "$(DELTAREC_RUN)"
 
 
 def test_chart_options_drop_the_cronjob_and_bind_extra_service_accounts():

@@ -203,6 +203,7 @@ FROZEN: dict[str, dict[str, F]] = {
     },
     "pipeline verify-serving": {
         **LOCATION,
+        "--run": F("str"),  # default: every run that serves
         "--sample": F("int", 10000),
         "--json": F("str"),
         "--report": F("str"),

@@ -2,7 +2,8 @@
 
 As a team ships it: run ``one`` trains (2 ranks, publishing while it trains) and is promoted;
 run ``two`` (another seed) trains into the same store while ``one`` serves, is verified,
-promoted, and serving is rolled back to ``one``. After each step the rows serving reads are
+promoted, and serving is rolled back to ``one`` (docs/runs.md's take-over, with its scheduled
+checks of who serves). After each step the rows serving reads are
 compared, key by key, with the final tables (``--export-tables``) of the run that serves, and
 each run's own rows with its own final tables.
 """
@@ -82,7 +83,21 @@ def test_a_new_run_takes_serving_over_and_rollback_returns_it_key_by_key(tmp_pat
 
     assert _cli("promote", *common, "--run", "two", "--generation", "1") == 0
     _assert_reads(store, None, two)
+    # docs/runs.md: the scheduled check follows who serves, and names it
+    capsys.readouterr()
+    assert _cli("pipeline", "verify-serving", *common, "--sample", "0") == 0
+    out = capsys.readouterr().out
+    assert "serving: run 'two' generation 1 dump 4" in out
+    assert "checked run 'two' generation 1 dump 4: PASS" in out
+    assert _cli("pipeline", "verify-serving", *common, "--run", "one") == 1
+    err = capsys.readouterr().err
+    assert "run 'one' does not serve: serving is run 'two' generation 1 dump 4" in err
+
     assert _cli("rollback", *common, "--run", "one", "--to-generation", "1") == 0
+    out = capsys.readouterr().out
+    assert "serving before: run 'two' generation 1 dump 4" in out
+    assert "serving after: run 'one' generation 1 dump 4" in out and ": equal" in out
     _assert_reads(store, None, one)
     _assert_reads(store, "two", two)  # two's rows stay as they were
-    capsys.readouterr()
+    assert _cli("pipeline", "verify-serving", *common, "--sample", "0") == 0
+    assert "checked run 'one' generation 1 dump 4: PASS" in capsys.readouterr().out

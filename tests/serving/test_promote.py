@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+from tests._helpers.artifacts import Lineage
 
 from deltarec.artifacts import Parent
 from deltarec.artifacts.lineage import expected_state
 from deltarec.promote import promote, rollback
 from deltarec.serving.follow import Follower, FollowOptions, StorePointer
 from deltarec.serving.replica import Replica
+from deltarec.stores import open_store
 from deltarec.verify import verify, write_record
 
 from .conftest import RUN, T_EMB, T_ZCH
@@ -150,4 +152,31 @@ def test_promote_and_rollback_move_dense_and_sparse_together(outbox, store, stor
     gen, dense, row = served()
     assert (gen, dense) == (g1, 1.0)
     np.testing.assert_array_equal(row[0], outbox.expected_row(T_EMB, np.array([1]), 0.0)[0])
+    follower.pointer_source.close()
+
+
+def test_a_replica_of_a_run_that_no_longer_serves_is_not_ready_and_names_the_run_that_does(
+    outbox, store, store_url
+):
+    g1, follower = _serving_first_generation(outbox, store, store_url)
+    assert follower.readiness() == (True, "ready") and follower.status().serves is True
+    other = Lineage(outbox.root, run="two")
+    with open_store(store_url, outbox.root.uri, run="two") as two:
+        o1 = other.first_generation()
+        other.publish(two, o1)
+        result = verify(other.root, "two", two, generation=o1, store_url=two.describe())
+        write_record(other.root, result)
+        promote(other.root, "two", two, o1)  # two takes serving over
+    follower.poll()
+    ready, why = follower.readiness()
+    assert not ready
+    assert why == f"not ready: run {RUN!r} does not serve: serving is run 'two' generation 1 dump 1"
+    status = follower.status()
+    assert (status.ready, status.serves) == (False, False)
+    assert set(status.serving["tables"].values()) == {"two"}
+    assert status.serving["runs"] == {"two": {"generation": 1, "seq": 1}}
+    assert_replica_holds(follower.replica, outbox.root, g1, 1)  # rows kept, not advertised
+    rollback(outbox.root, RUN, store, g1)  # RUN serves again
+    follower.poll()
+    assert follower.readiness() == (True, "ready")
     follower.pointer_source.close()

@@ -67,9 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--json", metavar="PATH", help="write the run's result as JSON")
     _param_arguments(run)
 
-    vs = sub.add_parser("verify-serving", help="verify the promoted generation (scheduled check)")
+    vs = sub.add_parser("verify-serving", help="verify what serving reads (scheduled check)")
     vs.add_argument("--artifacts", required=True, metavar="ROOT", help="artifact root")
-    vs.add_argument("--run", required=True, help="run name")
+    vs.add_argument(
+        "--run",
+        default=None,
+        help="check this run, which must serve (default: every run that serves, at its pointer)",
+    )
     vs.add_argument("--store", required=True, metavar="URL", help="store URL")
     vs.add_argument("--sample", type=int, default=10000, help="keys per table; 0: every key")
     vs.add_argument("--json", metavar="PATH", help="write verify's JSON document")
@@ -291,19 +295,24 @@ def _verify_serving(args: argparse.Namespace) -> int:
     from deltarec.orchestrate.steps import verify_serving
 
     require_existing_store(args.store)
-    outcome = verify_serving(
+    check = verify_serving(
         args.artifacts, args.run, args.store, args.sample,
         json_path=args.json, report_path=args.report,
     )  # fmt: skip
-    what = (
-        f"run {args.run!r} generation {outcome.generation} through dump {outcome.through_seq} "
-        f"(promoted)"
-    )
+    print(f"serving: {check.serving.describe()}")
     report = f"; report {args.report}" if args.report else ""
-    print(
-        f"verify-serving: {what}: {outcome.verdict}, "
-        f"{int(outcome.metrics.get('keys_checked', 0)):,} keys checked{report}"
-    )
-    if not outcome.passed:
-        raise CheckFailedError(f"{what} failed verify: {outcome.failure}")
+    for o in check.outcomes:
+        what = f"run {o.run!r} generation {o.generation} dump {o.through_seq}"
+        verdict = "PASS" if o.passed else f"FAIL ({o.failure})"
+        keys = int(o.metrics.get("keys_checked", 0))
+        print(f"checked {what}: {verdict}, {keys:,} keys checked{report}")
+    if not check.passed:
+        raise CheckFailedError(
+            "; ".join(
+                f"run {o.run!r} generation {o.generation}, which serves, failed verify: "
+                f"{o.failure}"
+                for o in check.outcomes
+                if not o.passed
+            )
+        )
     return 0

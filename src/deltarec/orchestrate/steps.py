@@ -12,8 +12,9 @@ on one node, a PyTorchJob on several.
   :mod:`deltarec.orchestrate.train_step`, the one step with a process boundary);
 * :func:`verify` reads the generation back from the store (:class:`VerifyOutcome`);
 * :func:`promote` makes a verified generation serving's current one;
-* :func:`on_verify_failed` is the FAIL branch: it drops the staging views (staged) or rolls
-  serving back to the last promoted generation (direct), and calls the webhook;
+* :func:`on_verify_failed` is the FAIL branch: it drops the staging views (staged), rolls
+  serving back to the run's last promoted generation only if the run serves (direct), and
+  calls the webhook with who served before and after;
 * :func:`rollback` restores serving to an earlier promoted generation.
 
 Every step is idempotent in the sense of SPEC §7: provision and promote may be repeated, verify
@@ -55,7 +56,14 @@ from deltarec.orchestrate.types import (
     GenerationRecord,
     MetricsLike,
 )
-from deltarec.promote import PromoteResult, RollbackResult, is_staged
+from deltarec.promote import (
+    PromoteResult,
+    RollbackCheckError,
+    RollbackResult,
+    Serving,
+    is_staged,
+    who_serves,
+)
 from deltarec.promote import rollback as rollback_store
 from deltarec.promote.run import promote_generation
 from deltarec.promote.run import rollback as rollback_generation
@@ -72,6 +80,8 @@ __all__ = [
     "FAIL",
     "PASS",
     "FailureAction",
+    "NotServingError",
+    "ServingCheck",
     "VerifyFailedError",
     "VerifyOutcome",
     "call_webhook",
@@ -328,30 +338,83 @@ def _write_outputs(
                 f.write(render(result))
 
 
+@dataclass(frozen=True)
+class ServingCheck:
+    """What the scheduled check of serving looked at, and its verdicts.
+
+    Attributes:
+        serving: who served the store when the check started.
+        outcomes: one verification per serving run checked (at its serving pointer).
+    """
+
+    serving: Serving
+    outcomes: list[VerifyOutcome]
+
+    @property
+    def passed(self) -> bool:
+        """True if every serving run checked passed."""
+        return bool(self.outcomes) and all(o.passed for o in self.outcomes)
+
+
+class NotServingError(CheckFailedError):
+    """The run a check was asked about does not serve (names the run that does)."""
+
+
 def verify_serving(
     artifacts: str,
-    run: str,
+    run: str | None,
     store_url: str,
     sample_size: int,
     *,
     report_path: str | None = None,
     json_path: str | None = None,
-) -> VerifyOutcome:
-    """Verify the generation (and dump) serving is promoted to: the chart's scheduled check.
+) -> ServingCheck:
+    """Verify what serving reads: the chart's scheduled check.
+
+    Who serves is read from the store (:func:`~deltarec.promote.who_serves`). Without ``run``
+    every serving run is verified at the generation and dump its serving pointer names (the
+    check follows a take-over); with ``run``, that run must serve. ``sample_size <= 0``
+    compares every key. With several serving runs, the report and JSON of each go to the
+    paths with ``.<run>`` before the extension.
 
     Raises:
-        BadInputError: ``run`` was never promoted in this store.
+        NotServingError: ``run`` does not serve (the message names who does).
+        BadInputError: no run serves, or a serving run was never promoted.
     """
     with open_store(store_url, artifacts) as s:
-        pointer = s.registry.get_serving(run)
-    if pointer is None:
-        raise BadInputError(f"run {run!r} has no promoted generation in the store")
-    result = run_verification(
-        artifacts, run, store_url, generation=pointer.generation, through_seq=pointer.seq,
-        sample=None if sample_size <= 0 else sample_size, record=False,
-    )  # fmt: skip
-    _write_outputs(result, report_path, json_path, render_html, dumps_json)
-    return outcome_of(result, report_path)
+        serving = who_serves(s)
+    if run is not None and not serving.serves(run):
+        raise NotServingError(serving.not_serving(run))
+    runs = [run] if run is not None else serving.runs
+    if not runs:
+        raise BadInputError(f"no run serves {store_url}: nothing to verify")
+    outcomes = []
+    for r in runs:
+        pointer = serving.pointers.get(r)
+        if pointer is None:
+            raise BadInputError(
+                f"run {r!r} serves {', '.join(serving.tables_of(r))} but has no promoted "
+                "generation in the store: promote one first"
+            )
+        result = run_verification(
+            artifacts, r, store_url, generation=pointer.generation, through_seq=pointer.seq,
+            sample=None if sample_size <= 0 else sample_size, record=False,
+        )  # fmt: skip
+        many = len(runs) > 1
+        report, doc = (_per_run(p, r) if many else p for p in (report_path, json_path))
+        _write_outputs(result, report, doc, render_html, dumps_json)
+        outcomes.append(outcome_of(result, report))
+        log.info("verify-serving: run %s generation %d dump %d: %s %s", r, pointer.generation,
+                 pointer.seq, outcomes[-1].verdict, outcomes[-1].failure)  # fmt: skip
+    return ServingCheck(serving, outcomes)
+
+
+def _per_run(path: str | None, run: str) -> str | None:
+    """``path`` with ``.<run>`` before its extension (None stays None)."""
+    if path is None:
+        return None
+    head, dot, ext = path.rpartition(".")
+    return f"{head}.{run}.{ext}" if dot and "/" not in ext else f"{path}.{run}"
 
 
 # ---- promote / rollback / the FAIL branch ------------------------------------------------------
@@ -381,12 +444,17 @@ class FailureAction:
     """What the FAIL branch did.
 
     Attributes:
-        action: ``dropped-staging``, ``rolled-back`` or ``nothing-to-undo``.
+        action: ``dropped-staging`` (a staged generation: nothing reached serving; its
+            staging views are dropped), ``rolled-back`` (the failing run served: serving
+            restored to its last promoted generation, and verified), ``serving-unchanged``
+            (the run does not serve: the store is left as it was), ``nothing-to-undo`` (the
+            run serves but was never promoted: there is no generation to go back to).
         rolled_back_to: the generation serving was restored to (``rolled-back``).
-        dropped_views: staging views dropped (``dropped-staging``).
+        dropped_views: staging views dropped.
         webhook_status: the webhook's HTTP status; None when no webhook is set, 0 when the
             call failed.
-        summary: the JSON object sent to the webhook.
+        summary: the JSON object sent to the webhook (with who served before and after).
+        message: one line saying what happened to serving (also logged).
     """
 
     action: str
@@ -394,6 +462,7 @@ class FailureAction:
     dropped_views: int
     webhook_status: int | None
     summary: dict[str, Any]
+    message: str = ""
 
 
 class VerifyFailedError(CheckFailedError):
@@ -404,34 +473,52 @@ class VerifyFailedError(CheckFailedError):
         self.action = action
         super().__init__(
             f"verify of run {outcome.run!r} generation {outcome.generation} failed "
-            f"({outcome.failure}); {action.action}"
-            + (f" to generation {action.rolled_back_to}" if action.rolled_back_to else "")
+            f"({outcome.failure}); {action.action}: {action.message}"
         )
 
 
 def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureAction:
     """Undo what the failed generation did to serving, then call the webhook.
 
-    ``staged``: nothing went live; the generation's staging views are dropped. ``direct``:
-    serving is rolled back to the last promoted generation (at its promoted dump); without
-    one there is nothing to roll back to. The webhook (``webhook_url``) gets the summary as
-    JSON; its failure is logged and does not hide the verify failure.
+    A failed verify changes who serves only if its run serves (SPEC §7):
+
+    * a staged generation never reached serving: its staging views are dropped, serving is
+      unchanged;
+    * the run serves (direct mode): serving is rolled back to the run's last promoted
+      generation at its promoted dump, and the rollback verifies the store against it
+      (:func:`deltarec.promote.rollback`); never promoted: nothing to roll back to;
+    * the run does not serve: the store is left as it was ("serving unchanged: run X
+      generation G", naming who serves).
+
+    The webhook (``webhook_url``) gets the summary as JSON, with who served before and after;
+    its failure is logged and does not hide the verify failure. A rollback whose check fails
+    is reported in the summary (``rollback_check``) and the log.
     """
     root = ArtifactRoot(params.artifact_root)
     run, gen = outcome.run, outcome.generation
+    staged = params.publish_mode is PublishMode.STAGED
     rolled_back_to: int | None = None
-    dropped = 0
+    dropped, check = 0, ""
     with open_store(params.store_url, params.artifact_root, run=run) as store:
-        if params.publish_mode is PublishMode.STAGED or is_staged(store, run, gen):
+        before = who_serves(store)
+        if staged or is_staged(store, run, gen):
             dropped = store.drop_staging(run, gen)
+            staged = True
+        pointer = store.registry.get_serving(run)
+        if staged:
             action = "dropped-staging"
+        elif not before.serves(run):
+            action = "serving-unchanged"
+        elif pointer is None:
+            action = "nothing-to-undo"
         else:
-            pointer = store.registry.get_serving(run)
-            if pointer is None:
-                action = "nothing-to-undo"
-            else:
+            try:
                 rollback_store(root, run, store, pointer.generation, through_seq=pointer.seq)
-                rolled_back_to, action = pointer.generation, "rolled-back"
+            except RollbackCheckError as e:
+                check = str(e)
+            rolled_back_to, action = pointer.generation, "rolled-back"
+        after = who_serves(store)
+    message = _serving_message(run, action, rolled_back_to, before, after, check)
     summary = {
         "run": run,
         "generation": gen,
@@ -441,12 +528,38 @@ def on_verify_failed(params: PipelineParams, outcome: VerifyOutcome) -> FailureA
         "publish_mode": params.publish_mode.value,
         "action": action,
         "rolled_back_to": rolled_back_to,
+        "rollback_check": check or ("passed" if rolled_back_to is not None else None),
+        "serving_before": {"describe": before.describe(), **before.to_json()},
+        "serving_after": {"describe": after.describe(), **after.to_json()},
+        "message": message,
         "report": outcome.report_path,
         "metrics": outcome.metrics,
     }
     status = call_webhook(params.webhook_url, summary) if params.webhook_url else None
-    log.warning("verify FAILED for run %s generation %d: %s", run, gen, action)
-    return FailureAction(action, rolled_back_to, dropped, status, summary)
+    log.warning("verify FAILED for run %s generation %d: %s", run, gen, message)
+    return FailureAction(action, rolled_back_to, dropped, status, summary, message)
+
+
+def _serving_message(
+    run: str,
+    action: str,
+    rolled_back_to: int | None,
+    before: Serving,
+    after: Serving,
+    check: str,
+) -> str:
+    """One line: what the FAIL branch did to serving, who served before and after."""
+    if action == "rolled-back":
+        head = f"run {run!r} served: rolled back to generation {rolled_back_to}"
+        if check:
+            head += f", but the store does not equal it: {check}"
+    elif action == "nothing-to-undo":
+        head = f"run {run!r} serves but was never promoted: nothing to roll back to"
+    elif action == "dropped-staging":
+        head = f"staging views dropped; serving unchanged: {after.describe()}"
+    else:
+        head = f"serving unchanged: {after.describe()}"
+    return f"{head} (serving before: {before.describe()}; after: {after.describe()})"
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -26,7 +26,7 @@ from deltarec.promote.rollback import (
     promoted_seq,
     rollback,
 )
-from deltarec.promote.serving import Serving, who_serves
+from deltarec.stores.whoserves import Serving, who_serves
 
 __all__ = [
     "NotVerifiedError",

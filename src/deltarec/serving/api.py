@@ -4,7 +4,7 @@
 request                                  answer
 =======================================  ==========================================================
 ``GET /healthz``                         200 while the process runs
-``GET /readyz``                          200 once a generation is served, else 503
+``GET /readyz``                          200 once a generation is served and its run serves; 503
 ``GET /v1/status``                       :class:`~deltarec.serving.types.ReplicaStatus` as JSON
                                          (without store details: see :func:`public_status`)
 ``GET /v1/tables``                       table id -> ``{dim, dtype, kind, rows}``
@@ -389,10 +389,8 @@ class ReplicaApp:
         await req.answer(200, [b"ok\n"], "text/plain")
 
     async def _readyz(self, req: _Request) -> None:
-        ready = self.follower.replica.current is not None
-        await req.answer(
-            200 if ready else 503, [b"ready\n" if ready else b"not ready\n"], "text/plain"
-        )
+        ready, why = self.follower.readiness()
+        await req.answer(200 if ready else 503, [f"{why}\n".encode()], "text/plain")
 
     async def _metrics(self, req: _Request) -> None:
         await req.answer(200, [generate_latest(self.metrics.registry)], CONTENT_TYPE_LATEST)

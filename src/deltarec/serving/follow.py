@@ -34,12 +34,18 @@ from deltarec.serving.replica import Line, Replica, manifest_digest, taken_at
 from deltarec.serving.state import load_line, read_state, save_state
 from deltarec.serving.types import DuplicateDumpError, Position, ReplicaStatus, SequenceError
 from deltarec.stores.types import ServingPointer
+from deltarec.stores.whoserves import Serving, who_serves
 
 log = logging.getLogger(__name__)
 
 
 class PointerSource(Protocol):
-    """Where the serving pointer of the run is read."""
+    """Where the serving pointer of the run is read.
+
+    A source may also tell who serves the store (``serving() -> Serving | None``, as
+    :class:`StorePointer` does); the follower then reports it and is not ready while its run
+    does not serve.
+    """
 
     def current(self) -> ServingPointer | None:
         """The current pointer, or None if the run was never promoted."""
@@ -66,6 +72,16 @@ class StorePointer:
             self._store = open_store(self.url, self.artifacts, run=self.run)
         try:
             return self._store.registry.get_serving(self.run)  # type: ignore[no-any-return]
+        except StoreError:
+            self.close()
+            raise
+
+    def serving(self) -> Serving | None:
+        """Who serves the store (read with the pointer, in the same round)."""
+        if self._store is None:
+            return None
+        try:
+            return who_serves(self._store)
         except StoreError:
             self.close()
             raise
@@ -133,6 +149,8 @@ class Follower:
         self.pointer_source = pointer
         self.options = options or FollowOptions()
         self.pointer: ServingPointer | None = None
+        self.serving: Serving | None = None
+        """Who serves the store, as last read (None: the pointer source does not say)."""
         self.blocked: str | None = None
         """Why the replica does not advance (a gap, a duplicate, a corrupted dump), or None."""
         self.error: str | None = None
@@ -234,6 +252,14 @@ class Follower:
     def _poll(self) -> None:
         pointer = self.pointer_source.current()
         self.pointer = pointer
+        serving = getattr(self.pointer_source, "serving", None)
+        was = self.serving
+        self.serving = serving() if callable(serving) else None
+        if self.serving is not None and self.serving != was:
+            if self.serving.serves(self.run):
+                log.info("replica of run %r: serving is %s", self.run, self.serving.describe())
+            else:
+                log.warning("replica of run %r: %s", self.run, self.serving.not_serving(self.run))
         if pointer is None:
             return
         key = (pointer.generation, pointer.seq, pointer.promoted_at)
@@ -404,6 +430,19 @@ class Follower:
         self._save(force=True)
 
     # ---- status ----------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready, why)``: what ``GET /readyz`` answers.
+
+        Ready once a generation is served and while the replica's run serves the store (as far
+        as the pointer source says); a replica of a run that no longer serves is not ready and
+        names the run that does.
+        """
+        if self.replica.current is None:
+            return False, "not ready: no generation served yet"
+        if self.serving is not None and not self.serving.serves(self.run):
+            return False, f"not ready: {self.serving.not_serving(self.run)}"
+        return True, "ready"
+
     def status(self) -> ReplicaStatus:
         """What the replica serves now and how far behind it is."""
         r = self.replica
@@ -419,9 +458,12 @@ class Follower:
                 f"a round has been applying one dump for {overrun:.0f} s, past its "
                 f"{self.options.round_deadline_s:g} s deadline"
             )
+        if self.serving is not None:
+            st.serves = self.serving.serves(self.run)
+            st.serving = {"describe": self.serving.describe(), **self.serving.to_json()}
         if snap is not None:
             p = snap.position
-            st.ready = True
+            st.ready = self.readiness()[0]
             st.generation, st.seq, st.version = p.generation, p.seq, p.version
             st.dense_step = snap.dense.info.step if snap.dense is not None else None
             st.tables = {

@@ -94,7 +94,12 @@ class ReplicaStatus:
 
     Attributes:
         run: the run it serves.
-        ready: it holds a generation and answers lookups.
+        ready: it holds a generation and answers lookups, and its run serves the store (what
+            ``GET /readyz`` says).
+        serves: whether its run serves the store (at least one table); None where the replica
+            does not read who serves (a fixed pointer).
+        serving: who serves the store: ``{describe, tables: {table: run}, runs: {run:
+            {generation, seq}}}`` (None likewise).
         generation, seq, version: the point it serves (0 when not ready).
         pointer: the serving pointer it follows (``{generation, seq, promoted_at}``).
         shadow: the newer generation applied beside it, waiting for promote (or None).
@@ -113,6 +118,8 @@ class ReplicaStatus:
 
     run: str
     ready: bool = False
+    serves: bool | None = None
+    serving: dict[str, Any] | None = None
     generation: int = 0
     seq: int = 0
     version: int = 0
