@@ -208,7 +208,7 @@ def test_pipeline_verify_serving_prints_its_verdict(published, capsys):
     assert main(["pipeline", "verify-serving", *published, "--sample", "0"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [
-        "verify-serving: run 'ctr' generation 1 through dump 0 (promoted): PASS, 9 keys checked"
+        "verify-serving: run 'ctr' generation 1 through dump 0 (serving): PASS, 9 keys checked"
     ]
 
 

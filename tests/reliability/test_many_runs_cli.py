@@ -87,8 +87,7 @@ def test_a_new_run_takes_serving_over_and_rollback_returns_it_key_by_key(tmp_pat
     capsys.readouterr()
     assert _cli("pipeline", "verify-serving", *common, "--sample", "0") == 0
     out = capsys.readouterr().out
-    assert "serving: run 'two' generation 1 dump 4" in out
-    assert "checked run 'two' generation 1 dump 4: PASS" in out
+    assert "verify-serving: run 'two' generation 1 through dump 4 (serving): PASS" in out
     assert _cli("pipeline", "verify-serving", *common, "--run", "one") == 1
     err = capsys.readouterr().err
     assert "run 'one' does not serve: serving is run 'two' generation 1 dump 4" in err
@@ -100,4 +99,5 @@ def test_a_new_run_takes_serving_over_and_rollback_returns_it_key_by_key(tmp_pat
     _assert_reads(store, None, one)
     _assert_reads(store, "two", two)  # two's rows stay as they were
     assert _cli("pipeline", "verify-serving", *common, "--sample", "0") == 0
-    assert "checked run 'one' generation 1 dump 4: PASS" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "verify-serving: run 'one' generation 1 through dump 4 (serving): PASS" in out

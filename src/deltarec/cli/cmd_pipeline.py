@@ -299,20 +299,13 @@ def _verify_serving(args: argparse.Namespace) -> int:
         args.artifacts, args.run, args.store, args.sample,
         json_path=args.json, report_path=args.report,
     )  # fmt: skip
-    print(f"serving: {check.serving.describe()}")
     report = f"; report {args.report}" if args.report else ""
-    for o in check.outcomes:
-        what = f"run {o.run!r} generation {o.generation} dump {o.through_seq}"
-        verdict = "PASS" if o.passed else f"FAIL ({o.failure})"
+    for o in check.outcomes:  # one line per run that serves (several serve different tables)
+        what = f"run {o.run!r} generation {o.generation} through dump {o.through_seq} (serving)"
         keys = int(o.metrics.get("keys_checked", 0))
-        print(f"checked {what}: {verdict}, {keys:,} keys checked{report}")
-    if not check.passed:
-        raise CheckFailedError(
-            "; ".join(
-                f"run {o.run!r} generation {o.generation}, which serves, failed verify: "
-                f"{o.failure}"
-                for o in check.outcomes
-                if not o.passed
-            )
-        )
+        print(f"verify-serving: {what}: {o.verdict}, {keys:,} keys checked{report}")
+    failed = [f"run {o.run!r} generation {o.generation}: {o.failure}" for o in check.outcomes]
+    failed = [f for f, o in zip(failed, check.outcomes, strict=True) if not o.passed]
+    if failed:
+        raise CheckFailedError("what serves failed verify: " + "; ".join(failed))
     return 0

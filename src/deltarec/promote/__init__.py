@@ -26,7 +26,7 @@ from deltarec.promote.rollback import (
     promoted_seq,
     rollback,
 )
-from deltarec.stores.whoserves import Serving, who_serves
+from deltarec.stores import Serving, who_serves
 
 __all__ = [
     "NotVerifiedError",

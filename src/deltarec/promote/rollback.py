@@ -65,9 +65,9 @@ from deltarec.errors import BadInputError, CheckFailedError
 from deltarec.ids import make_version
 from deltarec.promote.promote import resolve_seq
 from deltarec.publish import DumpPublisher
+from deltarec.stores import Serving, who_serves
 from deltarec.stores.base import Store
 from deltarec.stores.types import ServingPointer
-from deltarec.stores.whoserves import Serving, who_serves
 from deltarec.verify.engine import verify
 from deltarec.verify.options import VerifyOptions
 from deltarec.verify.types import RowClass, VerifyResult

@@ -33,8 +33,8 @@ from deltarec.errors import ArtifactError, DeltarecError, MissingDumpError, Stor
 from deltarec.serving.replica import Line, Replica, manifest_digest, taken_at
 from deltarec.serving.state import load_line, read_state, save_state
 from deltarec.serving.types import DuplicateDumpError, Position, ReplicaStatus, SequenceError
+from deltarec.stores import Serving, who_serves
 from deltarec.stores.types import ServingPointer
-from deltarec.stores.whoserves import Serving, who_serves
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ Exports:
     view_name, check_identifier: physical names of views.
     check_batch: the row checks every backend applies.
     require_sdk, wants_zch_misses: what a store URL asks of a trainer before it starts.
+    who_serves, Serving: who serves a store (the run per table, and its serving pointer).
 """
 
 from deltarec.stores.base import Registry, Store
@@ -40,6 +41,7 @@ from deltarec.stores.types import (
     ViewInfo,
 )
 from deltarec.stores.urlneeds import require_sdk, wants_zch_misses
+from deltarec.stores.whoserves import Serving, who_serves
 
 __all__ = [
     "STORE_CLASSES",
@@ -52,6 +54,7 @@ __all__ = [
     "RedisConfig",
     "Registry",
     "RowBatch",
+    "Serving",
     "ServingPointer",
     "SnapshotRecord",
     "SqliteConfig",
@@ -68,4 +71,5 @@ __all__ = [
     "store_class",
     "view_name",
     "wants_zch_misses",
+    "who_serves",
 ]
