@@ -121,6 +121,23 @@ def test_a_lookup_answers_the_same_rows_as_the_replica_in_json(served, outbox):
     assert status == 200 and json.loads(body)["rows"] == []
 
 
+def test_a_binary_lookup_answers_float32_rows_and_allows_more_ids_than_json(served):
+    ids = list(range(-5, 195))  # 200 ids: over the JSON bound (78), within max_ids (256)
+    body = json.dumps({"table": T_EMB, "ids": ids}).encode()
+    status, headers, answer = post(
+        served.port, "/v1/lookup", body, "Accept: application/octet-stream\r\n"
+    )
+    assert status == 200 and (headers["x-deltarec-rows"], headers["x-deltarec-dim"]) == ("200", "8")
+    rows = np.frombuffer(answer, "<f4").reshape(200, 8)
+    expected = served._app.follower.replica.lookup(T_EMB, np.array(ids)).numpy()
+    np.testing.assert_array_equal(rows, expected)
+    too_many = json.dumps({"table": T_EMB, "ids": list(range(257))}).encode()
+    status, headers, _ = post(
+        served.port, "/v1/lookup", too_many, "Accept: application/octet-stream\r\n"
+    )
+    assert status == 413 and headers["x-deltarec-max-keys"] == "256"  # max_ids
+
+
 def test_an_oversize_body_is_refused_by_its_declared_length_before_it_is_sent(served):
     head = b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 400000000\r\n\r\n"
     status, headers, body = exchange(served.port, head)  # no body follows

@@ -16,7 +16,10 @@ request                                  answer
 ``GET /v1/keys?table=T&after=K&limit=N`` int64 little-endian keys held, ascending, above ``K``
 ``POST /v1/lookup``                      JSON ``{"table": T, "ids": [...]}`` -> ``{"generation",
                                          "seq", "rows": [[float, ...], ...]}`` (decoded; a ZCH
-                                         table answers an id it does not hold with key -1's row)
+                                         table answers an id it does not hold with key -1's row);
+                                         with ``Accept: application/octet-stream``: float32
+                                         little-endian ``[n, dim]``, headers ``X-Deltarec-Rows``,
+                                         ``-Dim``, ``-Generation``, ``-Seq``
 ``GET /v1/freshness``                    the latest dumps made visible: ``[{generation, seq,
                                          taken_at, visible_at}]``
 ``GET /metrics``                         Prometheus text (:mod:`deltarec.serving.metrics`)
@@ -489,17 +492,33 @@ class ReplicaApp:
         widest = max((s.spec.dim for s in snap.tables.values()), default=1) if snap else 1
         ids_most = min(self.limits.max_ids, body_most // 2)
         answer_most = min(ids_most * widest * JSON_VALUE_BYTES, self.limits.max_answer_bytes)
+        binary = "application/octet-stream" in req.headers.get("accept", "")
         async with self._budget.hold(body_most + answer_most, self.limits.queue_timeout_s):
             body = await req.body(self.limits.max_body_bytes(rows=False))
-            table, ids, parts = await self._work(lambda: self._lookup_json(req.path, body))
+            table, ids, values, position = await self._work(
+                lambda: self._lookup_rows(req.path, body, binary)
+            )
             self.metrics.lookups.labels(table).inc(len(ids))
-            await req.answer(200, parts, "application/json")
+            if binary:
+                headers = {
+                    "X-Deltarec-Rows": str(values.shape[0]),
+                    "X-Deltarec-Dim": str(values.shape[1]),
+                    "X-Deltarec-Generation": str(position.generation),
+                    "X-Deltarec-Seq": str(position.seq),
+                }
+                await req.answer(200, [values], "application/octet-stream", headers)
+            else:
+                await req.answer(200, values, "application/json")
 
-    def _lookup_json(self, path: str, body: bytes) -> tuple[str, np.ndarray, list[bytes]]:
-        """Parse, bound, look up and encode one lookup (on a worker thread)."""
+    def _lookup_rows(self, path: str, body: bytes, binary: bool) -> tuple[Any, ...]:
+        """Parse, bound, look up and encode one lookup (on a worker thread).
+
+        Returns ``(table, ids, answer, position)``: the answer is float32 little-endian
+        ``[n, dim]`` when ``binary``, else the JSON text's pieces.
+        """
         table, ids = _parse_lookup(body)
         dim = self._table(table).spec.dim
-        most = self._most_keys(dim * JSON_VALUE_BYTES, self.limits.max_ids)
+        most = self._most_keys(dim * (4 if binary else JSON_VALUE_BYTES), self.limits.max_ids)
         if len(ids) > most:
             raise Refused(
                 413,
@@ -515,8 +534,10 @@ class ReplicaApp:
             else:
                 rows, _found = state.lookup(torch.from_numpy(ids))
                 values = decode_rows(rows, state.spec).cpu().numpy()
+        if binary:
+            return table, ids, np.ascontiguousarray(values, dtype="<f4"), position
         head = b'{"generation": %d, "seq": %d, "rows": [' % (position.generation, position.seq)
-        return table, ids, [head, *_json_rows(values), b"]}"]
+        return table, ids, [head, *_json_rows(values), b"]}"], position
 
     def _most_keys(self, key_bytes: int, cap: int) -> int:
         """The most keys one request may name when each answers ``key_bytes`` bytes."""
