@@ -92,6 +92,7 @@ def test_no_command_prints_writes_or_logs_a_planted_secret(stores, tmp_path):
         "promote": (["-v", "promote", *good, "--generation", "1"], 0),
         "rollback": (["-v", "rollback", *good, "--to-generation", "1"], 0),
         "inspect": (["-v", "inspect", *at, "--json"], 0),
+        "verify-serving": (["-v", "pipeline", "verify-serving", *good, "--sample", "0"], 0),
         "query option": (["promote", *at, "--store", stores["query"], "--generation", "1"], 2),
         "nested URL": (["provision", *at, "--store", stores["nested"]], 2),
         "not a URL": (["provision", *at, "--store", f"u:{URL_SECRET}@db/emb"], 2),
