@@ -127,3 +127,22 @@ def test_train_hands_its_ranks_the_store_url_in_the_environment_not_on_the_comma
     argv, env = rank_argv_and_env(args)
     assert SECRET not in " ".join(argv) and "--store" not in argv and "--run" in argv
     assert env == {RANK_STORE_ENV: store}
+
+
+def test_an_uncaught_crash_of_a_command_prints_its_traceback_masked(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from deltarec import cli\n"
+        "def boom(args): raise RuntimeError('cannot reach postgresql://u:' + 'S3cr3tValue@h/db')\n"
+        "cli._command_module('inspect').run = boom\n"
+        "sys.exit(cli.main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "inspect", "--artifacts", str(tmp_path), "--run", "r"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "RuntimeError: cannot reach postgresql://u:***@h/db" in done.stderr
+    assert SECRET not in done.stderr

@@ -14,8 +14,9 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from deltarec.credentials import redact_text
 from deltarec.errors import BadInputError, CheckFailedError, DeltarecError
@@ -80,6 +81,12 @@ def configure_logging(verbose: bool) -> None:
         logging.getLogger("deltarec").setLevel(logging.DEBUG)
 
 
+def _redacting_excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """Print an uncaught exception's traceback with every URL's credentials masked."""
+    text = "".join(traceback.format_exception(kind, value, tb))
+    sys.stderr.write(redact_text(text))
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; the sub-parser of ``command`` gets its full arguments."""
     parser = _Parser(
@@ -107,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(command)
     args = parser.parse_args(args_list)
     configure_logging(args.verbose)
+    sys.excepthook = _redacting_excepthook  # a crash's traceback may quote a URL too
     try:
         return int(_command_module(args.command).run(args) or 0)
     except BadInputError as e:
