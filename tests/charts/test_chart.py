@@ -220,9 +220,12 @@ def test_the_replicas_port_is_open_only_to_the_releases_pods_labelled_clients_an
     assert not any(kind == "NetworkPolicy" for kind, _ in off)
 
 
-def test_the_charts_credential_keys_are_the_codes_one_list():
+def test_the_charts_credential_keys_and_launcher_token_are_the_codes():
+    from deltarec.orchestrate.types import LAUNCHER_TOKEN_SECRET
+
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["credentials"]["keys"] == list(CREDENTIAL_ENV)
+    assert values["rbac"]["launcherTokenSecret"] == LAUNCHER_TOKEN_SECRET
 
 
 @pytest.mark.parametrize(
