@@ -301,3 +301,30 @@ def test_an_empty_store_and_a_lagging_one_are_published_from_the_base(tmp_path, 
         capsys.readouterr()
         assert main(["publish", *loc, "--store", url, "--json"]) == 0  # nothing left
         assert json.loads(capsys.readouterr().out)["parts"] == []
+
+
+def test_a_backlog_of_small_dumps_is_published_several_at_a_time_and_verifies(tmp_path, capsys):
+    h = History(ArtifactRoot(str(tmp_path / "art")))
+    info = h.generation()
+    h.dump(info, 0, DumpKind.SNAPSHOT, n=100)
+    for seq in range(1, 30):
+        h.dump(info, seq, evict=1)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    loc = ["--artifacts", h.root.uri, "--run", RUN, "--store", url]
+    capsys.readouterr()
+    assert main(["publish", *loc, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted((p["seq"], p["rank"]) for p in out["parts"]) == [
+        (s, r) for s in range(30) for r in range(2)
+    ]
+    from deltarec.stores import open_store
+
+    with open_store(url, run=RUN) as store:
+        marks = store.registry.progress(RUN, info.generation)
+    assert {(m.seq, m.table, m.rank) for m in marks if m.complete} == {
+        (s, t, r) for s in range(30) for t in SPECS for r in range(2)
+    }
+    assert _verify_all(tmp_path, h, url)["passed"] is True
+    capsys.readouterr()
+    assert main(["publish", *loc, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parts"] == []

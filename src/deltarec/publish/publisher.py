@@ -34,6 +34,7 @@ from deltarec.errors import BadInputError, ConfigError
 from deltarec.faults import failpoint
 from deltarec.ids import validate_run
 from deltarec.publish.ahead import parts_checked_ahead
+from deltarec.publish.backlog import backlog_group, publish_group
 from deltarec.publish.frombase import start_from_base
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.retry import RetryPolicy
@@ -533,6 +534,14 @@ class DumpPublisher:
                     out.append((seq, rank))
         return out
 
+    def _untouched(self, generation: int, seqs: list[int]) -> set[int]:
+        """The dumps of ``seqs`` the store holds no mark of (no part begun)."""
+        marks = self._call(
+            lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
+        )
+        assert isinstance(marks, list)
+        return set(seqs) - {m.seq for m in marks}
+
     def _one_by_one(self, manifest: Manifest, ranks: list[int]) -> Iterator[PartResult]:
         """:meth:`publish_dump` of each of ``ranks``' parts, as each is done.
 
@@ -564,9 +573,17 @@ class DumpPublisher:
         results = []
         todo = set(self.pending(generation, ranks))
         based = start_from_base(self, generation, ranks)  # an empty or lagging store
-        for seq in self.root.list_dumps(self.run, generation):
-            if seq <= based:
+        seqs = [s for s in self.root.list_dumps(self.run, generation) if s > based]
+        untouched = self._untouched(generation, seqs) if ranks is None else set()
+        i = 0
+        while i < len(seqs):
+            group = backlog_group(self, generation, seqs[i:], todo, untouched)
+            if group:  # a backlog of small dumps: several in one transaction
+                results.extend(publish_group(self, group, on_part))
+                i += len(group)
                 continue
+            seq = seqs[i]
+            i += 1
             manifest = self.root.read_manifest(self.run, generation, seq)
             mine = [
                 rank
