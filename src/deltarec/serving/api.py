@@ -200,7 +200,7 @@ class _Request:
             )
         return n
 
-    async def body(self, limit: int, headers: Any = None) -> bytes:
+    async def body(self, limit: int, headers: Any = None) -> bytearray:
         """The body, refused (413) once over ``limit`` and (408) if not all there in time."""
         buf = bytearray()
         try:
@@ -214,7 +214,7 @@ class _Request:
                         raise Refused(413, f"{self.path}: the body is over {limit} bytes", headers)
                     if not message.get("more_body", False):
                         self.unread = False
-                        return bytes(buf)
+                        return buf
         except TimeoutError as e:
             raise Refused(
                 408, f"{self.path}: the body was not received within {self._timeout:g} s"
@@ -458,7 +458,8 @@ class ReplicaApp:
         if declared is not None and declared % 8:
             raise BadInputError(f"{req.path}: the body holds {declared} bytes, not int64 keys")
         n_most = most if declared is None else declared // 8
-        async with self._budget.hold(n_most * (8 + row_bytes), self.limits.queue_timeout_s):
+        # The body and its keys, the rows read and the answer built from them: twice each.
+        async with self._budget.hold(n_most * 2 * (8 + row_bytes), self.limits.queue_timeout_s):
             body = await req.body(most * 8, over)
             if len(body) % 8:
                 raise BadInputError(f"{req.path}: the body holds {len(body)} bytes, not int64 keys")
@@ -492,6 +493,9 @@ class ReplicaApp:
         widest = max((s.spec.dim for s in snap.tables.values()), default=1) if snap else 1
         ids_most = min(self.limits.max_ids, body_most // 2)
         answer_most = min(ids_most * widest * JSON_VALUE_BYTES, self.limits.max_answer_bytes)
+        # The parsed ids take up to 8 bytes of list per 2 bytes of JSON (more for ids that are
+        # not small ints, which take more JSON too); the rows looked up and decoded, 8 a value.
+        answer_most += ids_most * widest * 8 + body_most * 8
         binary = "application/octet-stream" in req.headers.get("accept", "")
         async with self._budget.hold(body_most + answer_most, self.limits.queue_timeout_s):
             body = await req.body(self.limits.max_body_bytes(rows=False))
@@ -510,7 +514,7 @@ class ReplicaApp:
             else:
                 await req.answer(200, values, "application/json")
 
-    def _lookup_rows(self, path: str, body: bytes, binary: bool) -> tuple[Any, ...]:
+    def _lookup_rows(self, path: str, body: bytes | bytearray, binary: bool) -> tuple[Any, ...]:
         """Parse, bound, look up and encode one lookup (on a worker thread).
 
         Returns ``(table, ids, answer, position)``: the answer is float32 little-endian
@@ -562,7 +566,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _parse_lookup(body: bytes) -> tuple[str, np.ndarray]:
+def _parse_lookup(body: bytes | bytearray) -> tuple[str, np.ndarray]:
     """``{"table": T, "ids": [int, ...]}`` -> (table, int64 ids); anything else: 400."""
     expected = '/v1/lookup: expected {"table": "<table>", "ids": [<int64>, ...]}'
     try:

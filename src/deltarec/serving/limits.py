@@ -45,9 +45,11 @@ class ServeLimits:
             ``/v1/rows``, ids x dim x :data:`JSON_VALUE_BYTES` for ``/v1/lookup``, keys x 8
             for ``/v1/keys``. Over it: 413 with ``X-Deltarec-Max-Keys``, the most keys of
             that table one request may name.
-        max_inflight_bytes: bytes all requests in flight hold together (bodies read and
-            answers built); a request that does not fit waits up to ``queue_timeout_s``,
-            then gets 503 with ``Retry-After``.
+        max_inflight_bytes: bytes all requests in flight hold together (bodies read,
+            answers built and their working copies, counted before the work: twice the body
+            and answer of a readback); a request that does not fit waits up to
+            ``queue_timeout_s``, then gets 503 with ``Retry-After``. It must hold one largest
+            request.
         max_connections: open connections; a request on any connection beyond it gets 503.
         max_workers: threads doing lookups and encoding answers (the rest wait).
         max_head_bytes: bytes of a request line and headers (over it: 431).
@@ -74,11 +76,11 @@ class ServeLimits:
         for f in fields(self):
             if not getattr(self, f.name) > 0:
                 raise ConfigError(f"replica limit {f.name}={getattr(self, f.name)} must be > 0")
-        if self.max_answer_bytes + self.max_body_bytes(rows=True) > self.max_inflight_bytes:
+        if 2 * (self.max_answer_bytes + self.max_body_bytes(rows=True)) > self.max_inflight_bytes:
             raise ConfigError(
                 f"replica limits: max_inflight_bytes={self.max_inflight_bytes} must hold one "
-                f"largest request (max_answer_bytes={self.max_answer_bytes} plus a body of "
-                f"max_keys={self.max_keys} keys)"
+                f"largest request: twice max_answer_bytes={self.max_answer_bytes} and a body of "
+                f"max_keys={self.max_keys} keys (its answer and body, and their working copies)"
             )
 
     def max_body_bytes(self, rows: bool) -> int:
