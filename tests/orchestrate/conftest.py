@@ -38,14 +38,19 @@ def check_dag_folder(folder, tmp_path):
 
 
 def assert_rolled_back_to_first(webhook, store_url, run="lt"):
-    """Generation 2 of ``run`` failed: the webhook heard of the rollback, and serving points
-    at generation 1 again with a note that says so."""
+    """Generation 2 of ``run`` failed: the webhook heard of the rollback (checked, and who
+    served before and after), and serving points at generation 1 again with a note that says
+    so."""
     from deltarec.stores import open_store
 
     (summary,) = webhook.received
     assert (summary["action"], summary["rolled_back_to"], summary["generation"]) == (
         "rolled-back", 1, 2,
     )  # fmt: skip
+    assert summary["rollback_check"] == "passed"  # the rollback verified every key itself
+    for when in ("serving_before", "serving_after"):  # who served: the failing run, at 1
+        assert set(summary[when]["tables"].values()) == {run}, summary[when]
+        assert summary[when]["runs"][run]["generation"] == 1
     with open_store(store_url) as s:
         pointer = s.registry.get_serving(run)
     assert pointer.generation == 1 and "rollback" in pointer.note

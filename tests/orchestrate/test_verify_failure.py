@@ -110,3 +110,37 @@ def test_fail_branch_of_a_never_promoted_run_has_nothing_to_undo_and_survives_a_
     assert (action.action, action.rolled_back_to, action.webhook_status) == (
         "nothing-to-undo", None, 0,
     )  # fmt: skip
+
+
+def test_kfp_run_of_a_run_that_does_not_serve_fails_and_leaves_serving_to_the_run_that_does(
+    tmp_path, lossy_team, monkeypatch, webhook, capsys
+):
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.lineage import expected_state
+    from deltarec.stores import who_serves
+
+    promoted_generation_one(tmp_path, lossy_team, monkeypatch)  # lt serves
+    other = params(tmp_path, run_name="other")
+    record = train_in_process(lossy_team, monkeypatch, other)
+    assert steps.verify(other, record).passed
+    steps.promote(other, record)  # other takes serving over
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    run_pipeline_locally(
+        tmp_path, capsys, "--run", "lt", "--artifacts", str(tmp_path / "art"),
+        "--store", store, "--steps", "10", "--sample", "0",
+        "--ranks-per-node", "1", "--entry-point", "lossy_team:main", "--tables", TABLES,
+        "--train-args", "--lose-key 3", "--webhook-url", webhook.url, expect=1,
+    )  # fmt: skip
+    (summary,) = webhook.received
+    assert (summary["action"], summary["rolled_back_to"]) == ("serving-unchanged", None)
+    assert summary["serving_before"]["tables"] == {"m.t": "other"}
+    assert summary["serving_after"] == summary["serving_before"]
+    assert summary["message"].startswith("serving unchanged: run 'other' generation 1 dump")
+    with open_store(store) as s:
+        assert who_serves(s).runs == ["other"]
+        assert "rollback" not in s.registry.get_serving("lt").note  # lt was not rolled back
+        state = expected_state(ArtifactRoot(str(tmp_path / "art")), "other", 1)
+        et = state.tables["m.t"]
+        got = s.read("m.t", et.keys)  # what serving reads: other's rows, key by key
+        assert np.array_equal(got.found, et.present)
+        np.testing.assert_array_equal(got.embedding[et.present], et.load(et.present_keys()))
