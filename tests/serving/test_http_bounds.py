@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from deltarec.errors import BadInputError, ConfigError
-from deltarec.serving.api import STATUS_ERROR, Refused, _Budget, public_status
+from deltarec.serving.api import STATUS_ERROR, public_status
+from deltarec.serving.asgi import Budget, Refused
 from deltarec.serving.follow import FixedPointer, Follower
 from deltarec.serving.http import ReplicaServer
 from deltarec.serving.limits import TOKEN_ENV, TOKEN_FILE_ENV, ServeLimits, token_from_env
@@ -289,7 +290,7 @@ def test_status_answers_no_store_details():
 
 def test_a_request_that_finds_no_room_in_flight_waits_then_gets_503_with_retry_after():
     async def run() -> tuple[int, dict, int]:
-        budget = _Budget(100)
+        budget = Budget(100)
         async with budget.hold(80, timeout=1.0):
             with pytest.raises(Refused) as e:
                 async with budget.hold(30, timeout=0.05):

@@ -37,14 +37,11 @@ flight, so the replica's memory stays bounded whatever clients send.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
 import re
-import sys
-import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,6 +51,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from deltarec.artifacts import codec
 from deltarec.errors import BadInputError
+from deltarec.serving.asgi import Budget, Refused, Request
 from deltarec.serving.follow import Follower
 from deltarec.serving.limits import JSON_VALUE_BYTES, ServeLimits
 from deltarec.serving.metrics import ReplicaMetrics
@@ -62,49 +60,14 @@ from deltarec.serving.types import NotReadyError, UnknownTableError
 
 log = logging.getLogger(__name__)
 
-SEND_PIECE = 1 << 20
-"""An answer goes out in pieces of at most this many bytes, each after the last has drained."""
-DRAIN_BYTES = 16 << 20
-"""A refused body declared this long or shorter is read and dropped before the answer."""
 STATUS_ERROR = "the last follow round failed; the replica's log holds the details"
 """What ``GET /v1/status`` answers in ``error`` (the text may name the store's host or user)."""
 
 _JSON_VALUES_PER_PIECE = 1 << 16
-_JOIN_BYTES = 1 << 16
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+")
 
-Handler = Callable[["_Request"], Awaitable[None]]
-
-if sys.version_info >= (3, 11):
-    _deadline = asyncio.timeout
-else:  # pragma: no cover - Python 3.10
-
-    @contextlib.asynccontextmanager
-    async def _deadline(delay: float) -> AsyncIterator[None]:
-        """``asyncio.timeout`` of Python 3.11: cancel the block after ``delay`` s (TimeoutError)."""
-        task = asyncio.current_task()
-        assert task is not None
-        fired = []
-        handle = asyncio.get_running_loop().call_later(
-            delay, lambda: (fired.append(True), task.cancel())
-        )
-        try:
-            yield
-        except asyncio.CancelledError as e:
-            if fired:
-                raise TimeoutError from e
-            raise
-        finally:
-            handle.cancel()
-
-
-class Refused(Exception):
-    """A request answered with an error before its work (status, message, extra headers)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, dict(headers or {})
+Handler = Callable[[Request], Awaitable[None]]
 
 
 def public_status(status: dict[str, Any]) -> dict[str, Any]:
@@ -130,153 +93,6 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-class _Budget:
-    """Bytes the requests in flight may hold together; a request waits for room, bounded."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.free = total, total
-        self._cond: asyncio.Condition | None = None
-
-    @contextlib.asynccontextmanager
-    async def hold(self, nbytes: int, timeout: float) -> AsyncIterator[None]:
-        if self._cond is None:  # created on the serving loop
-            self._cond = asyncio.Condition()
-        cond, nbytes = self._cond, max(0, min(nbytes, self.total))
-        async with cond:
-            if self.free < nbytes:
-                try:
-                    await asyncio.wait_for(cond.wait_for(lambda: self.free >= nbytes), timeout)
-                except asyncio.TimeoutError as e:
-                    raise Refused(
-                        503,
-                        f"busy: no room for {nbytes} bytes within {timeout:g} s",
-                        {"Retry-After": "1"},
-                    ) from e
-            self.free -= nbytes
-        try:
-            yield
-        finally:
-            async with cond:
-                self.free += nbytes
-                cond.notify_all()
-
-
-class _Request:
-    """One HTTP request of the ASGI server: its head, body reader and answer writer."""
-
-    def __init__(self, scope: dict[str, Any], receive: Any, send: Any, timeout: float) -> None:
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        self._query: bytes = scope.get("query_string", b"")
-        self._receive, self._send, self._timeout = receive, send, timeout
-        self.started = False
-        self.unread = self.method == "POST"  # a body may follow the head
-        self.broken = False
-
-    def query(self) -> dict[str, str]:
-        """The query's parameters (the last of a repeated name)."""
-        try:
-            pairs = urllib.parse.parse_qsl(
-                self._query.decode("latin-1"), keep_blank_values=True, max_num_fields=16
-            )
-        except ValueError as e:
-            raise BadInputError(f"{self.path}: the query is not valid: {e}") from e
-        return dict(pairs)
-
-    def content_length(
-        self, limit: int, over: str | None = None, headers: Any = None
-    ) -> int | None:
-        """The declared body length (None: chunked); over ``limit``: 413 before reading it."""
-        text = self.headers.get("content-length")
-        if text is None:
-            return None
-        if not text.isdigit():
-            raise BadInputError(f"{self.path}: Content-Length {text[:32]!r} is not a length")
-        n = int(text)
-        if n > limit:
-            raise Refused(
-                413, over or f"{self.path}: a body of {n} bytes; at most {limit}", headers
-            )
-        return n
-
-    async def body(self, limit: int, headers: Any = None) -> bytearray:
-        """The body, refused (413) once over ``limit`` and (408) if not all there in time."""
-        buf = bytearray()
-        try:
-            async with _deadline(self._timeout):
-                while True:
-                    message = await self._receive()
-                    if message["type"] == "http.disconnect":
-                        raise Refused(400, f"{self.path}: the client left before the body")
-                    buf += message.get("body", b"")
-                    if len(buf) > limit:
-                        raise Refused(413, f"{self.path}: the body is over {limit} bytes", headers)
-                    if not message.get("more_body", False):
-                        self.unread = False
-                        return buf
-        except TimeoutError as e:
-            raise Refused(
-                408, f"{self.path}: the body was not received within {self._timeout:g} s"
-            ) from e
-        finally:
-            self.broken = self.unread  # a body refused part-read is not drained
-
-    async def answer(
-        self,
-        status: int,
-        parts: list[Any],
-        ctype: str,
-        headers: dict[str, str] | None = None,
-        close: bool = False,
-    ) -> None:
-        """Send ``parts`` (bytes-like) as one answer, in pieces a slow reader must drain.
-
-        Raises:
-            TimeoutError: the client did not read the answer within the request timeout (the
-                server then closes the connection).
-        """
-        views = [memoryview(p).cast("B") for p in parts]
-        size = sum(map(len, views))
-        head = [(b"content-type", ctype.encode()), (b"content-length", b"%d" % size)]
-        head += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-        if close:
-            head.append((b"connection", b"close"))
-        if size <= _JOIN_BYTES:  # one write for a small answer
-            views = [memoryview(b"".join(views))]
-        pieces = [v[i : i + SEND_PIECE] for v in views for i in range(0, len(v), SEND_PIECE)]
-        self.started = True
-        async with _deadline(self._timeout):
-            await self._send({"type": "http.response.start", "status": status, "headers": head})
-            for i, piece in enumerate(pieces or [memoryview(b"")], 1):
-                more = i < len(pieces)
-                await self._send({"type": "http.response.body", "body": piece, "more_body": more})
-
-    async def error(self, status: int, message: str, headers: dict[str, str]) -> None:
-        """A JSON ``{"error": message}`` answer.
-
-        A body refused before it was read is read and dropped first when it is declared and
-        at most :data:`DRAIN_BYTES` (a client that sends it whole then reads the answer, not a
-        reset); otherwise the connection is closed after the answer.
-        """
-        close = self.unread and not await self._drain()
-        body = json.dumps({"error": message}).encode()
-        await self.answer(status, [body], "application/json", headers, close=close)
-
-    async def _drain(self) -> bool:
-        text = self.headers.get("content-length", "")
-        if self.broken or not text.isdigit() or int(text) > DRAIN_BYTES:
-            return False
-        try:
-            async with _deadline(self._timeout):
-                while True:
-                    message = await self._receive()
-                    if message["type"] != "http.request" or not message.get("more_body"):
-                        return message["type"] == "http.request"
-        except TimeoutError:
-            return False
-
-
 class ReplicaApp:
     """The replica's HTTP API (an ASGI 3 application).
 
@@ -296,7 +112,7 @@ class ReplicaApp:
     ) -> None:
         self.follower, self.metrics, self.limits = follower, metrics, limits
         self._token = token.encode() if token else None
-        self._budget = _Budget(limits.max_inflight_bytes)
+        self._budget = Budget(limits.max_inflight_bytes)
         self._pool = ThreadPoolExecutor(limits.max_workers, thread_name_prefix="deltarec-replica")
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/healthz"): self._healthz,
@@ -318,7 +134,7 @@ class ReplicaApp:
         """Answer one ASGI ``http`` request (every failure before the answer is an answer)."""
         if scope["type"] != "http":
             return
-        req = _Request(scope, receive, send, self.limits.request_timeout_s)
+        req = Request(scope, receive, send, self.limits.request_timeout_s)
         try:
             handler = self._routes.get((req.method, req.path))
             if handler is None:
@@ -343,7 +159,7 @@ class ReplicaApp:
                 raise
             await self._refuse(req, e)
 
-    async def _refuse(self, req: _Request, e: Exception) -> None:
+    async def _refuse(self, req: Request, e: Exception) -> None:
         if isinstance(e, Refused):
             status, message, headers = e.status, e.message, e.headers
         elif isinstance(e, UnknownTableError):
@@ -358,7 +174,7 @@ class ReplicaApp:
         self.metrics.refused.labels(str(status)).inc()
         await req.error(status, message, headers)
 
-    def _authorize(self, req: _Request) -> None:
+    def _authorize(self, req: Request) -> None:
         if self._token is None:
             return
         scheme, _, given = req.headers.get("authorization", "").partition(" ")
@@ -384,28 +200,28 @@ class ReplicaApp:
             raise NotReadyError(f"the replica of run {self.follower.run!r} holds no generation yet")
         return snap.table(name)
 
-    async def _json(self, req: _Request, obj: Any, status: int = 200) -> None:
+    async def _json(self, req: Request, obj: Any, status: int = 200) -> None:
         await req.answer(status, [json.dumps(obj).encode()], "application/json")
 
     # ---- open endpoints ----------------------------------------------------------------------
-    async def _healthz(self, req: _Request) -> None:
+    async def _healthz(self, req: Request) -> None:
         await req.answer(200, [b"ok\n"], "text/plain")
 
-    async def _readyz(self, req: _Request) -> None:
+    async def _readyz(self, req: Request) -> None:
         ready, why = self.follower.readiness()
         await req.answer(200 if ready else 503, [f"{why}\n".encode()], "text/plain")
 
-    async def _metrics(self, req: _Request) -> None:
+    async def _metrics(self, req: Request) -> None:
         await req.answer(200, [generate_latest(self.metrics.registry)], CONTENT_TYPE_LATEST)
 
     # ---- /v1 ---------------------------------------------------------------------------------
-    async def _status(self, req: _Request) -> None:
+    async def _status(self, req: Request) -> None:
         await self._json(req, public_status(self.follower.status().to_json()))
 
-    async def _tables(self, req: _Request) -> None:
+    async def _tables(self, req: Request) -> None:
         await self._json(req, self.follower.status().tables)
 
-    async def _freshness(self, req: _Request) -> None:
+    async def _freshness(self, req: Request) -> None:
         visible = list(self.follower.replica.visible)
         await self._json(
             req,
@@ -420,7 +236,7 @@ class ReplicaApp:
             ],
         )
 
-    async def _keys(self, req: _Request) -> None:
+    async def _keys(self, req: Request) -> None:
         query = req.query()
         table = _text(query, "table", req.path)
         cap = min(self.limits.max_keys, self.limits.max_answer_bytes // 8)
@@ -439,7 +255,7 @@ class ReplicaApp:
             out = await self._work(keys)
             await req.answer(200, [out], "application/octet-stream")
 
-    async def _rows(self, req: _Request) -> None:
+    async def _rows(self, req: Request) -> None:
         table = _text(req.query(), "table", req.path)
         state = self._table(table)
         row_bytes = (
@@ -484,7 +300,7 @@ class ReplicaApp:
             found, versions, rows = state.read(keys)
             return found, versions, rows, snap.position, state
 
-    async def _lookup(self, req: _Request) -> None:
+    async def _lookup(self, req: Request) -> None:
         declared = req.content_length(self.limits.max_body_bytes(rows=False))
         body_most = self.limits.max_body_bytes(rows=False) if declared is None else declared
         # Before the body is parsed its table is unknown: room for its ids (at least two bytes
@@ -612,4 +428,4 @@ def _int(query: dict[str, str], name: str, path: str, default: Any, lo: int = _I
     return value
 
 
-__all__ = ["SEND_PIECE", "STATUS_ERROR", "Refused", "ReplicaApp", "public_status"]
+__all__ = ["STATUS_ERROR", "ReplicaApp", "public_status"]
