@@ -96,6 +96,10 @@ class DumperConfig(BaseModel):
     reads, in milliseconds, that publishing holds itself within by smaller transactions and
     pauses (:mod:`deltarec.publish.budget`, docs/publish.md). None: publish as fast as the
     store takes it."""
+    compact_every_dumps: int | None = Field(default=None, ge=1)
+    """Rank 0 compacts the generation in a background child process after every this many
+    committed dumps (:mod:`deltarec.dump.compactor`, docs/history.md); readers then start from
+    the base and ``deltarec gc`` may delete the dumps it covers. None: never."""
     zch_misses: bool = False
     """ZCH tables: also dump the raw ids that training looked up but the table did not hold
     (never admitted, or not admitted yet), each as ``op = 1`` with the fallback row the model

@@ -36,6 +36,7 @@ from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.cadence import Cadence
+from deltarec.dump.compactor import BackgroundCompactor, compactor_for
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.encode import warm_up_encoding
 from deltarec.dump.encoder_process import start_encoder
@@ -95,6 +96,7 @@ class Dumper:
             raise ConfigError(f"several table sources claim the same table id(s): {dup}")
         self.root = ArtifactRoot(config.artifacts, config.storage_options)
         self.on_commit = on_commit
+        self._compactor: BackgroundCompactor | None = None
         self.generation: GenerationInfo | None = None
         dump_plan = plan_dump(config, self.sources, keep_rows)
         self.host_budget = dump_plan.host_budget
@@ -231,6 +233,10 @@ class Dumper:
             encoder=encoder,
             dump_over=self._dump_over,
         )
+        rank = self._worker_x.rank if self._worker_x is not None else 0
+        self._compactor = compactor_for(self.config, self.generation.generation, rank)
+        if self._compactor is not None:  # rank 0 compacts every N dumps, in a child process
+            self._worker.after_commit = self._compactor.committed
         self._cadence = Cadence(
             self.config.every_steps,
             self.config.every_minutes,
@@ -311,6 +317,8 @@ class Dumper:
             if self._worker is not None:
                 stuck = not self._worker.stop(timeout)
         finally:
+            if self._compactor is not None:
+                self._compactor.close()
             if self.lease is not None:
                 if stuck:
                     self.lease.stop()  # the worker may still commit: let the lease expire

@@ -189,6 +189,9 @@ class DumpWorker:
         self.exchange = exchange
         self.fsync = fsync
         self.on_commit = on_commit
+        self.after_commit: Callable[[Manifest], None] | None = None
+        """Called on the worker thread after ``on_commit``, with the manifest only (the
+        background compactor's count, :mod:`deltarec.dump.compactor`)."""
         self.keep_rows_bytes = keep_rows_bytes
         self.chunk_rows = chunk_rows
         self.pool = EncodePool(encode_workers if encoder is None else 1, arena_bytes)
@@ -444,6 +447,8 @@ class DumpWorker:
             if state.kept_bytes >= 0 and self.encoder is None:
                 kept = {t: ShardRows.concat(parts) for t, parts in state.kept.items()}
             self.on_commit(manifest, kept)
+        if self.after_commit is not None:
+            self.after_commit(manifest)
 
     def _close_writers(self, state: _DumpState) -> None:
         """Close every shard of the dump, all at once (each waits for its chunks and fsync)."""

@@ -1,0 +1,138 @@
+"""The trainer compacts its outbox in the background (SPEC §3a): every N committed dumps.
+
+Rank 0 of a trainer with :attr:`~deltarec.dump.config.DumperConfig.compact_every_dumps` runs
+``deltarec compact`` of its generation through the dump just committed, in a child process
+(never on the training thread, nor holding its GIL), one at a time: while one runs, later
+triggers wait for the next multiple. A compaction that fails is logged and never fails
+training; one still running at :meth:`BackgroundCompactor.close` is stopped, which leaves the
+previous state valid (a base without BASE.json is ignored) and the next run completes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from deltarec.artifacts.types import Manifest
+from deltarec.dump.config import DumperConfig
+
+log = logging.getLogger(__name__)
+
+_PROGRAM = """
+import json, sys
+from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts.compact import compact
+a = json.loads(sys.stdin.read())
+r = compact(ArtifactRoot(a["root"], a["options"]), a["run"], a["generation"], a["seq"])
+print(json.dumps({"written": r.written, "dumps_read": r.dumps_read}))
+"""
+
+
+class BackgroundCompactor:
+    """Compacts ``run``'s generation every ``every`` committed dumps, in a child process.
+
+    Args:
+        root: the artifact root's URI.
+        storage_options: its fsspec options (handed to the child on its stdin, never argv).
+        run: the run.
+        generation: the generation this trainer writes.
+        every: compact after every ``every``-th committed dump.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        storage_options: dict[str, Any],
+        run: str,
+        generation: int,
+        every: int,
+    ) -> None:
+        self._args = {"root": root, "options": storage_options, "run": run}
+        self.generation = generation
+        self.every = every
+        self.compactions = 0
+        self.failures = 0
+        self._committed = 0
+        self._want: int | None = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread = threading.Thread(target=self._loop, name="deltarec-compactor", daemon=True)
+        self._thread.start()
+
+    def committed(self, manifest: Manifest) -> None:
+        """A dump was committed (called on the dump worker's thread: only counts)."""
+        if manifest.generation != self.generation:
+            return
+        with self._cond:
+            self._committed += 1
+            if self._committed % self.every == 0:
+                self._want = manifest.seq
+                self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._want is None and not self._stop:
+                    self._cond.wait()
+                if self._stop or self._want is None:
+                    return
+                seq, self._want = self._want, None
+            self._run(seq)
+
+    def _run(self, seq: int) -> None:
+        args = {**self._args, "generation": self.generation, "seq": seq}
+        try:
+            with self._cond:
+                if self._stop:
+                    return
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-c", _PROGRAM],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            out, err = self._proc.communicate(json.dumps(args))
+            code = self._proc.returncode
+        except OSError as e:
+            out, err, code = "", str(e), -1
+        if code == 0:
+            self.compactions += 1
+            log.info(
+                "compacted generation %d through dump %d: %s", self.generation, seq, out.strip()
+            )
+        elif not self._stop:
+            self.failures += 1
+            last = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
+            log.warning("compaction of generation %d through dump %d failed: %s",
+                        self.generation, seq, last)  # fmt: skip
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop: a compaction still running is ended (the previous state stays valid)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._thread.join(timeout)
+
+
+def compactor_for(config: DumperConfig, generation: int, rank: int) -> BackgroundCompactor | None:
+    """Rank 0's compactor where ``config.compact_every_dumps`` asks for one, else None."""
+    every = config.compact_every_dumps
+    if every is None or rank != 0:
+        return None
+    return BackgroundCompactor(
+        config.artifacts, config.storage_options, config.run, generation, every
+    )

@@ -1,0 +1,50 @@
+"""The trainer's background compaction: every N committed dumps, in a child process."""
+
+from __future__ import annotations
+
+import time
+
+from tests.artifacts.test_compact import RUN, History, _read_base_independently, _same
+
+from deltarec.artifacts import ArtifactRoot, DumpKind
+from deltarec.artifacts.base import list_bases
+from deltarec.dump.compactor import BackgroundCompactor, compactor_for
+from deltarec.dump.config import DumperConfig
+
+
+def _wait(predicate, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_every_nth_committed_dump_is_compacted_in_the_background(tmp_path):
+    h = History(ArtifactRoot(str(tmp_path / "art")))
+    info = h.generation()
+    c = BackgroundCompactor(h.root.uri, {}, RUN, info.generation, every=3)
+    try:
+        for seq in range(0, 3):
+            h.dump(info, seq, DumpKind.SNAPSHOT if seq == 0 else DumpKind.DELTA)
+            c.committed(h.root.read_manifest(RUN, info.generation, seq))
+        _wait(lambda: c.compactions == 1)
+        assert list_bases(h.root, RUN) == [(info.generation, 2)]
+        _, got = _read_base_independently(h.root, h.root.base_dir(RUN, info.generation, 2))
+        _same(h.state, got)
+        for seq in range(3, 5):  # not a multiple of 3 yet: nothing more
+            h.dump(info, seq)
+            c.committed(h.root.read_manifest(RUN, info.generation, seq))
+        time.sleep(0.3)
+        assert c.compactions == 1 and c.failures == 0
+    finally:
+        c.close()
+    assert list_bases(h.root, RUN) == [(info.generation, 2)]
+
+
+def test_only_rank_0_of_a_trainer_that_asks_compacts(tmp_path):
+    config = DumperConfig(artifacts=str(tmp_path), run=RUN, compact_every_dumps=10)
+    assert compactor_for(config, 1, 1) is None
+    assert compactor_for(DumperConfig(artifacts=str(tmp_path), run=RUN), 1, 0) is None
+    c = compactor_for(config, 1, 0)
+    assert c is not None and c.every == 10
+    c.close()
