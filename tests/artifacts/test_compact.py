@@ -255,8 +255,11 @@ def test_verify_promote_inspect_and_a_replica_start_from_the_base_once_dumps_are
     out = json.loads(report.read_text())
     assert out["passed"] is True and out["version"] == make_version(info.generation, 5)
     assert main(["promote", *loc, "--store", url, "--generation", str(info.generation)]) == 0
-    assert main(["inspect", *loc, "--json"]) == 0
     capsys.readouterr()
+    assert main(["inspect", *loc, "--json"]) == 0
+    seen = json.loads(capsys.readouterr().out)
+    assert [(b["generation"], b["through_seq"]) for b in seen["bases"]] == [(info.generation, 4)]
+    assert [d["seq"] for d in seen["generations"][0]["dumps"]] == [5]
 
     from deltarec.serving.replica import Replica
 

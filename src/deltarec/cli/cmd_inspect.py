@@ -1,7 +1,7 @@
 """``deltarec inspect``: generations, dumps, tables, rows, bytes and step ranges of a run.
 
-Reads only GENERATION.json and MANIFEST.json files (never a shard), so it is cheap on any
-fsspec root. Incomplete dumps (no manifest) are listed as such.
+Reads only GENERATION.json, MANIFEST.json and BASE.json files (never a shard), so it is cheap
+on any fsspec root. Incomplete dumps (no manifest) are listed as such.
 """
 
 from __future__ import annotations
@@ -36,7 +36,34 @@ def describe(root: Any, run: str, generation: int | None = None) -> dict[str, An
                 f"run {run!r} has no generation {generation} under {root.uri} (has {gens})"
             )
         gens = [generation]
-    return {"run": run, "root": root.uri, "generations": [_generation(root, run, g) for g in gens]}
+    return {
+        "run": run,
+        "root": root.uri,
+        "bases": _bases(root, run),
+        "generations": [_generation(root, run, g) for g in gens],
+    }
+
+
+def _bases(root: Any, run: str) -> list[dict[str, Any]]:
+    """The committed bases (SPEC §3a): what each folds and how many rows it holds."""
+    from deltarec.artifacts.base import list_bases, read_base
+
+    out = []
+    for g, s in list_bases(root, run):
+        b = read_base(root, run, g, s)
+        out.append(
+            {
+                "generation": g,
+                "through_seq": s,
+                "lineage": [e.to_json() for e in b.lineage],
+                "built_from": None if b.base is None else list(b.base),
+                "rows": sum(b.rows.values()),
+                "bytes": sum(p.bytes for p in b.parts),
+                "parts": len(b.parts),
+                "created_at": b.created_at,
+            }
+        )
+    return out
 
 
 def _generation(root: Any, run: str, g: int) -> dict[str, Any]:
@@ -91,6 +118,12 @@ def _print(report: dict[str, Any]) -> None:
 
     console = Console()
     console.print(f"run [bold]{report['run']}[/bold] under {report['root']}")
+    for b in report.get("bases", []):
+        console.print(
+            f"base of generation {b['generation']} through dump {b['through_seq']}: "
+            f"{b['rows']:,} rows in {b['parts']} parts, {b['bytes']:,} bytes",
+            soft_wrap=True,
+        )
     for g in report["generations"]:
         parent = g["parent"]
         origin = (
