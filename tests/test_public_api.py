@@ -47,6 +47,7 @@ SETTINGS = {
     "steps": ("DELTAREC_STEPS", "int | None"),
     "checkpoint_dir": ("DELTAREC_CHECKPOINT_DIR", "str | None"),
     "row_encodings": ("DELTAREC_ROW_ENCODINGS", "str | None"),
+    "read_p99_ms": ("DELTAREC_READ_P99_MS", "float | None"),
     "metrics_port": ("DELTAREC_METRICS_PORT", "int | None"),
 }
 
