@@ -106,7 +106,8 @@ JSON_KEYS = [
 ]  # fmt: skip
 TABLE_KEYS = [
     "table", "dtype", "dim", "expected_keys", "expected_present", "checked",
-    "store_keys_scanned", "failures", "max_abs_diff", "counts", "mismatches",
+    "store_keys_scanned", "failures", "max_abs_diff", "counts", "mismatches", "store_keys",
+    "key_count_problem",
 ]  # fmt: skip
 MISMATCH_KEYS = [
     "key", "class", "reason", "expected_version", "expected_present", "store_version",

@@ -51,14 +51,20 @@ def test_tampered_row_is_different_and_deleted_row_is_missing_naming_keys(lineag
     assert "key 3" in result.failure_summary()
 
 
-def test_row_the_lineage_never_wrote_is_unexpected_only_with_all(lineage, store):
+def test_row_the_lineage_never_wrote_fails_a_sample_by_its_count_and_all_names_it(
+    lineage, store
+):
     g = base_generation(lineage, store)
     row = lineage.expected_row(lineage.T_EMB, np.array([5000]), 0.0)
     store.write(lineage.T_EMB, np.array([5000]), row, np.zeros(1, np.int8), [make_version(g, 0)])
     sampled = verify(
         lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=50, seed=1)
     )
-    assert sampled.passed and sampled.tables[lineage.T_EMB].checked == 50
+    emb = sampled.tables[lineage.T_EMB]
+    assert emb.checked == 50 and emb.counts[RowClass.UNEXPECTED] == 0  # not in the sample
+    assert not sampled.passed and emb.store_keys == 101
+    assert "holds 101 keys, the expected state 100 (1 more" in sampled.failure_summary()
+    assert sampled.tables[lineage.T_ZCH].key_count_problem == ""
     full = verify(
         lineage.root, lineage.run, store, generation=g, options=VerifyOptions(sample=None)
     )

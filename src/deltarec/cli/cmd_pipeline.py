@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from deltarec.cli.common import add_engine_argument
+from deltarec.cli.common import add_engine_argument, add_sample_argument
 from deltarec.environ import environ_set
 from deltarec.errors import BadInputError, CheckFailedError
 
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check this run, which must serve (default: every run that serves, at its pointer)",
     )
     vs.add_argument("--store", required=True, metavar="URL", help="store URL")
-    vs.add_argument("--sample", type=int, default=10000, help="keys per table; 0: every key")
+    add_sample_argument(vs, 10000, "keys per table (default: 10000)")
     vs.add_argument("--json", metavar="PATH", help="write verify's JSON document")
     vs.add_argument("--report", metavar="PATH", help="write verify's HTML report")
 

@@ -9,10 +9,10 @@ from rich.console import Console
 
 from deltarec.cli.common import (
     add_location_arguments,
+    add_sample_argument,
     add_through_seq_argument,
     require_existing_store,
 )
-from deltarec.errors import BadInputError
 
 if TYPE_CHECKING:
     from deltarec.promote.rollback import RollbackResult
@@ -25,12 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_through_seq_argument(
         parser, "restore to this dump of G (default: the dump G was last promoted at)"
     )
-    parser.add_argument(
-        "--sample",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the closing check reads N keys per table (default: every key)",
+    add_sample_argument(
+        parser, None, "the closing check reads N keys per table (default: every key)"
     )
 
 
@@ -44,16 +40,12 @@ def run(args: argparse.Namespace) -> int:
     from deltarec.promote.rollback import RollbackCheckError
     from deltarec.promote.run import rollback
 
-    if args.sample is not None and args.sample < 1:
-        raise BadInputError(
-            f"--sample must be >= 1 (leave it out to check every key), got {args.sample}"
-        )
     require_existing_store(args.store)
     console = Console()
     try:
         result = rollback(
             args.artifacts, args.run, args.store, args.to_generation,
-            through_seq=args.through_seq, sample=args.sample,
+            through_seq=args.through_seq, sample=args.sample or None,
         )  # fmt: skip
     except RollbackCheckError as e:
         _print(console, e.result)

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from deltarec.cli.common import (
     add_generation_argument,
     add_location_arguments,
+    add_sample_argument,
     add_through_seq_argument,
     nonnegative_int,
     positive_int,
@@ -27,12 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_generation_argument(parser, "default: the newest")
     add_through_seq_argument(parser, "last dump to include (default: the newest)")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument(
-        "--sample",
-        type=int,
-        metavar="N",
-        default=10_000,
-        help="keys sampled per table (default: 10000)",
+    add_sample_argument(
+        which,
+        10_000,
+        "keys sampled per table (default: 10000), and each table's key count compared",
     )
     which.add_argument(
         "--all",
@@ -80,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from deltarec.verify import kfp_metrics, print_summary, render_html
     from deltarec.verify.run import keep_record
 
-    if args.sample is not None and args.sample < 0:
-        raise BadInputError(f"--sample must be >= 0, got {args.sample}")
     if not args.combine:
         require_existing_store(args.store)
     to_stdout = args.json == "-"
@@ -164,7 +161,7 @@ def _verified(args: argparse.Namespace, console: Console) -> Any:
         common = dict(
             generation=args.generation,
             through_seq=args.through_seq,
-            sample=None if args.all else args.sample,
+            sample=None if args.all or not args.sample else args.sample,
             seed=args.seed,
             batch_size=args.batch_size,
             max_mismatches=args.max_mismatches,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from deltarec.errors import BadInputError
 
@@ -184,3 +185,30 @@ def unreachable(error: BaseException, artifacts: str | None = None) -> str | Non
             return f"cannot reach {where}: {first}"
         e = e.__cause__ or e.__context__
     return None
+
+
+SAMPLE_HELP = "0: every key, as --all"
+"""What ``--sample 0`` means, the same in every command (``verify``, ``rollback``,
+``pipeline verify-serving``) and in the pipeline's ``sample_size``."""
+
+
+def add_sample_argument(parser: Any, default: int | None, help_text: str) -> None:
+    """``--sample N``: keys per table a check reads; 0 reads every key; negative is refused."""
+    parser.add_argument(
+        "--sample",
+        type=sample_size,
+        default=default,
+        metavar="N",
+        help=f"{help_text}; {SAMPLE_HELP}",
+    )
+
+
+def sample_size(text: str) -> int:
+    """An argparse type: keys per table, an integer >= 0 (0: every key)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of keys") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0 keys per table (0: every key)")
+    return value

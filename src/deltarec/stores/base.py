@@ -164,6 +164,16 @@ class Store(abc.ABC):
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """Every key of a live view, ascending where the backend can, in int64 batches."""
 
+    def count_keys(self, table: str) -> int:
+        """How many keys ``table``'s live view holds (what sampled verify compares).
+
+        The default counts :meth:`scan_keys`; backends override it with one count on the
+        server. Stores with ``capabilities.scan``.
+        """
+        if not self.capabilities.scan:
+            raise self._unsupported("counting a view's keys")
+        return sum(len(batch) for batch in self.scan_keys(table))
+
     def scan_rows(
         self, table: str, batch_rows: int = 65536
     ) -> Iterator[tuple[np.ndarray, ReadResult]]:

@@ -66,6 +66,7 @@ from deltarec.stores.redis_registry import RedisRegistry
 from deltarec.stores.redis_resp import hset_bodies
 from deltarec.stores.redis_scan import hscan_rows
 from deltarec.stores.redislua import (
+    LUA_COUNT,
     LUA_FLOOR,
     LUA_MERGE,
     LUA_READ,
@@ -141,6 +142,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
         self._floor_script = self._client.register_script(LUA_FLOOR)
         self._register_script = self._client.register_script(LUA_REGISTER)
         self._read_script = self._client.register_script(LUA_READ)
+        self._count_script = self._client.register_script(LUA_COUNT)
         self._scan_script = self._client.register_script(LUA_SCAN)
         self._switch_script = self._client.register_script(LUA_SWITCH)
         self._lock = threading.RLock()
@@ -479,6 +481,14 @@ class RedisStore(RedisRegistry, RunViews, Store):
         if view.staging_generation or self.run is None:
             return [view.name]
         return ["", *self._live_keys(self.run, view.table)]
+
+    def count_keys(self, table: str) -> int:
+        """See :meth:`Store.count_keys` (``HLEN`` of the run's live view, wherever it is)."""
+        view = self._view(table)
+        with _ERRORS.map_errors(self.describe()):
+            return int(
+                self._count_script(keys=self._target(view), args=[view.table, self.run or ""])
+            )
 
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """See :meth:`Store.scan_keys` (hash order, not sorted)."""

@@ -337,6 +337,15 @@ return newest
 key at the highest generation seen (the write fence reads it). Returns the newest."""
 
 
+LUA_COUNT = (
+    _LUA_WHERE
+    + """
+-- KEYS: see target(); ARGV: table, run. Returns the number of fields of the hash.
+return redis.call('HLEN', target())
+"""
+)
+"""The number of keys of a run's live view, wherever it is now."""
+
 LUA_READ = (
     _LUA_COMMON
     + _LUA_WHERE

@@ -443,6 +443,12 @@ class RelationalStore(RunViews, SqlRegistry, Store):
             raise BadInputError(f"view {name!r} was dropped; provision it again")
         return int(rows[0][0]), bool(rows[0][1])
 
+    def count_keys(self, table: str) -> int:
+        """See :meth:`Store.count_keys` (one ``count(*)``: the key index, where it suffices)."""
+        name = self._view(table).name
+        with self._tx(write=False) as cur:
+            return int(self._rows(cur, f"SELECT count(*) FROM {quote(name)}")[0][0])
+
     def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
         """See :meth:`Store.scan_keys` (ascending)."""
         for page in self._pages(self._view(table).name, "key", batch_rows):

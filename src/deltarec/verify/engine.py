@@ -37,6 +37,7 @@ from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
 from deltarec.verify.collect import Collector
 from deltarec.verify.compare import ExpectedBatch, Holds, point_of
+from deltarec.verify.count import count_keys, newer_tables
 from deltarec.verify.freshness import dump_freshness
 from deltarec.verify.options import VerifyOptions
 from deltarec.verify.partition import PARTITION_NOTE
@@ -164,6 +165,7 @@ def _verify_state(
         result.rollback_generations = sorted(rollbacks)
         reader = Reader(store, run, generation, state.manifests)
         later = LaterDeletes(root, run, result.version)
+        newer = set() if opts.all_keys else newer_tables(store, run, result.version, rollbacks)
         for table in sorted(state.tables):
             et = state.tables[table]
             acc = Collector(_table_result(et), opts.max_mismatches, later, holds)
@@ -171,6 +173,10 @@ def _verify_state(
             result.tables[table] = _verify_one(
                 et, reader, acc, result.version, rollbacks, opts, started
             )
+            if not opts.all_keys:
+                partitioned = part is not None and part.count > 1
+                staged = reader.staged(table)
+                count_keys(result, et, store, staged=staged, partitioned=partitioned, newer=newer)
         result.shards_checked, result.shard_failures = checks.result()
     result.staged_tables = sorted(t for t in state.tables if reader.staged(t))
     result.dumps = dump_freshness(state, result, store.registry)

@@ -28,8 +28,11 @@ class VerifyOptions:
     """The settings of one verification.
 
     Attributes:
-        sample: keys per table to sample; None checks every expected key and, where the store
-            can list its keys, also finds keys the lineage never wrote (``--all``).
+        sample: keys per table to sample; None (or 0, the same everywhere: ``--sample 0``,
+            the pipeline's ``sample_size`` 0) checks every expected key and, where the store
+            can list its keys, also finds keys the lineage never wrote (``--all``). A sample
+            also compares each table's key count in the store with the expected state's
+            (:mod:`deltarec.verify.count`).
         seed: the sampling seed (the same seed samples the same keys).
         batch_size: keys per store read.
         load_chunk: keys whose expected rows are loaded from the shards at once.
@@ -55,7 +58,9 @@ class VerifyOptions:
 
     def __post_init__(self) -> None:
         if self.sample is not None and self.sample < 0:
-            raise BadInputError(f"sample size must be >= 0, got {self.sample}")
+            raise BadInputError(f"sample size must be >= 0 (0: every key), got {self.sample}")
+        if self.sample == 0:
+            object.__setattr__(self, "sample", None)  # 0 means every key, in every command
         if self.batch_size < 1:
             raise BadInputError(f"batch size must be >= 1, got {self.batch_size}")
         if self.load_chunk < 1:

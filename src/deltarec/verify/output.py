@@ -25,7 +25,9 @@ JSON schema (``schema_version`` 1; fields may be added, none removed or renamed)
                   "mismatches": [{"key": 17, "class": "DIFFERENT", "reason": "values differ",
                                   "expected_version": 8589934595, "expected_present": true,
                                   "store_version": 8589934595, "max_abs_diff": 0.5,
-                                  "tolerance": 0.0}]}],
+                                  "tolerance": 0.0}],
+                  "store_keys": 990,         # counted by a sampled verify (else null)
+                  "key_count_problem": ""}],  # why that count fails, or empty
       "dumps": [{"generation": 2, "seq": 1, "version": 8589934593, "kind": "delta",
                  "created_at": "...", "first_step": 1, "last_step": 50, "rows": 1234,
                  "age_s": 60.5, "live_rows": 321,
@@ -141,6 +143,8 @@ def _table_json(t: Any) -> dict[str, Any]:
             }
             for m in t.mismatches
         ],
+        "store_keys": t.store_keys,
+        "key_count_problem": t.key_count_problem,
     }
 
 

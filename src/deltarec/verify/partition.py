@@ -180,6 +180,8 @@ def _add_table(tables: dict[str, TableResult], t: TableResult) -> None:
     acc.checked += t.checked
     if t.store_keys_scanned is not None:
         acc.store_keys_scanned = (acc.store_keys_scanned or 0) + t.store_keys_scanned
+    if t.store_keys is not None:  # counted whole, by a verification of one partition only
+        acc.store_keys, acc.key_count_problem = t.store_keys, t.key_count_problem
     for c, n in t.counts.items():
         acc.counts[c] = acc.counts.get(c, 0) + n
     acc.max_abs_diff = max(acc.max_abs_diff, t.max_abs_diff)
@@ -281,6 +283,8 @@ def result_from_json(doc: dict[str, Any]) -> VerifyResult:
             res = TableResult(str(t["table"]), str(t["dtype"]), int(t["dim"]))
             res.expected_keys, res.expected_present = t["expected_keys"], t["expected_present"]
             res.checked, res.store_keys_scanned = t["checked"], t["store_keys_scanned"]
+            res.store_keys = t.get("store_keys")
+            res.key_count_problem = str(t.get("key_count_problem", ""))
             res.max_abs_diff = float("nan") if t["max_abs_diff"] is None else t["max_abs_diff"]
             res.counts = {RowClass(c): int(n) for c, n in t["counts"].items()}
             res.mismatches = [

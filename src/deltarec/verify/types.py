@@ -93,6 +93,10 @@ class TableResult:
         mismatches: the worst non-MATCH keys, worst first (at most the configured limit).
         live_by_version: version -> number of checked keys the store holds at that version
             (the freshness plot's data).
+        store_keys: the keys the store's live view holds, counted by a sampled verify
+            (:mod:`deltarec.verify.count`); None where it was not counted.
+        key_count_problem: why that count fails the check (it is not the expected state's
+            present keys), or empty.
     """
 
     table: str
@@ -106,6 +110,8 @@ class TableResult:
     max_abs_diff: float = 0.0
     mismatches: list[Mismatch] = field(default_factory=list)
     live_by_version: dict[int, int] = field(default_factory=dict)
+    store_keys: int | None = None
+    key_count_problem: str = ""
 
     @property
     def failures(self) -> int:
@@ -225,7 +231,7 @@ class VerifyResult:
         """
         if self.shard_failures or self.errors or not self.totals()[RowClass.MATCH]:
             return False
-        return all(t.failures == 0 for t in self.tables.values())
+        return all(t.failures == 0 and not t.key_count_problem for t in self.tables.values())
 
     def failure_summary(self) -> str:
         """One line naming what failed (empty if the verification passed)."""
@@ -243,8 +249,9 @@ class VerifyResult:
                 f"{self.run!r}'s row in the store, so nothing was shown to be served"
             )
         for t in self.tables.values():
-            if t.failures:
-                parts.append(f"table {t.table!r}: " + ", ".join(_class_examples(t)))
+            if t.failures or t.key_count_problem:
+                problems = _class_examples(t) + ([t.key_count_problem] * bool(t.key_count_problem))
+                parts.append(f"table {t.table!r}: " + ", ".join(problems))
         return "; ".join(parts)
 
 
