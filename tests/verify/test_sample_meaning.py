@@ -41,7 +41,7 @@ def test_sample_zero_checks_every_key_and_a_negative_sample_is_refused():
 def test_cli_sample_zero_is_every_key_and_negative_is_bad_usage(
     lineage, sqlite_store, sqlite_url, tmp_path, command, capsys
 ):
-    g = base_generation(lineage, sqlite_store)
+    base_generation(lineage, sqlite_store)
     common = ["--artifacts", lineage.root.uri, "--run", lineage.run, "--store", sqlite_url]
     with pytest.raises(SystemExit) as bad:
         main([command, *common, "--sample", "-3"])
@@ -57,15 +57,11 @@ def test_pipeline_verify_serving_takes_the_same_sample_flag():
     from deltarec.cli import build_parser
 
     parser = build_parser("pipeline")
-    args = parser.parse_args(
-        ["pipeline", "verify-serving", "--artifacts", "a", "--run", "r", "--store", "s"]
-    )
-    assert args.sample == 10000
+    argv = ["pipeline", "verify-serving", "--artifacts", "a", "--run", "r", "--store", "s"]
+    assert parser.parse_args(argv).sample == 10000
+    assert parser.parse_args([*argv, "--sample", "0"]).sample == 0
     with pytest.raises(SystemExit):
-        parser.parse_args(
-            ["pipeline", "verify-serving", "--artifacts", "a", "--run", "r", "--store", "s"]
-            + ["--sample", "-1"]
-        )
+        parser.parse_args([*argv, "--sample", "-1"])
 
 
 def test_an_injected_zch_row_fails_the_sampled_gate(lineage, store):
@@ -118,3 +114,16 @@ def test_a_staged_generation_is_not_counted_until_promoted(lineage, store):
     lineage.publish(store, g1, staged=True)
     result = _sampled(lineage, store, generation=g1)
     assert result.passed and NOT_COUNTED["staged"] in result.notes
+
+
+def test_a_store_without_progress_marks_of_the_point_is_not_counted(lineage, sqlite_store):
+    g = base_generation(lineage, sqlite_store, publish=False)
+    sqlite_store.provision(lineage.specs)
+    state_keys = np.arange(100)
+    rows = lineage.expected_row(lineage.T_EMB, state_keys, 0.0)
+    # rows written behind the publisher's back: no progress mark tells what the store holds
+    versions = np.full(100, make_version(g, 0))
+    sqlite_store.write(lineage.T_EMB, state_keys, rows, np.zeros(100, np.int8), versions)
+    result = _sampled(lineage, sqlite_store)
+    assert NOT_COUNTED["no marks"] in result.notes
+    assert all(t.store_keys is None for t in result.tables.values())

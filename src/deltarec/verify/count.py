@@ -31,6 +31,9 @@ NOT_COUNTED = {
     "partition": "a verify partition does not count a table's keys",
     "newer": "the store holds dumps of run {run!r} newer than the point verified: sampled "
     "verify did not compare key counts (use --all)",
+    "no marks": "the store keeps no progress marks of the generation verified (a replica "
+    "applies whole dumps), so whether it holds newer dumps is unknown: sampled verify did not "
+    "compare key counts (use --all)",
 }
 
 
@@ -41,7 +44,7 @@ def count_keys(
     *,
     staged: bool,
     partitioned: bool,
-    newer: set[str],
+    newer: set[str] | None,
 ) -> None:
     """Compare one table's key count in the store with the expected state's (a sample's check).
 
@@ -57,6 +60,8 @@ def count_keys(
         note = NOT_COUNTED["partition"]
     elif staged:
         note = NOT_COUNTED["staged"]
+    elif newer is None:
+        note = NOT_COUNTED["no marks"]
     elif table.table in newer:
         note = NOT_COUNTED["newer"].format(run=result.run)
     if note:
@@ -79,17 +84,21 @@ def count_keys(
     )
 
 
-def newer_tables(store: Store, run: str, point_version: int, rollbacks: frozenset[int]) -> set[str]:
+def newer_tables(
+    store: Store, run: str, point_version: int, rollbacks: frozenset[int]
+) -> set[str] | None:
     """The tables of ``run`` that took rows of a dump newer than the point (progress marks).
 
     A mark of a later dump or generation, rollbacks to the point excepted, into the live view
     or a staging view (merged by now, or to be merged by a promote): such a table's count may
-    differ from the point's without anything being wrong. Nothing is read for a store that
-    cannot count.
+    differ from the point's without anything being wrong. None where the store keeps no marks
+    of the point's generation (it cannot tell). Nothing is read for a store that cannot count.
     """
     if not (store.capabilities.scan and store.capabilities.deletes):
         return set()
     registry = store.registry
+    if not registry.progress(run, point_version >> 32):
+        return None
     out: set[str] = set()
     for generation in registry.generations(run):
         if generation < point_version >> 32 or generation in rollbacks:

@@ -165,7 +165,7 @@ def _verify_state(
         result.rollback_generations = sorted(rollbacks)
         reader = Reader(store, run, generation, state.manifests)
         later = LaterDeletes(root, run, result.version)
-        newer = set() if opts.all_keys else newer_tables(store, run, result.version, rollbacks)
+        newer = None if opts.all_keys else newer_tables(store, run, result.version, rollbacks)
         for table in sorted(state.tables):
             et = state.tables[table]
             acc = Collector(_table_result(et), opts.max_mismatches, later, holds)
