@@ -252,3 +252,17 @@ def test_the_schema_refuses_exactly_the_store_urls_the_code_refuses(url):
             render({**VALUES, "store": {"url": url}})
     else:
         assert objects(render({**VALUES, "store": {"url": url}}))
+
+
+def test_dense_every_reaches_the_config_and_makes_the_replicas_score():
+    values = {**VALUES, "denseEvery": 5, "replica": {"enabled": True}}
+    objs = objects(render(values))
+    assert objs[("ConfigMap", "dr-deltarec-config")]["data"]["DELTAREC_DENSE_EVERY"] == "5"
+    deploy = objs[("Deployment", "dr-deltarec-replica")]["spec"]["template"]["spec"]
+    assert "--score" in deploy["containers"][0]["args"]
+    plain = objects(render({**VALUES, "replica": {"enabled": True}}))
+    assert "DELTAREC_DENSE_EVERY" not in plain[("ConfigMap", "dr-deltarec-config")]["data"]
+    args = plain[("Deployment", "dr-deltarec-replica")]["spec"]["template"]["spec"]
+    assert "--score" not in args["containers"][0]["args"]
+    with pytest.raises(helm.HelmError, match="denseEvery"):
+        render({**VALUES, "denseEvery": -1})

@@ -40,6 +40,7 @@ PIPELINE_PARAMS = {
     "--dump-every-minutes": F("float", 0.0),
     "--publish-mode": F("str", "direct", ("direct", "staged")),
     "--read-p99-ms": F("float", 0.0),
+    "--dense-every": F("int", 0),
     "--sample": F("int", 10000),
     "--ranks-per-node": F("int", 2),
     "--nodes": F("int", 1),
@@ -91,6 +92,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--lease-ttl": F("float"),
         "--metrics-port": F("int"),
         "--row-encodings": F("str"),
+        "--dense-every": F("int"),
         "--zch-misses": F("switch", False),
         "--read-p99-ms": F("float"),
         "--publish-mode": F("str", "direct", ("direct", "staged")),
@@ -116,7 +118,7 @@ FROZEN: dict[str, dict[str, F]] = {
         **LOCATION,
         "--generation": F("int"),
         "--through-seq": F("int"),
-        "--sample": F("int", 10000),
+        "--sample": F("sample_size", 10000),  # an int >= 0; 0: every key (docs/verify.md)
         "--all": F("switch", False),
         "--seed": F("int", 0),
         "--json": F("str"),
@@ -138,7 +140,7 @@ FROZEN: dict[str, dict[str, F]] = {
         **LOCATION,
         "--to-generation": F("int", required=True),
         "--through-seq": F("int"),
-        "--sample": F("int"),
+        "--sample": F("sample_size"),
     },
     "inspect": {
         "--artifacts": F("str", required=True),
@@ -173,6 +175,8 @@ FROZEN: dict[str, dict[str, F]] = {
         "--checkpoint-seconds": F("float", 60.0),
         "--no-follow": F("switch", False),
         "--no-shadow": F("switch", False),
+        "--score": F("switch", False),
+        "--model-config": F("str"),
         "--max-connections": F("int", 1024),
         "--max-inflight-mb": F("int", 256),
         "--request-timeout": F("float", 30.0),
@@ -204,7 +208,7 @@ FROZEN: dict[str, dict[str, F]] = {
     "pipeline verify-serving": {
         **LOCATION,
         "--run": F("str"),  # default: every run that serves
-        "--sample": F("int", 10000),
+        "--sample": F("sample_size", 10000),
         "--json": F("str"),
         "--report": F("str"),
     },

@@ -224,7 +224,7 @@ def test_cli_options_are_frozen():
         ["--artifacts", "--run", "--store", "--generation", "--through-seq", "--force"]
     )
     assert _options("rollback") == sorted(
-        ["--artifacts", "--run", "--store", "--to-generation", "--through-seq"]
+        ["--artifacts", "--run", "--store", "--to-generation", "--through-seq", "--sample"]
     )
 
 

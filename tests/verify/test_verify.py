@@ -51,9 +51,7 @@ def test_tampered_row_is_different_and_deleted_row_is_missing_naming_keys(lineag
     assert "key 3" in result.failure_summary()
 
 
-def test_row_the_lineage_never_wrote_fails_a_sample_by_its_count_and_all_names_it(
-    lineage, store
-):
+def test_row_the_lineage_never_wrote_fails_a_sample_by_its_count_and_all_names_it(lineage, store):
     g = base_generation(lineage, store)
     row = lineage.expected_row(lineage.T_EMB, np.array([5000]), 0.0)
     store.write(lineage.T_EMB, np.array([5000]), row, np.zeros(1, np.int8), [make_version(g, 0)])

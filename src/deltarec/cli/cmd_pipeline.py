@@ -101,6 +101,7 @@ _PARAM_FLAGS: dict[str, tuple[str, str | None]] = {
     "dump_every_minutes": ("--dump-every-minutes", "M"),
     "publish_mode": ("--publish-mode", None),
     "read_p99_ms": ("--read-p99-ms", "MS"),
+    "dense_every": ("--dense-every", "N"),
     "sample_size": ("--sample", "N"),
     "ranks_per_node": ("--ranks-per-node", "R"),
     "nodes": ("--nodes", "N"),

@@ -66,6 +66,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not apply a newer generation beside the served one before it is promoted",
     )
+    parser.add_argument(
+        "--score",
+        action="store_true",
+        help="answer POST /v1/score: the example model's scores from the served point's dense "
+        "and sparse state (train with --dense-every N; docs/serving.md)",
+    )
+    parser.add_argument(
+        "--model-config",
+        metavar="FILE",
+        help="with --score: the model's configuration, as deltarec train --model-config",
+    )
     defaults = ServeLimits()
     parser.add_argument(
         "--max-connections",
@@ -110,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout,
     )
     token = token_from_env()
+    if args.model_config and not args.score:
+        raise BadInputError("--model-config configures --score: give both")
     root = ArtifactRoot(args.artifacts)
     if not root.list_generations(args.run):  # else never ready, and nothing says why
         raise BadInputError(
@@ -117,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
         )
     replica = Replica(root, args.run, args.device)
     require_existing_store(args.store)
+    scorer = None
+    if args.score:
+        from deltarec.serving.score import ExampleScorer, load_model_config
+
+        scorer = ExampleScorer(replica, load_model_config(args.model_config))
     options = FollowOptions(
         follow=not args.no_follow,
         shadow=not args.no_shadow,
@@ -127,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     pointer = StorePointer(args.store, args.artifacts, args.run)
     follower = Follower(replica, pointer, options)
     follower.resume()
-    server = ReplicaServer(follower, args.host, args.port, limits, token).start()
+    server = ReplicaServer(follower, args.host, args.port, limits, token, scorer).start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)

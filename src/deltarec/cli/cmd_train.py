@@ -97,6 +97,7 @@ def _groups() -> tuple[tuple[str, tuple[FieldFlag, ...]], ...]:
                 dump(DumperConfig, "lease_ttl_s", "S", "--lease-ttl"),
                 dump(TrainSettings, "metrics_port", "PORT"),
                 dump(TrainSettings, "row_encodings", "SPEC"),
+                dump(TrainSettings, "dense_every", "N"),
                 dump(DumperConfig, "zch_misses"),
                 dump(DumperConfig, "read_p99_ms", "MS"),
                 field(TrainSettings, "publish_mode"),

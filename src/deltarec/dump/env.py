@@ -56,6 +56,10 @@ class TrainSettings(BaseModel):
     read_p99_ms: float | None = Field(default=None, gt=0)
     """A read-latency budget for the background publisher, milliseconds
     (``DumperConfig.read_p99_ms``); None: none."""
+    dense_every: int | None = Field(default=None, ge=1)
+    """Commit the model's dense (non-embedding) state with every N-th dump, so a dump is dense
+    and sparse state of one step and a replica serves and scores the promoted pair
+    (docs/serving.md); None: sparse rows only."""
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     """Serve Prometheus metrics on this port plus the process's ``LOCAL_RANK``: the dump
     path's and, with a store, the background publisher's (those of ``deltarec publish``);
@@ -116,4 +120,5 @@ class TrainSettings(BaseModel):
             "publish_mode": self.publish_mode,
             "metrics_port": self.metrics_port,
             **({} if self.read_p99_ms is None else {"read_p99_ms": self.read_p99_ms}),
+            **({} if self.dense_every is None else {"dense_every": self.dense_every}),
         }

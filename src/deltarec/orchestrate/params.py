@@ -46,6 +46,10 @@ class PipelineParams(BaseModel):
     read_p99_ms: float = Field(0.0, ge=0.0)
     """A read-latency budget for the trainer's background publisher: the p99 of serving reads,
     in milliseconds, that publishing holds itself within (docs/publish.md); 0: no budget."""
+    dense_every: int = Field(0, ge=0)
+    """Commit the model's dense state with every N-th dump (``deltarec train --dense-every``,
+    ``DELTAREC_DENSE_EVERY``): dense and sparse state promoted and rolled back as one
+    generation, scored together by the replicas (docs/serving.md); 0: sparse rows only."""
     sample_size: int = Field(10000, ge=0)
     """Keys per table that verify reads back; 0 reads every key."""
     ranks_per_node: int = Field(2, ge=1)

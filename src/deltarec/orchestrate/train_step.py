@@ -47,6 +47,7 @@ def train_settings_env(params: PipelineParams) -> dict[str, str]:
         row_encodings=params.row_encodings or None,
         metrics_port=params.metrics_port or None,
         read_p99_ms=params.read_p99_ms or None,
+        dense_every=params.dense_every or None,
     )
     return settings.to_env()
 
@@ -67,6 +68,8 @@ def train_args(params: PipelineParams) -> list[str]:
         args += ["--workdir", params.checkpoint_dir]
     if params.row_encodings:
         args += ["--row-encodings", params.row_encodings]
+    if params.dense_every:
+        args += ["--dense-every", str(params.dense_every)]
     if params.metrics_port:
         args += ["--metrics-port", str(params.metrics_port)]
     return [*args, *shlex.split(params.train_extra_args)]

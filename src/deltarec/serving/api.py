@@ -22,6 +22,9 @@ request                                  answer
                                          ``-Dim``, ``-Generation``, ``-Seq``
 ``GET /v1/freshness``                    the latest dumps made visible: ``[{generation, seq,
                                          taken_at, visible_at}]``
+``POST /v1/score``                       with ``deltarec serve --score``: the example model's
+                                         scores from the served point's dense and sparse state
+                                         (:mod:`deltarec.serving.score`)
 ``GET /metrics``                         Prometheus text (:mod:`deltarec.serving.metrics`)
 =======================================  ==========================================================
 
@@ -43,7 +46,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -57,6 +60,9 @@ from deltarec.serving.limits import JSON_VALUE_BYTES, ServeLimits
 from deltarec.serving.metrics import ReplicaMetrics
 from deltarec.serving.table import TableState, decode_rows
 from deltarec.serving.types import NotReadyError, UnknownTableError
+
+if TYPE_CHECKING:
+    from deltarec.serving.score import ExampleScorer
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +107,8 @@ class ReplicaApp:
         metrics: where lookups and refusals are counted (served at ``/metrics``).
         limits: the bounds every request is checked against.
         token: the bearer token ``/v1/*`` requires (None: open).
+        scorer: answers ``POST /v1/score`` from the served point (:mod:`deltarec.serving.score`);
+            None: no such endpoint.
     """
 
     def __init__(
@@ -109,6 +117,7 @@ class ReplicaApp:
         metrics: ReplicaMetrics,
         limits: ServeLimits,
         token: str | None = None,
+        scorer: ExampleScorer | None = None,
     ) -> None:
         self.follower, self.metrics, self.limits = follower, metrics, limits
         self._token = token.encode() if token else None
@@ -125,6 +134,8 @@ class ReplicaApp:
             ("POST", "/v1/rows"): self._rows,
             ("POST", "/v1/lookup"): self._lookup,
         }
+        if scorer is not None:
+            self._routes[("POST", "/v1/score")] = self._scorer(scorer)
 
     def close(self) -> None:
         """Stop the worker threads (requests still in flight get no answer)."""
@@ -358,6 +369,21 @@ class ReplicaApp:
             return table, ids, np.ascontiguousarray(values, dtype="<f4"), position
         head = b'{"generation": %d, "seq": %d, "rows": [' % (position.generation, position.seq)
         return table, ids, [head, *_json_rows(values), b"]}"], position
+
+    def _scorer(self, scorer: ExampleScorer) -> Handler:
+        """``POST /v1/score``: bounded as a lookup (body and ids), scored on a worker thread."""
+
+        async def score(req: _Request) -> None:
+            body_most = self.limits.max_body_bytes(rows=False)
+            req.content_length(body_most)
+            async with self._budget.hold(body_most, self.limits.queue_timeout_s):
+                body = await req.body(body_most)
+                most = self.limits.max_ids
+                inputs = await self._work(len(body) // 64, lambda: scorer.parse(body, most))
+                answer = await self._work(INLINE_KEYS + 1, lambda: scorer.score(inputs))
+            await self._json(req, answer)
+
+        return score
 
     def _most_keys(self, key_bytes: int, cap: int) -> int:
         """The most keys one request may name when each answers ``key_bytes`` bytes."""

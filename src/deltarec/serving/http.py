@@ -148,6 +148,8 @@ class ReplicaServer:
         limits: the request bounds (default: :class:`~deltarec.serving.limits.ServeLimits`).
         token: the bearer token ``/v1/*`` requires (None: open); the health endpoints and
             ``/metrics`` never require it.
+        scorer: answers ``POST /v1/score`` (:class:`~deltarec.serving.score.ExampleScorer`);
+            None: no scoring endpoint.
 
     Raises:
         DeltarecError: the address cannot be bound.
@@ -160,10 +162,11 @@ class ReplicaServer:
         port: int = 0,
         limits: ServeLimits | None = None,
         token: str | None = None,
+        scorer: Any = None,
     ) -> None:
         self.limits = limits or ServeLimits()
         self._metrics = ReplicaMetrics(follower)
-        self._app = ReplicaApp(follower, self._metrics, self.limits, token)
+        self._app = ReplicaApp(follower, self._metrics, self.limits, token, scorer)
         self._socket = _bind(host, port, backlog=2048)
         self.host = host
         self.port: int = int(self._socket.getsockname()[1])

@@ -27,7 +27,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from deltarec.serving.replica import Replica, Snapshot
 from deltarec.serving.table import decode_rows
-from deltarec.serving.types import NotReadyError, ReplicaError
+from deltarec.serving.types import NotReadyError, Position, ReplicaError
 
 
 class _Lookup(nn.Module):
@@ -155,12 +155,16 @@ class ServingModel:
             NotReadyError: the replica serves nothing yet.
             ReplicaError: the snapshot has no dense state, or it does not fit the model.
         """
+        return self.score_at(*inputs, **kwargs)[1]
+
+    def score_at(self, *inputs: Any, **kwargs: Any) -> tuple[Position, Any]:
+        """``(the snapshot's point, the model's output)``: :meth:`score` and where it read."""
         with self._lock, self.replica.pinned() as snap:
             self._load_dense(snap)
             self._snap = snap
             try:
                 with torch.no_grad():
-                    return self.model(*inputs, **kwargs)
+                    return snap.position, self.model(*inputs, **kwargs)
             finally:
                 self._snap = None
 
@@ -169,7 +173,8 @@ class ServingModel:
         if dense is None:
             raise ReplicaError(
                 f"{snap.position.describe()} carries no dense state: train with "
-                "dense_every (DELTAREC_DENSE_EVERY) to commit it with the dumps"
+                "--dense-every N (the pipeline's dense_every, DELTAREC_DENSE_EVERY) to commit it "
+                "with the dumps"
             )
         if self._dense_loaded is dense:
             return
