@@ -376,11 +376,15 @@ class ReplicaApp:
         async def score(req: _Request) -> None:
             body_most = self.limits.max_body_bytes(rows=False)
             req.content_length(body_most)
-            async with self._budget.hold(body_most, self.limits.queue_timeout_s):
+            # working copies: the parsed ids and the rows they read (float32, at the widest dim)
+            snap = self.follower.replica.current
+            widest = max((t.spec.dim for t in snap.tables.values()), default=1) if snap else 1
+            work = self.limits.max_ids * (8 + 4 * widest)
+            async with self._budget.hold(body_most + work, self.limits.queue_timeout_s):
                 body = await req.body(body_most)
                 most = self.limits.max_ids
-                inputs = await self._work(len(body) // 64, lambda: scorer.parse(body, most))
-                answer = await self._work(INLINE_KEYS + 1, lambda: scorer.score(inputs))
+                inputs = await self._work(lambda: scorer.parse(body, most))
+                answer = await self._work(lambda: scorer.score(inputs))
             await self._json(req, answer)
 
         return score

@@ -66,7 +66,7 @@ class ExampleScorer:
         self.bag_features = list(self.config.tables)
         self.features = [*self.bag_features, HISTORY, ZCH_TABLE]
 
-    def parse(self, body: bytes, max_ids: int) -> ScoreInputs:
+    def parse(self, body: bytes | bytearray, max_ids: int) -> ScoreInputs:
         """The model's inputs of a request body (400 on anything else; at most ``max_ids``).
 
         Raises:
