@@ -158,6 +158,15 @@ def test_an_oversize_body_is_refused_by_its_declared_length_before_it_is_sent(se
     )
 
 
+def test_a_client_that_expects_100_continue_gets_the_refusal_instead_and_a_close(served):
+    head = (
+        f"POST /v1/rows?table={T_EMB} HTTP/1.1\r\nHost: x\r\nContent-Length: 8000\r\n"
+        "Expect: 100-continue\r\n\r\n"
+    )
+    status, headers, body = exchange(served.port, head.encode())  # the body is never sent
+    assert status == 413 and headers["connection"] == "close" and b"Continue" not in body
+
+
 def test_a_chunked_body_is_refused_once_it_streams_past_the_bound(served):
     head = f"POST /v1/rows?table={T_EMB} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
     chunk = b"%x\r\n%s\r\n" % (4096, b"\0" * 4096)

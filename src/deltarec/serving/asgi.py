@@ -193,6 +193,8 @@ class Request:
         text = self.headers.get("content-length", "")
         if self.broken or not text.isdigit() or int(text) > DRAIN_BYTES:
             return False
+        if self.headers.get("expect", "").lower() == "100-continue":
+            return False  # the client waits for this answer and will not send the body
         try:
             async with _deadline(self._timeout):
                 while True:
