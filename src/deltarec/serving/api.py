@@ -373,7 +373,7 @@ class ReplicaApp:
     def _scorer(self, scorer: ExampleScorer) -> Handler:
         """``POST /v1/score``: bounded as a lookup (body and ids), scored on a worker thread."""
 
-        async def score(req: _Request) -> None:
+        async def score(req: Request) -> None:
             body_most = self.limits.max_body_bytes(rows=False)
             req.content_length(body_most)
             # working copies: the parsed ids and the rows they read (float32, at the widest dim)
