@@ -202,8 +202,28 @@ def test_cli_promote_refuses_then_promotes_and_rollback_restores(
     lineage.dump(g2, 1, {lineage.T_EMB: (np.array([1, 99]), 3.0)})
     lineage.publish(sqlite_store, g2)
     assert main(["rollback", *common, "--to-generation", str(g)]) == 0
-    assert "1 keys restored, 1 removed" in capsys.readouterr().out
+    out = capsys.readouterr().out  # every key of the point republished; key 99 removed
+    assert "50 keys republished, 0 of them came back, 1 removed" in out
     assert main(["verify", *common, "--generation", str(g), "--all"]) == 0
+
+
+def test_cli_rollback_exits_1_naming_what_differs_when_the_store_does_not_equal_the_point(
+    lineage, sqlite_store, sqlite_url, capsys, monkeypatch
+):
+    from deltarec.stores.sqlite import SqliteStore
+
+    g = _published(lineage, sqlite_store)
+    common = ["--artifacts", lineage.root.uri, "--run", lineage.run, "--store", sqlite_url]
+    assert main(["verify", *common]) == 0 and main(["promote", *common, "--generation", "1"]) == 0
+    g2 = lineage.generation()
+    lineage.dump(g2, 1, {lineage.T_EMB: (np.array([1, 99]), 3.0)})
+    lineage.publish(sqlite_store, g2)
+    monkeypatch.setattr(SqliteStore, "sweep_below", lambda self, table, version: None)
+    capsys.readouterr()
+    assert main(["rollback", *common, "--to-generation", str(g)]) == 1  # key 99 was not removed
+    printed = capsys.readouterr()
+    assert "against generation 1 dump 1: DIFFERENT" in printed.out
+    assert "check failed" in printed.err and "SUPERSEDED) (e.g. key 99)" in printed.err
 
 
 def _options(command):

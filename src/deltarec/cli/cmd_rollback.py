@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from deltarec.promote.run import rollback
 
     require_existing_store(args.store)
-    console = Console()
+    console = Console(soft_wrap=True)  # one line per fact, whatever the terminal width
     try:
         result = rollback(
             args.artifacts, args.run, args.store, args.to_generation,
