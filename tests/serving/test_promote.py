@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import numpy as np
+import pytest
 from tests._helpers.artifacts import Lineage
 
 from deltarec.artifacts import Parent
 from deltarec.artifacts.lineage import expected_state
 from deltarec.promote import promote, rollback
 from deltarec.serving.follow import Follower, FollowOptions, StorePointer
+from deltarec.serving.http import ReplicaServer
 from deltarec.serving.replica import Replica
 from deltarec.stores import open_store
 from deltarec.verify import verify, write_record
@@ -171,10 +177,15 @@ def test_a_replica_of_a_run_that_no_longer_serves_is_not_ready_and_names_the_run
     ready, why = follower.readiness()
     assert not ready
     assert why == f"not ready: run {RUN!r} does not serve: serving is run 'two' generation 1 dump 1"
-    status = follower.status()
-    assert (status.ready, status.serves) == (False, False)
-    assert set(status.serving["tables"].values()) == {"two"}
-    assert status.serving["runs"] == {"two": {"generation": 1, "seq": 1}}
+    with ReplicaServer(follower) as server:  # what the readiness probe and a client see
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/status") as answer:
+            status = json.loads(answer.read())
+        with pytest.raises(urllib.error.HTTPError) as probe:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz")
+        assert probe.value.code == 503 and probe.value.read().decode().strip() == why
+    assert (status["ready"], status["serves"]) == (False, False)
+    assert set(status["serving"]["tables"].values()) == {"two"}
+    assert status["serving"]["runs"] == {"two": {"generation": 1, "seq": 1}}
     assert_replica_holds(follower.replica, outbox.root, g1, 1)  # rows kept, not advertised
     rollback(outbox.root, RUN, store, g1)  # RUN serves again
     follower.poll()
