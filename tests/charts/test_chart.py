@@ -266,3 +266,26 @@ def test_dense_every_reaches_the_config_and_makes_the_replicas_score():
     assert "--score" not in args["containers"][0]["args"]
     with pytest.raises(helm.HelmError, match="denseEvery"):
         render({**VALUES, "denseEvery": -1})
+
+
+def test_only_the_replicas_get_the_replica_token_from_the_credentials_secret():
+    creds = {"existingSecret": "deltarec-creds"}
+    values = {**VALUES, "credentials": creds, "replica": {"enabled": True}}
+    objs = objects(render(values))
+
+    def env_of(kind, name):
+        spec = objs[(kind, name)]["spec"]
+        if kind == "CronJob":
+            spec = spec["jobTemplate"]["spec"]
+        (c,) = spec["template"]["spec"]["containers"]
+        return {e["name"]: e for e in c.get("env", [])}
+
+    token = env_of("Deployment", "dr-deltarec-replica")["DELTAREC_REPLICA_TOKEN"]
+    ref = token["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "deltarec-creds", "key": "DELTAREC_REPLICA_TOKEN", "optional": True}
+    for kind, name in objs:
+        if kind in {"CronJob", "Deployment"} and name != "dr-deltarec-replica":
+            assert "DELTAREC_REPLICA_TOKEN" not in env_of(kind, name), name
+    off = objects(render({**values, "replica": {"enabled": True, "tokenKey": ""}}))
+    (c,) = off[("Deployment", "dr-deltarec-replica")]["spec"]["template"]["spec"]["containers"]
+    assert "DELTAREC_REPLICA_TOKEN" not in {e["name"] for e in c.get("env", [])}
