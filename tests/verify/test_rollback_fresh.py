@@ -5,6 +5,8 @@ the new run has not admitted); rollback used to restore only keys newer dumps wr
 ids stayed gone while rollback reported success.
 """
 
+import sys
+
 import numpy as np
 import pytest
 from tests._helpers.artifacts import Lineage
@@ -117,3 +119,22 @@ def test_rollback_that_leaves_the_store_unequal_fails_naming_what_differs(
         rollback(lineage.root, lineage.run, store, g1)
     assert not err.value.result.passed
     assert "generation 1 dump 1" in str(err.value)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_rollback_writes_the_same_rows_streamed_from_the_shards_or_loaded_by_key_in_chunks(
+    lineage, sqlite_store, monkeypatch, streamed
+):
+    module = sys.modules["deltarec.promote.rollback"]
+
+    store = sqlite_store
+    g1 = base_generation(lineage, store)
+    _verified_promote(lineage, store, g1)
+    _verified_promote(lineage, store, _fresh_retrain(lineage, store))
+    monkeypatch.setattr(module, "CHUNK_KEYS", 7)  # many chunks, across shards and row groups
+    monkeypatch.setattr(module, "DEFAULT_LOAD_CHUNK", 7)
+    if not streamed:  # a table over the budget is loaded by key
+        monkeypatch.setattr(module, "DEFAULT_FULL_SCAN_BYTES", 0)
+    result = rollback(lineage.root, lineage.run, store, g1)
+    assert result.passed
+    assert_store_equals(lineage, store, g1, 1)

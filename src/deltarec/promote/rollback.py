@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from deltarec.artifacts import codec
-from deltarec.artifacts.lineage import ExpectedState, ExpectedTable, expected_state
+from deltarec.artifacts.lineage import ExpectedRows, ExpectedState, ExpectedTable, expected_state
 from deltarec.artifacts.newer import newer_records, rollback_generations
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
@@ -69,7 +70,7 @@ from deltarec.stores import Serving, who_serves
 from deltarec.stores.base import Store
 from deltarec.stores.types import ServingPointer
 from deltarec.verify.engine import verify
-from deltarec.verify.options import VerifyOptions
+from deltarec.verify.options import DEFAULT_FULL_SCAN_BYTES, DEFAULT_LOAD_CHUNK, VerifyOptions
 from deltarec.verify.types import RowClass, VerifyResult
 
 log = logging.getLogger(__name__)
@@ -347,6 +348,12 @@ def _rows(et: ExpectedTable, step: int, fallback_keys: np.ndarray | None) -> Ite
     Every key the point holds with its row (``op = 0``, its step then); and each of
     ``fallback_keys`` with ``op = 1`` and the row its own record carries, or the table's
     fallback row at the point (a ZCH table; zeros elsewhere) where it has no record.
+
+    Rows are read as verify ``--all`` reads them: a table whose rows fit in
+    :data:`~deltarec.verify.options.DEFAULT_FULL_SCAN_BYTES` streams from its shards' row
+    groups (:class:`~deltarec.artifacts.lineage.ExpectedRows`, each row group decoded once
+    while keys advance through the shards in order, else the table loaded once); a larger one
+    is loaded by key in chunks of :data:`~deltarec.verify.options.DEFAULT_LOAD_CHUNK` keys.
     """
     present = et.present_keys()
     keys = present if fallback_keys is None else np.union1d(present, fallback_keys)
@@ -357,20 +364,24 @@ def _rows(et: ExpectedTable, step: int, fallback_keys: np.ndarray | None) -> Ite
     if len(keys) == 0:
         yield ShardRows.empty(spec.dtype, spec.dim)
         return
-    for start in range(0, len(keys), CHUNK_KEYS):
-        chunk = keys[start : start + CHUNK_KEYS]
-        idx = et.index_of(chunk)
-        known = idx >= 0
-        ops = np.full(len(chunk), Op.EVICTED, np.int8)
-        ops[known] = et.ops[idx[known]]
-        steps = np.full(len(chunk), step, np.int64)
-        steps[known] = et.steps[idx[known]]
-        rows = np.zeros((len(chunk), width), element)
-        if known.any():
-            rows[known] = et.load(chunk[known])
-        if fallback is not None and not known.all():
-            rows[~known] = fallback
-        yield ShardRows(chunk, rows, ops, steps)
+    streamed = len(et.keys) * codec.row_bytes(spec.dtype, spec.dim) <= DEFAULT_FULL_SCAN_BYTES
+    chunk_keys = CHUNK_KEYS if streamed else DEFAULT_LOAD_CHUNK
+    with ExpectedRows(et) if streamed else nullcontext() as reader:
+        for start in range(0, len(keys), chunk_keys):
+            chunk = keys[start : start + chunk_keys]
+            idx = et.index_of(chunk)
+            known = idx >= 0
+            ops = np.full(len(chunk), Op.EVICTED, np.int8)
+            ops[known] = et.ops[idx[known]]
+            steps = np.full(len(chunk), step, np.int64)
+            steps[known] = et.steps[idx[known]]
+            rows = np.zeros((len(chunk), width), element)
+            if known.any():
+                pos = idx[known]
+                rows[known] = reader.take(pos) if reader is not None else et.load(chunk[known])
+            if fallback is not None and not known.all():
+                rows[~known] = fallback
+            yield ShardRows(chunk, rows, ops, steps)
 
 
 def _fallback_row(et: ExpectedTable) -> np.ndarray | None:
