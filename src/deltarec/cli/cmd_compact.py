@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
 
     from deltarec.artifacts import ArtifactRoot
     from deltarec.artifacts.compact import PART_ROWS, compact
+    from deltarec.artifacts.history import RunHistory
 
-    root = ArtifactRoot(args.artifacts)
+    root = RunHistory(ArtifactRoot(args.artifacts))
     result = compact(
         root,
         args.run,

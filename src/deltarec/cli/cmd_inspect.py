@@ -174,8 +174,9 @@ def _print(report: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the description of the run (table, or JSON with ``--json``)."""
     from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.history import RunHistory
 
-    report = describe(ArtifactRoot(args.artifacts), args.run, args.generation)
+    report = describe(RunHistory(ArtifactRoot(args.artifacts)), args.run, args.generation)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

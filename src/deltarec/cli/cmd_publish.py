@@ -94,6 +94,7 @@ def _ranks(text: str | None) -> list[int] | None:
 def run(args: argparse.Namespace) -> int:
     """Publish the pending dumps and report."""
     from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.history import RunHistory
     from deltarec.errors import BadInputError
     from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
     from deltarec.publish.budget import check_budget, throttled
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadInputError(f"--batch-mb must be positive, got {args.batch_mb}")
     check_budget(args.read_p99_ms, "--read-p99-ms")
     ranks = _ranks(args.ranks)
-    root = ArtifactRoot(args.artifacts)
+    root = RunHistory(ArtifactRoot(args.artifacts))  # the run's records read once
     generation = (
         args.generation if args.generation is not None else root.latest_generation(args.run)
     )

@@ -7,6 +7,7 @@ rollback steps call the same functions.
 from __future__ import annotations
 
 from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts.history import RunHistory
 from deltarec.promote.promote import PromoteResult
 from deltarec.promote.promote import promote as promote_store
 from deltarec.promote.rollback import RollbackResult
@@ -28,7 +29,12 @@ def promote_generation(
     """Promote ``generation`` through ``through_seq`` (default: its newest dump)."""
     with open_store(store_url, artifacts, run=run) as store:
         return promote_store(
-            ArtifactRoot(artifacts), run, store, generation, through_seq=through_seq, force=force
+            RunHistory(ArtifactRoot(artifacts)),
+            run,
+            store,
+            generation,
+            through_seq=through_seq,
+            force=force,
         )
 
 
@@ -50,6 +56,6 @@ def rollback(
     """
     with open_store(store_url, artifacts, run=run) as store:
         return rollback_store(
-            ArtifactRoot(artifacts), run, store, to_generation, through_seq=through_seq,
+            RunHistory(ArtifactRoot(artifacts)), run, store, to_generation, through_seq=through_seq,
             sample=sample,
         )  # fmt: skip

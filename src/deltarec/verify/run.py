@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts.history import RunHistory
 from deltarec.stores import open_store
 from deltarec.verify.engine import verify as verify_store
 from deltarec.verify.options import DEFAULT_BATCH, DEFAULT_MAX_MISMATCHES, ProgressFn, VerifyOptions
@@ -42,7 +43,7 @@ def run_verification(
     The record (which promote requires) is written unless ``record`` is False. ``partition``
     checks only that partition's share (:mod:`deltarec.verify.partition`).
     """
-    root = ArtifactRoot(artifacts)
+    root = RunHistory(ArtifactRoot(artifacts))  # read once for the whole verification
     options = VerifyOptions(
         sample=sample,
         seed=seed,
