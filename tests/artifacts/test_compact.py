@@ -331,3 +331,22 @@ def test_a_backlog_of_small_dumps_is_published_several_at_a_time_and_verifies(tm
     capsys.readouterr()
     assert main(["publish", *loc, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["parts"] == []
+
+
+def test_a_restore_republishes_the_same_keys_once_a_base_replaced_the_dumps(tmp_path):
+    from deltarec.artifacts.lineage import keys_published_after
+
+    h = History(ArtifactRoot(str(tmp_path / "art")))
+    info = h.generation()
+    h.dump(info, 0, DumpKind.SNAPSHOT, n=100)
+    for seq in range(1, 7):
+        h.dump(info, seq, evict=1)
+    restore = Parent(info.generation, 35)  # a checkpoint inside dump 3's steps
+    before = keys_published_after(h.root, RUN, restore)
+    compact(h.root, RUN, through_seq=5)
+    for seq in range(0, 6):
+        shutil.rmtree(h.root.dump_dir(RUN, info.generation, seq))
+    after = keys_published_after(h.root, RUN, restore)
+    assert sorted(after) == sorted(before)
+    for t in before:
+        np.testing.assert_array_equal(after[t], before[t])

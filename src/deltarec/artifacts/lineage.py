@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from deltarec.artifacts import codec
-from deltarec.artifacts.base import BaseInfo, list_bases, part_shard, usable_base
+from deltarec.artifacts.base import BaseInfo, list_bases, part_shard, read_base, usable_base
 from deltarec.artifacts.expected import (
     ExpectedRows,
     ExpectedTable,
@@ -285,7 +285,33 @@ def keys_published_after(root: ArtifactRoot, run: str, parent: Parent) -> dict[s
                 if limit is not None:
                     keys = keys[np.asarray(cols[codec.STEP], dtype=np.int64) > limit]
                 found.setdefault(shard.table, []).append(keys)
+    _published_in_bases(root, run, past, found)
     return {t: np.unique(np.concatenate(parts)) for t, parts in found.items()}
+
+
+def _published_in_bases(
+    root: ArtifactRoot, run: str, past: dict[int, int], found: dict[str, list[np.ndarray]]
+) -> None:
+    """Add the keys whose record in a committed base lies outside the restored past.
+
+    Retention deletes dumps a base covers; the base keeps each key's newest record, whose
+    version and step are at least those of any row of the key it folded (steps only grow
+    within a generation), so a key a deleted dump wrote after the restore point has a record
+    outside the past in the base that covers that dump. Keys republished twice are harmless.
+    """
+    for g, s in list_bases(root, run):
+        base = read_base(root, run, g, s)
+        base_dir = root.base_dir(run, g, s)
+        for part in base.parts:
+            ref = ShardRef(base_dir, part_shard(part), base.through_version)
+            cols = _read_columns(root, ref, [codec.KEY, codec.STEP, codec.VERSION])
+            keys = np.asarray(cols[codec.KEY], dtype=np.int64)
+            gens = np.asarray(cols[codec.VERSION], dtype=np.int64) >> 32
+            limits = np.full(len(keys), np.iinfo(np.int64).min, np.int64)
+            for gen, limit in past.items():
+                limits[gens == gen] = limit
+            after = np.asarray(cols[codec.STEP], dtype=np.int64) > limits
+            found.setdefault(part.table, []).append(keys[after])
 
 
 __all__ = [
