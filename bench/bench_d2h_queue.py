@@ -4,12 +4,11 @@ A training step reads a scalar back (``loss.item()``) now and then. While the du
 copies gathered rows to pinned host memory on its own copy stream, that read may wait for the
 dump's copies queued before it. This benchmark measures it with the dump's own copy engine
 (``deltarec.tracking.pinned``): a thread copies ``--mb`` MiB of rows to host memory again and
-again, whole chunks (``COPY_QUEUED_PIECES = 0``, the default) or paced in pieces
-(``--queued N``, ``--piece-mb``), while the main thread times ``x.sum().item()`` on the
-default stream. The baseline is the same read with no copies running, in the same run.
+again in chunks of ``--chunk-mb`` (each chunk queued whole, as the worker does), while the main
+thread times ``x.sum().item()`` on the default stream. The baseline is the same read with no
+copies running, in the same run.
 
-    python bench/bench_d2h_queue.py                          # whole chunks, then paced 2 x 4 MiB
-    python bench/bench_d2h_queue.py --mb 512 --chunk-mb 32 --queued 2 --piece-mb 1
+    python bench/bench_d2h_queue.py [--mb 512] [--chunk-mb 32,8,2]
 
 Prints, per mode, the read's median / p99 / max in microseconds and the copy bandwidth,
 with date and machine. Needs a CUDA device.
@@ -51,7 +50,7 @@ def copier(rows: torch.Tensor, chunk_rows: int, stop: threading.Event, moved: li
     while not stop.is_set():
         for start in range(0, int(rows.shape[0]), chunk_rows):
             piece = rows[start : start + chunk_rows]
-            _, event, _ = eng.to_host(piece, wait_current=False, paced=True)
+            _, event, _ = eng.to_host(piece, wait_current=False)
             assert event is not None
             event.synchronize()
             host_bytes += piece.nbytes
@@ -60,10 +59,8 @@ def copier(rows: torch.Tensor, chunk_rows: int, stop: threading.Event, moved: li
     moved.append(host_bytes)
 
 
-def measure(a: argparse.Namespace, rows: torch.Tensor, x: torch.Tensor, queued: int) -> dict:
-    pinned.COPY_QUEUED_PIECES = queued
-    pinned.COPY_PIECE_BYTES = int(a.piece_mb * 2**20)
-    chunk_rows = max(1, int(a.chunk_mb * 2**20) // (rows.shape[1] * rows.element_size()))
+def measure(a: argparse.Namespace, rows: torch.Tensor, x: torch.Tensor, chunk_mb: float) -> dict:
+    chunk_rows = max(1, int(chunk_mb * 2**20) // (rows.shape[1] * rows.element_size()))
     stop = threading.Event()
     moved: list[int] = []
     t = threading.Thread(target=copier, args=(rows, chunk_rows, stop, moved), daemon=True)
@@ -86,9 +83,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=512, help="rows copied per pass (MiB)")
     p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--chunk-mb", type=float, default=32, help="one chunk of the worker (MiB)")
-    p.add_argument("--queued", type=int, default=2, help="paced mode: pieces queued at once")
-    p.add_argument("--piece-mb", type=float, default=4, help="paced mode: one piece (MiB)")
+    p.add_argument("--chunk-mb", default="32", help="chunk sizes of the copier (MiB), a list")
     p.add_argument("--reads", type=int, default=2000)
     p.add_argument("--gap-ms", type=float, default=1.0, help="sleep between two reads")
     a = p.parse_args()
@@ -99,19 +94,19 @@ def main() -> None:
     x = torch.randn(1 << 16, device=dev)
     torch.cuda.synchronize(dev)
     idle = reads(x, a.reads, a.gap_ms / 1e3)
-    whole = measure(a, rows, x, 0)
-    paced = measure(a, rows, x, a.queued)
+    sizes = [float(c) for c in a.chunk_mb.split(",")]
+    runs = {c: measure(a, rows, x, c) for c in sizes}
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{when}  {platform.node()}  {torch.cuda.get_device_name(dev)}")
-    print(f"rows {a.mb:g} MiB dim {a.dim}, chunks {a.chunk_mb:g} MiB, {a.reads} reads")
+    print(f"rows {a.mb:g} MiB dim {a.dim}, {a.reads} reads")
     print(f"{'mode':<34} {'median':>8} {'p99':>8} {'max':>8}  (us)  copy GB/s")
     print(f"{'no copies (baseline)':<34} {stats(idle)}")
-    print(f"{'whole chunks':<34} {stats(whole['reads_us'])}  {whole['gb_s']:.1f}")
-    label = f"paced: {a.queued} x {a.piece_mb:g} MiB queued"
-    print(f"{label:<34} {stats(paced['reads_us'])}  {paced['gb_s']:.1f}")
     base = float(np.percentile(idle, 99))
-    for name, r in (("whole", whole), ("paced", paced)):
-        print(f"p99 / baseline p99, {name}: {np.percentile(r['reads_us'], 99) / base:.1f}")
+    for c, r in runs.items():
+        label = f"chunks of {c:g} MiB queued whole"
+        print(f"{label:<34} {stats(r['reads_us'])}  {r['gb_s']:.1f}")
+    for c, r in runs.items():
+        print(f"p99 / baseline p99, {c:g} MiB: {np.percentile(r['reads_us'], 99) / base:.1f}")
 
 
 if __name__ == "__main__":

@@ -26,15 +26,13 @@ in (the cadence then continues from it), so that a dump falls inside a block and
 after it are timed; ``--base-steps`` shortens the blocks without the hook. The targets
 printed are the stress line's (mean <= 1.03x, p99 <= 1.10x) below a dump every 1,000 steps,
 else the realistic cadences' (mean <= 1.01x, p99 <= 1.05x); both ask for no non-dump step over
-2x the median and a dump step <= 1.5x a normal one. ``--copy-queued 0,2`` alternates the
-blocks with the hook between whole-chunk and paced copies to host (``tracking.pinned``), each
-reported against the same blocks without the hook. The summaries are in
+2x the median and a dump step <= 1.5x a normal one. The summaries are in
 ``bench/train_loop_stats.py``.
 
     python bench/bench_train_loop_gpu.py [--tables 50000000x128,20000000x64,10000000x128]
         [--loops 20ms,2ms] [--ids hot,uniform] [--rounds 2] [--dir /tmp] [--json out.json]
         [--every 50 | --every-s 30] [--steps N] [--base-steps N] [--first-dump-at K]
-        [--copy-queued 0,2] [--encoder auto|thread|process] [--encode-workers N]
+        [--encoder auto|thread|process] [--encode-workers N]
 
 Realistic cadences, e.g.: ``--loops 2ms --every 1000 --steps 1000 --first-dump-at 500``;
 ``--loops 20ms --every 1000 --steps 1500 --base-steps 500 --first-dump-at 1000 --rounds 1``;
@@ -53,6 +51,7 @@ import os
 import platform
 import pstats
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -444,29 +443,23 @@ def run_config(
     loop: Loop,
     kind: str,
     n: int,
-    modes: list[int | None],
     gen: torch.Generator,
     began: float,
-) -> tuple[list[dict], dict[int | None, list[float]]]:
-    """Rounds of blocks: without the hook, with it (each copy mode in turn)."""
-    import deltarec.tracking.pinned as pinned
-
+) -> tuple[list[dict], list[float]]:
+    """Rounds of blocks: without the hook, then with it."""
     d = bench.dumper
     runs: list[dict] = []
-    holds: dict[int | None, list[float]] = {q: [] for q in modes}
+    holds: list[float] = []
     for rnd in range(a.rounds):
-        for q in modes:
-            if time.perf_counter() - began > a.time_budget_s:
-                print(f"time budget reached: {kind} round {rnd} skipped", flush=True)
-                return runs, holds
-            if q is not None:
-                pinned.COPY_QUEUED_PIECES = q  # the dumper is idle: drained after each block
-            for hooked in (False, True):
-                before = len(d.dump_seconds)
-                r = bench.block(loop, kind, n if hooked else a.base_steps or n, hooked, gen)
-                r["hooked"], r["queued"] = hooked, q
-                runs.append(r)
-                holds[q] += list(d.dump_seconds)[before:]
+        if time.perf_counter() - began > a.time_budget_s:
+            print(f"time budget reached: {kind} round {rnd} skipped", flush=True)
+            break
+        for hooked in (False, True):
+            before = len(d.dump_seconds)
+            r = bench.block(loop, kind, n if hooked else a.base_steps or n, hooked, gen)
+            r["hooked"] = hooked
+            runs.append(r)
+            holds += list(d.dump_seconds)[before:]
     return runs, holds
 
 
@@ -500,31 +493,15 @@ def main() -> None:
         help="move every thread of the encoder process to SCHED_IDLE or SCHED_BATCH",
     )
     p.add_argument(
-        "--copy-piece-mb",
-        type=float,
-        default=None,
-        help="the dump worker's device-to-host copy pieces (MiB; pinned.COPY_PIECE_BYTES)",
-    )
-    p.add_argument(
-        "--copy-queued",
-        default=None,
-        help="pieces queued at once (pinned.COPY_QUEUED_PIECES; 0: chunks copied whole); "
-        "several (0,2): the blocks with the hook take them in turn",
-    )
-    p.add_argument(
         "--profile-dumps", action="store_true", help="cProfile the training thread's after_step"
     )
     p.add_argument(
         "--sync-debug", action="store_true", help="count host synchronizations in after_step"
     )
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the dumps are removed
     if a.switch_interval_ms is not None:
         sys.setswitchinterval(a.switch_interval_ms / 1e3)
-    import deltarec.tracking.pinned as pinned
-
-    if a.copy_piece_mb is not None:
-        pinned.COPY_PIECE_BYTES = int(a.copy_piece_mb * 2**20)
-    modes = [int(x) for x in a.copy_queued.split(",")] if a.copy_queued else [None]
     began = time.perf_counter()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
@@ -537,8 +514,6 @@ def main() -> None:
         "switch_interval_s": sys.getswitchinterval(),
         "encoder": a.encoder,
         "encode_workers": a.encode_workers,
-        "copy_piece_bytes": pinned.COPY_PIECE_BYTES,
-        "copy_queued_pieces": pinned.COPY_QUEUED_PIECES if modes == [None] else modes,
         "every": None if a.every_s else a.every,
         "every_s": a.every_s,
         "encoder_sched": a.encoder_sched,
@@ -568,18 +543,14 @@ def main() -> None:
             gen = torch.Generator(device=dev).manual_seed(2)
             time_steps(loop, "uniform", 20, gen)  # warm-up
             for kind in a.ids.split(","):
-                runs, holds = run_config(a, bench, loop, kind, n, modes, gen, began)
-                for q in modes:
-                    mode = [r for r in runs if not r["hooked"] or r["queued"] == q]
-                    if not any(r["hooked"] for r in mode):
-                        continue
-                    s = summarize(mode, holds[q], targets)
-                    s["mlp_layers"] = (len(loop.mlp) - 3) // 2
-                    s["block_steps"] = {"with": n, "without": a.base_steps or n}
-                    s["copy_queued"] = q
-                    name = f"{preset}/{kind}" + ("" if q is None else f"/queued{q}")
-                    res["results"][name] = s
-                    report(name, s)
+                runs, holds = run_config(a, bench, loop, kind, n, gen, began)
+                if not any(r["hooked"] for r in runs):
+                    continue
+                s = summarize(runs, holds, targets)
+                s["mlp_layers"] = (len(loop.mlp) - 3) // 2
+                s["block_steps"] = {"with": n, "without": a.base_steps or n}
+                res["results"][f"{preset}/{kind}"] = s
+                report(f"{preset}/{kind}", s)
                 if a.json:
                     with open(a.json, "w") as f:
                         json.dump(res, f, indent=1, default=str)

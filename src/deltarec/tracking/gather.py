@@ -178,9 +178,7 @@ class DeviceRows(HostRows):
         eng.stream.wait_event(self.gathered)
         keys, rows = self.keys[start:stop], self.rows[start:stop]
         ops = torch.zeros(int(keys.shape[0]), dtype=torch.int8)
-        (hkeys, hrows), event, slot = eng.to_host(
-            keys, rows, wait_current=False, ring=ring, paced=True
-        )
+        (hkeys, hrows), event, slot = eng.to_host(keys, rows, wait_current=False, ring=ring)
         return HostRows(hkeys, hrows, ops, event, slot=slot)
 
     def wait(self) -> None:

@@ -17,7 +17,6 @@ import mmap
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -238,20 +237,6 @@ class PinnedRing:
             return len(self._free)
 
 
-COPY_PIECE_BYTES = 4 << 20
-"""The dump worker copies rows to host memory in pieces of at most this many bytes."""
-
-COPY_QUEUED_PIECES = 0
-"""At most this many of the dump worker's pieces are queued on the copy engine at once; 0 (the
-default) queues each chunk's copy whole. Off until a training loop's step times show it pays
-(``bench/bench_train_loop_gpu.py --copy-queued 2``).
-
-A device's copies to host memory run one after another, whatever stream queued them: a scalar
-the training reads (``loss.item()``) waited behind every byte queued before it, 9.6 ms behind
-512 MB on an H200 (pieces of 2-32 MB queued at once made no difference). Two pieces of 4 MB
-are about 0.15 ms of copying there; with two queued the engine never idles between them."""
-
-
 class CopyEngine:
     """One copy stream per device (:func:`copy_engine`), filling a ring or torch's pinned pool."""
 
@@ -259,32 +244,6 @@ class CopyEngine:
         self.device = device
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
-        self._queued: deque[torch.cuda.Event] = deque()
-        self._spare: list[torch.cuda.Event] = []
-        self._pacing = threading.Lock()
-
-    def _paced_copy(self, host: torch.Tensor, t: torch.Tensor) -> None:
-        """``host.copy_(t)`` on the copy stream in row pieces, few queued at a time."""
-        with self._pacing:
-            self._paced_pieces(host, t)
-
-    def _paced_pieces(self, host: torch.Tensor, t: torch.Tensor) -> None:
-        assert self.stream is not None
-        rows = int(t.shape[0]) if t.dim() else 1
-        row_bytes = max(1, t.nbytes // max(1, rows))
-        step = rows if t.dim() == 0 else max(1, COPY_PIECE_BYTES // row_bytes)
-        for start in range(0, rows, step):
-            while len(self._queued) >= COPY_QUEUED_PIECES:
-                done = self._queued.popleft()
-                done.synchronize()  # the GIL is free meanwhile
-                self._spare.append(done)
-            if t.dim():
-                host[start : start + step].copy_(t[start : start + step], non_blocking=True)
-            else:
-                host.copy_(t, non_blocking=True)
-            event = self._spare.pop() if self._spare else torch.cuda.Event()
-            event.record(self.stream)
-            self._queued.append(event)
 
     def to_host(
         self,
@@ -292,17 +251,13 @@ class CopyEngine:
         wait_current: bool = True,
         ring: PinnedRing | None = None,
         keep_one: bool = False,
-        paced: bool = False,
     ) -> tuple[list[torch.Tensor], torch.cuda.Event | None, PinnedSlot | None]:
         """Copy device tensors into pinned host tensors asynchronously.
 
         With ``wait_current`` the copy stream first waits for the calling thread's current
         stream (the producer of ``tensors``). With ``ring`` the host tensors lie in one of its
         slots (returned; ``keep_one`` as :meth:`PinnedRing.take`), else in fresh pinned
-        tensors of torch's caching host allocator. ``paced`` (the dump worker's copies): in
-        pieces, never more than :data:`COPY_QUEUED_PIECES` queued (the call waits for the
-        earlier ones), so that the training's own device-to-host reads never queue behind a
-        dump's rows.
+        tensors of torch's caching host allocator.
         """
         if not self.cuda:
             return list(tensors), None, None
@@ -316,10 +271,7 @@ class CopyEngine:
             hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         with torch.cuda.stream(self.stream):
             for t, host in zip(tensors, hosts, strict=True):
-                if paced and COPY_QUEUED_PIECES > 0:
-                    self._paced_copy(host, t)
-                else:
-                    host.copy_(t, non_blocking=True)
+                host.copy_(t, non_blocking=True)
                 t.record_stream(self.stream)
             event = torch.cuda.Event()
             event.record(self.stream)
