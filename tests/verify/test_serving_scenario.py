@@ -3,6 +3,8 @@ should serve after every step (promote, retrain, a failed verify, rollback, take
 
 Generations are written with the artifacts API and published by the real publisher; the
 failed verify goes through the pipelines' own FAIL step. Every backend that can list its keys.
+A serving replica of run ``one`` follows the store beside it: while ``one`` serves it holds the
+same point key by key and is ready; while ``two`` serves it is not ready.
 """
 
 import numpy as np
@@ -13,6 +15,8 @@ from deltarec.ids import make_version
 from deltarec.orchestrate import steps
 from deltarec.orchestrate.params import parse_params
 from deltarec.promote import promote, rollback
+from deltarec.serving.follow import Follower, StorePointer
+from deltarec.serving.replica import Replica
 from deltarec.stores import open_store, who_serves
 from deltarec.verify import VerifyOptions, verify, write_record
 
@@ -24,6 +28,7 @@ class Walk:
         root = Lineage.under(tmp_path).root
         self.url = url
         self.runs = {r: Lineage(root, run=r) for r in ("one", "two")}
+        self.follower = Follower(Replica(root, "one"), StorePointer(url, root.uri, "one"))
 
     def handle(self, run=None):
         return open_store(self.url, self.runs["one"].root.uri, run=run)
@@ -64,14 +69,36 @@ class Walk:
             parse_params(run_name=run, artifact_root=root, store_url=self.url), outcome
         )
 
+    def assert_replica(self, run, state):
+        follower = self.follower
+        follower.poll()
+        ready, why = follower.readiness()
+        if run != "one":
+            assert not ready and f"serving is run {run!r}" in why
+            return
+        assert ready, why
+        with follower.replica.pinned() as snap:
+            assert (snap.position.generation, snap.position.seq) == (
+                state.generation, state.through_seq,
+            )  # fmt: skip
+            for table, et in state.tables.items():
+                keys = et.present_keys()
+                held = snap.table(table)
+                np.testing.assert_array_equal(held.keys_np, keys)
+                found, _, rows = held.read(keys)
+                assert found.all()
+                np.testing.assert_array_equal(rows, et.load(keys))
+
     def first_key(self, run, generation):
         state = expected_state(self.runs[run].root, run, generation)
         return state.tables[Lineage.T_EMB].present_keys()[0]
 
     def assert_serving(self, run, generation, seq=1):
-        """What serving reads (a handle without a run) is ``run``'s point, key by key."""
+        """What serving reads (a handle without a run) is ``run``'s point, key by key; the
+        replica of run one holds it too (or is not ready while another run serves)."""
         lineage = self.runs[run]
         state = expected_state(lineage.root, run, generation, seq)
+        self.assert_replica(run, state)
         with self.handle() as serving:
             assert who_serves(serving).runs == [run]
             for table, et in state.tables.items():
@@ -119,3 +146,4 @@ def test_serving_equals_the_generation_that_should_serve_after_every_step(tmp_pa
         again = rollback(walk.runs["one"].root, "one", store, one_1)
     assert again.serving_before.runs == ["two"] and again.serving_after.runs == ["one"]
     walk.assert_serving("one", one_1)
+    walk.follower.pointer_source.close()
