@@ -175,6 +175,18 @@ def test_rollback_with_nothing_changed_writes_no_generation(lineage, store):
     assert store.get_serving(lineage.run).note.startswith("rollback to generation 1 dump 1")
 
 
+def test_rollback_with_nothing_committed_since_still_repairs_a_store_that_lost_a_row(
+    lineage, store
+):
+    g1 = base_generation(lineage, store)
+    promote(lineage.root, lineage.run, store, g1, force=True)
+    store.delete(lineage.T_EMB, np.array([42]), make_version(g1, 1))  # lost behind our back
+    result = rollback(lineage.root, lineage.run, store, g1)
+    assert result.passed and result.generation == 2
+    assert result.came_back == {lineage.T_EMB: 1, lineage.T_ZCH: 0}
+    _assert_store_equals_expected(lineage, store, g1, 1)
+
+
 def test_rollback_to_an_earlier_dump_of_the_same_generation(lineage, store):
     g1 = base_generation(lineage, store)
     result = rollback(lineage.root, lineage.run, store, g1, through_seq=0)
