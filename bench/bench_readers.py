@@ -10,8 +10,9 @@ PostgreSQL schema, a Redis key prefix):
    point reads of random keys of dump 1 on the serving name, the way a serving client reads
    (``SELECT embedding, version FROM emb_<table> WHERE key = ?`` (``= ANY`` for a multi-get),
    ``HGET`` / ``HMGET emb:<table>``) at a fixed offered rate (``--rate`` reads a second in all,
-   on a fixed schedule: a read's latency counts from when it was due, so a read held up behind
-   a slow one counts its wait);
+   on a fixed schedule). A read's latency is from its request to its reply (the figures
+   printed); ``phases_from_due`` in the JSON counts from when it was due, so a read held up
+   behind a slow one, or by a client starved of CPU, counts its wait too;
 3. after ``--before`` seconds, ``deltarec publish`` (a subprocess, as an operator runs it)
    lands dump 2, a delta rewriting every key (``--rows`` rows, a new version), with or
    without ``--read-p99-ms``; ``--after`` seconds later the readers stop.
@@ -134,16 +135,17 @@ def _client(kind, target, keys, rate, per_read, stop, out, seed):  # type: ignor
         if wait > 0:
             time.sleep(wait)
         pick = [int(keys[rng.randrange(len(keys))]) for _ in range(per_read)]
+        sent = time.time()
         read(pick)
         done = time.time()
-        got.append((due, done - due))
+        got.append((due, done - due, done - sent))
         due += interval
     out.extend(got)
 
 
 def _reader_main(kind, target, keys, clients, rate, per_read, stop, queue):  # type: ignore[no-untyped-def]
-    """The reader process: ``clients`` threads; sends back [(due, latency)] when stopped."""
-    out: list[tuple[float, float]] = []
+    """The reader process: ``clients`` threads; sends back [(due, response, service)]."""
+    out: list[tuple[float, float, float]] = []
     threads = [
         threading.Thread(
             target=_client, args=(kind, target, keys, rate / clients, per_read, stop, out, i)
@@ -172,7 +174,7 @@ class Readers:
         )  # fmt: skip
         self._process.start()
 
-    def stop(self) -> list[tuple[float, float]]:
+    def stop(self) -> list[tuple[float, float, float]]:
         self._stop.set()
         got = self._queue.get(timeout=120)
         self._process.join(30)
@@ -216,7 +218,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
     t0 = time.time()
     if window is not None:
         time.sleep(window)
-        lat = [x for d, x in readers.stop() if d >= t0]
+        lat = [x for d, _, x in readers.stop() if d >= t0]
         return {"idle": _stats(lat)}
     time.sleep(args.before)
     load = os.getloadavg()
@@ -224,24 +226,23 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
     result = _publish(root.uri, url, budget_ms)
     p1 = time.time()
     time.sleep(args.after)
-    got = [(d, x) for d, x in readers.stop() if d >= t0]
-    phases = {
-        "before": [x for d, x in got if d < p0],
-        "during": [x for d, x in got if p0 <= d < p1],
-        "after": [x for d, x in got if d >= p1],
-    }
+    got = [(d, x, y) for d, x, y in readers.stop() if d >= t0]
+    spans = {"before": (t0, p0), "during": (p0, p1), "after": (p1, float("inf"))}
     seconds = []
     for s in range(int(got[-1][0] - t0) + 1):
-        lat = [x for d, x in got if t0 + s <= d < t0 + s + 1]
+        lat = [y for d, _, y in got if t0 + s <= d < t0 + s + 1]
         phase = "during" if p0 - t0 <= s + 0.5 < p1 - t0 else ("before" if s < p0 - t0 else "after")
         seconds.append({"s": s, "phase": phase, **_stats(lat)})
-    longest = max(got, key=lambda g: g[1])
+    longest = max(got, key=lambda g: g[2])
     return {
         "budget_ms": budget_ms,
         "load_before_publish": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in os.getloadavg()],
-        "phases": {k: _stats(v) for k, v in phases.items()},
-        "longest_read_ms": round(longest[1] * 1e3, 3),
+        "phases": {k: _stats([y for d, _, y in got if a <= d < b]) for k, (a, b) in spans.items()},
+        "phases_from_due": {
+            k: _stats([x for d, x, _ in got if a <= d < b]) for k, (a, b) in spans.items()
+        },
+        "longest_read_ms": round(longest[2] * 1e3, 3),
         "longest_read_at_s": round(longest[0] - p0, 3),
         "publish_s": round(p1 - p0, 3),
         "publish_rows": result["rows"],
@@ -281,7 +282,7 @@ def freshness_trial(kind, url, target, root, keys, args, budget_ms):  # type: ig
     bg.close(timeout=900)
     p1 = time.time()
     time.sleep(1.0)
-    got = [(d, x) for d, x in readers.stop() if d >= t0]
+    got = [(d, y) for d, _, y in readers.stop() if d >= t0]
     fresh = sorted(float(r.freshness_s) for r in bg.results if r.freshness_s is not None)
     for seq in range(100, 100 + args.fresh_dumps):  # the next trial writes them again
         shutil.rmtree(root.dump_dir(RUN, 1, seq), ignore_errors=True)

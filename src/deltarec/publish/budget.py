@@ -17,8 +17,10 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    away;
 3. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis),
    starts from :data:`MIN_BYTES` and never sends a transaction that the time it took per byte
-   (the median of the last :data:`TIMED` transactions) says would take longer than the budget
-   less the probes' median (a read's own time);
+   says would take longer than the budget less the probes' median (a read's own time). The
+   time per byte is the least of the last :data:`TIMED` transactions: the server's share of
+   a write's time is at most all of it, so the least bounds what the server spends a byte,
+   and it does not count each transaction's round trips, which hold no reader up, as bytes;
 4. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
    ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
    background publisher also leaves its report beside the generation
@@ -57,7 +59,7 @@ JUDGE = 16
 """New probes before the next judgement (fewer cannot tell a p99 from noise)."""
 SLACK = 0.75
 """Under this fraction of the budget the transactions grow again."""
-GROW = 1.25
+GROW = 1.5
 """How much a transaction grows at a judgement under the budget."""
 MIN_BYTES = 4 << 10
 """The smallest transaction into a store whose writes block its reads (about 15 rows of dim
@@ -77,7 +79,7 @@ MAX_PAUSE_S = 0.5
 PROBE_START_S = 10.0
 """How long the first write after the probe started waits for its first reading at most."""
 TIMED = 16
-"""Transactions whose time per byte the cap of a blocking store is the median of."""
+"""Transactions whose time per byte the cap of a blocking store is the least of."""
 ROW_OVERHEAD = 24
 """Bytes a row counts for besides its encoded values (as the publisher sizes transactions)."""
 
@@ -151,7 +153,7 @@ class ReadBudget:
             return self.bytes
         own = statistics.median(self._window) if self._window else 0.0
         allowed = max(0.2 * self.p99_s, self.p99_s - own)
-        return int(allowed / statistics.median(self._per_byte))
+        return int(allowed / min(self._per_byte))
 
 
 @dataclass
