@@ -350,3 +350,22 @@ def test_a_restore_republishes_the_same_keys_once_a_base_replaced_the_dumps(tmp_
     assert sorted(after) == sorted(before)
     for t in before:
         np.testing.assert_array_equal(after[t], before[t])
+
+
+def test_a_point_older_than_every_base_whose_dumps_are_gone_is_refused_not_guessed(tmp_path):
+    from deltarec.errors import BadInputError
+
+    h = History(ArtifactRoot(str(tmp_path / "art")))
+    info = h.generation()
+    for seq in range(0, 6):
+        h.dump(info, seq)
+    compact(h.root, RUN, through_seq=4)
+    for seq in (0, 1):  # a gc cut short: the base covers them, dumps 2-4 are still there
+        shutil.rmtree(h.root.dump_dir(RUN, info.generation, seq))
+    assert expected_state(h.root, RUN, info.generation, 4).base is not None  # the base's point
+    with pytest.raises(BadInputError, match=r"dumps 1-1, needed to read generation 1 through"):
+        expected_state(h.root, RUN, info.generation, 2)
+    for seq in (2, 3, 4):
+        shutil.rmtree(h.root.dump_dir(RUN, info.generation, seq))
+    with pytest.raises(BadInputError, match=r"has no committed dump 2"):
+        expected_state(h.root, RUN, info.generation, 2)

@@ -183,7 +183,9 @@ def expected_state(
     for gen, cutoff in chain:
         if gen in folded and gen != last_folded:
             continue  # an ancestor the base folds up to its cutoff
-        for seq in root.list_dumps(run, gen):
+        seqs = root.list_dumps(run, gen)
+        _check_replayable(root, run, gen, seqs, folded.get(gen, -1), generation, through_seq)
+        for seq in seqs:
             if seq <= folded.get(gen, -1):
                 continue
             if gen == generation and through_seq is not None and seq > through_seq:
@@ -213,6 +215,34 @@ def expected_state(
             tables[table]._root = root
     version = manifests[-1].version if manifests else (base.through_version if base else 0)
     return ExpectedState(run, generation, through_seq, version, tables, manifests, base)
+
+
+def _check_replayable(
+    root: ArtifactRoot,
+    run: str,
+    gen: int,
+    seqs: list[int],
+    folded: int,
+    generation: int,
+    through_seq: int | None,
+) -> None:
+    """Refuse a replay of ``gen`` whose first dumps retention removed (a base covers them).
+
+    :meth:`~ArtifactRoot.list_dumps` lets a dump that a base covers be gone; a point older
+    than every base that fits would then be replayed without it, silently.
+    """
+    if not seqs:
+        return
+    start = folded + 1 if folded >= 0 else min(seqs[0], 1)
+    end = through_seq if gen == generation and through_seq is not None else seqs[-1]
+    gone = [s for s in range(start, end + 1) if s not in set(seqs)]
+    if gone:
+        point = f"dump {through_seq}" if through_seq is not None else "its newest dump"
+        raise BadInputError(
+            f"run {run!r} generation {gen}: dumps {gone[0]}-{gone[-1]}, needed to read "
+            f"generation {generation} through {point}, were removed by retention and no base "
+            "that fits the point covers them"
+        )
 
 
 def _add_base(
