@@ -289,3 +289,21 @@ def test_only_the_replicas_get_the_replica_token_from_the_credentials_secret():
     off = objects(render({**values, "replica": {"enabled": True, "tokenKey": ""}}))
     (c,) = off[("Deployment", "dr-deltarec-replica")]["spec"]["template"]["spec"]["containers"]
     assert "DELTAREC_REPLICA_TOKEN" not in {e["name"] for e in c.get("env", [])}
+
+
+def test_the_scheduled_gc_is_off_by_default_and_runs_deltarec_gc_for_the_chart_run():
+    assert not any(
+        kind == "CronJob" and name.endswith("-gc") for kind, name in objects(render(VALUES))
+    )
+    values = {**VALUES, "gcCronJob": {"enabled": True, "schedule": "17 3 * * *",
+                                      "keepPromotions": 5, "dryRun": True}}  # fmt: skip
+    objs = objects(render(values))
+    cron = objs[("CronJob", "dr-deltarec-gc")]
+    assert cron["spec"]["schedule"] == "17 3 * * *"
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["deltarec"]
+    assert c["args"] == [
+        "gc", "--artifacts", "$(DELTAREC_ARTIFACT_ROOT)", "--run", "$(DELTAREC_RUN)",
+        "--store", "$(DELTAREC_STORE_URL)", "--keep-promotions", "5", "--dry-run",
+    ]  # fmt: skip
+    assert c["envFrom"] == [{"configMapRef": {"name": "dr-deltarec-config"}}]
