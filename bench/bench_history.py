@@ -9,7 +9,11 @@ baseline of the backlog publish is one more delta of as many distinct keys as th
 rows (at most the table), published right after it into the same store (rows/s). Artifact
 bytes on disk before and after gc. Times are of the CLI's ``main`` in this process.
 
-    python bench/bench_history.py [--dumps 50 500] [--workdir DIR] [--json PATH]
+With ``--s3`` the artifact root is on a throwaway SeaweedFS (``deltarec.testing.servers``,
+credentials and endpoint through ``AWS_*`` variables as a user would give them) and each
+command's S3 requests are counted (s3fs's calls, by this process).
+
+    python bench/bench_history.py [--dumps 50 500] [--s3] [--workdir DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -59,6 +63,22 @@ def _one_dump(root: ArtifactRoot, seq: int, rows: int) -> None:
     write_dump(root, info, seq, {TABLE: {0: rows_}}, first_step=seq, last_step=seq)
 
 
+REQUESTS: list[int] = [0]
+"""S3 requests made so far (counted only with ``--s3``)."""
+
+
+def _count_s3_requests() -> None:
+    import s3fs
+
+    call = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):  # type: ignore[no-untyped-def]
+        REQUESTS[0] += 1
+        return await call(self, method, *args, **kwargs)
+
+    s3fs.S3FileSystem._call_s3 = counted
+
+
 def _timed(argv: list[str]) -> float:
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -68,46 +88,56 @@ def _timed(argv: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def _bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+def _bytes(root: ArtifactRoot) -> int:
+    if root.is_local:
+        return sum(f.stat().st_size for f in Path(root.path).rglob("*") if f.is_file())
+    root.fs.invalidate_cache()
+    return int(root.fs.du(root.path))
 
 
 def _commands(art: str, url: str, run: str = RUN) -> dict[str, float]:
     loc = ["--artifacts", art, "--run", run]
-    return {
-        "publish": _timed(["publish", *loc, "--store", url]),
-        "verify": _timed(["verify", *loc, "--store", url, "--no-record"]),
-        "verify_all": _timed(["verify", *loc, "--store", url, "--all", "--no-record"]),
-        "inspect": _timed(["inspect", *loc, "--json"]),
-    }
+    out: dict[str, float] = {}
+    for name, argv in (
+        ("publish", ["publish", *loc, "--store", url]),
+        ("verify", ["verify", *loc, "--store", url, "--no-record"]),
+        ("verify_all", ["verify", *loc, "--store", url, "--all", "--no-record"]),
+        ("inspect", ["inspect", *loc, "--json"]),
+    ):
+        before = REQUESTS[0]
+        out[name] = round(_timed(argv), 3)
+        if REQUESTS[0] != before:
+            out[f"{name}_requests"] = REQUESTS[0] - before
+    return out
 
 
-def one(dumps: int, work: Path) -> dict[str, object]:
-    art = work / f"d{dumps}"
-    root = ArtifactRoot(str(art))
+def one(dumps: int, work: Path, s3_uri: str | None = None) -> dict[str, object]:
+    art = s3_uri or str(work / f"d{dumps}")
+    root = ArtifactRoot(art)
     store = f"sqlite:///{work / f'd{dumps}-a.db'}"
     t0 = time.perf_counter()
     _write(root, dumps, store)
     written = time.perf_counter() - t0
     rows = dumps * KEYS_PER_DUMP  # the backlog's rows (the snapshot was published before)
-    before = _commands(str(art), store)
+    before = _commands(art, store)
     distinct = min(rows, ROWS)
     _one_dump(root, dumps + 1, distinct)
-    one_s = _timed(["publish", "--artifacts", str(art), "--run", RUN, "--store", store])
-    size_before = _bytes(art)
-    compact_s = _timed(["compact", "--artifacts", str(art), "--run", RUN])
-    gc_s = _timed(["gc", "--artifacts", str(art), "--run", RUN, "--store", store])
-    after = _commands(str(art), f"sqlite:///{work / f'd{dumps}-b.db'}")
+    one_s = _timed(["publish", "--artifacts", art, "--run", RUN, "--store", store])
+    size_before = _bytes(root)
+    compact_s = _timed(["compact", "--artifacts", art, "--run", RUN])
+    gc_s = _timed(["gc", "--artifacts", art, "--run", RUN, "--store", store])
+    after = _commands(art, f"sqlite:///{work / f'd{dumps}-b.db'}")
     backlog_rate = rows / before["publish"]
     return {
         "dumps": dumps,
         "write_s": round(written, 2),
-        "before": {k: round(v, 3) for k, v in before.items()},
+        "root": "s3" if s3_uri else "local",
+        "before": before,
         "compact_s": round(compact_s, 3),
         "gc_s": round(gc_s, 3),
-        "after": {k: round(v, 3) for k, v in after.items()},
+        "after": after,
         "bytes_before": size_before,
-        "bytes_after": _bytes(art),
+        "bytes_after": _bytes(root),
         "backlog_rows_per_s": round(backlog_rate),
         "one_dump_rows_per_s": round(distinct / one_s),
         "backlog_over_one_dump": round(backlog_rate / (distinct / one_s), 3),
@@ -119,6 +149,7 @@ def main_() -> None:
     ap.add_argument("--dumps", type=int, nargs="+", default=[50, 500])
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--s3", action="store_true", help="the artifact root on SeaweedFS")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-history-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -126,14 +157,24 @@ def main_() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     results = []
-    try:
-        for d in args.dumps:
-            r = one(d, work)
-            print(json.dumps(r))
-            results.append(r)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        s3 = None
+        if args.s3:
+            from deltarec.testing.servers import SeaweedServer
+
+            s3 = stack.enter_context(SeaweedServer())
+            os.environ.update(
+                AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_ENDPOINT_URL=s3.endpoint
+            )
+            _count_s3_requests()
+        try:
+            for d in args.dumps:
+                r = one(d, work, s3.fresh_uri()[0] if s3 is not None else None)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(work, ignore_errors=True)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "commit": commit,
