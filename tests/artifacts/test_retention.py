@@ -192,3 +192,33 @@ def _describe(url: str) -> str:
 
     with open_store(url) as s:
         return s.describe()
+
+
+def test_a_gc_cut_short_leaves_readers_working_and_a_rerun_finishes(tmp_path, h, capsys):
+    from deltarec.artifacts.retention import Needs, apply, plan
+
+    _eight(h)
+    url = _published(tmp_path, h)
+    compact(h.root, RUN, through_seq=7)
+    decisions = plan(h.root, RUN, Needs())
+    calls = []
+    real_rm = h.root.fs.rm
+
+    def dies_at_the_fourth(path, recursive=False):
+        calls.append(path)
+        if len(calls) == 4:  # after a manifest and a folder, then one more manifest: killed
+            raise KeyboardInterrupt
+        real_rm(path, recursive=recursive)
+
+    h.root.fs.rm = dies_at_the_fourth
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            apply(h.root, RUN, decisions)
+    finally:
+        h.root.fs.rm = real_rm
+    assert h.root.list_dumps(RUN, 1) == [2, 3, 4, 5, 6, 7]  # dump 1 has no manifest: ignored
+    assert h.root.list_incomplete_dumps(RUN, 1) == [1]
+    assert _verify_all(tmp_path, h, url)
+    _gc(h, [url], capsys=capsys)
+    assert h.root.committed_seqs(RUN, 1) == [7] and h.root.list_incomplete_dumps(RUN, 1) == []
+    assert _verify_all(tmp_path, h, url)

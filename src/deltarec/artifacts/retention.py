@@ -181,6 +181,13 @@ def _decisions(p: _Plan) -> list[Decision]:
                 assert cover is not None
                 reason = f"covered by {base_name(*cover)}"
                 out.append(Decision(path, "dump", g, s, True, reason))
+        if cover is not None and folded >= 0:
+            name = base_name(*cover)
+            for s in p.root.list_incomplete_dumps(p.run, g):
+                if s <= folded:  # a deletion cut short: a writer's dump is newer than any base
+                    path = p.root.url(f"{run_dir}/{gen_name(g)}/{dump_name(s)}")
+                    why = f"incomplete (no MANIFEST.json) and covered by {name}"
+                    out.append(Decision(path, "dump", g, s, True, why))
     for b in sorted(p.bases):
         path = p.root.url(p.root.base_dir(p.run, *b))
         why = p.keep_bases.get(b)
