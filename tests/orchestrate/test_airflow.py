@@ -16,7 +16,7 @@ from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
 from deltarec.orchestrate.params import PipelineParams
 from deltarec.stores import open_store
 
-from .conftest import assert_rolled_back_to_first, check_dag_folder
+from .conftest import check_dag_folder
 
 # Airflow is imported only in child processes with a scratch AIRFLOW_HOME: importing it here
 # would configure Airflow (and its logging) for the whole test session from ~/airflow.
@@ -90,9 +90,12 @@ def test_the_core_and_the_kfp_side_never_import_airflow():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_airflow_local_run_of_a_lost_write_rolls_back_calls_the_webhook_and_fails(
+def test_airflow_local_run_of_a_run_that_does_not_serve_fails_and_leaves_serving_as_it_was(
     tmp_path, lossy_team, monkeypatch, webhook, capsys
 ):
+    """Runs lt, then other, are promoted (other serves); a DAG run of lt loses a write: it
+    fails, calls the webhook, and who serves does not change (the FAIL branch that rolls a
+    serving run back runs under the real scheduler: test_airflow_scheduler.py)."""
     from deltarec.orchestrate import airflow_task
 
     from .conftest import train_in_process
@@ -116,8 +119,13 @@ def test_airflow_local_run_of_a_lost_write_rolls_back_calls_the_webhook_and_fail
         "lt/gen-000001/verify-report-000001.html"
     )
     assert airflow_task.promote(conf, record) == 1
+    other = {**conf, "run_name": "other"}  # another run takes serving over
+    airflow_task.provision(airflow_task.check_params(other))
+    taken = train_in_process(lossy_team, monkeypatch, PipelineParams(**other)).to_metadata()
+    assert airflow_task.choose(airflow_task.verify(other, taken)) == "promote"
+    assert airflow_task.promote(other, taken) == 1
 
-    # generation 2 loses a write: the DAG run rolls back to 1, calls the webhook and fails
+    # generation 2 of lt loses a write: the DAG run fails and calls the webhook; serving stays
     out = tmp_path / "result.json"
     code = main(["pipeline", "run", "--local", "--engine", "airflow", *common,
                  "--train-args", "--lose-key 3", "--pipeline-root", str(tmp_path / "airflow"),
@@ -128,10 +136,15 @@ def test_airflow_local_run_of_a_lost_write_rolls_back_calls_the_webhook_and_fail
     assert failed["generation"]["generation"] == 2 and "verify_failed" in failed["failure"]
     assert failed["metrics"]["keys_checked"] == 20.0 and failed["metrics"]["passed"] == 0.0
     assert failed["report"].endswith("lt/gen-000002/verify-report-000001.html")
-    assert_rolled_back_to_first(webhook, store)
+    (summary,) = webhook.received
+    assert (summary["action"], summary["rolled_back_to"]) == ("serving-unchanged", None)
+    assert summary["serving_before"]["tables"] == {"m.t": "other"}
+    assert summary["serving_after"] == summary["serving_before"]
     with open_store(store) as s:
+        assert s.registry.serving_runs() == {"m.t": "other"}
+        assert "rollback" not in s.registry.get_serving("lt").note
         dtype = s.views()["m.t"].dtype
-        got = s.read("m.t", lossy_team.KEYS)
+        got = s.read("m.t", lossy_team.KEYS)  # what serving reads: other's generation 1
     want = codec.decode(lossy_team.rows_of(1).embedding, dtype, 4)
     np.testing.assert_array_equal(codec.decode(got.embedding, dtype, 4), want)
 
