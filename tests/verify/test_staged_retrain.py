@@ -10,6 +10,8 @@ import pytest
 
 from deltarec.artifacts.lineage import expected_state
 from deltarec.promote import promote
+from deltarec.publish import DumpPublisher
+from deltarec.publish.types import PublishMode
 from deltarec.verify import VerifyOptions, verify, write_record
 
 OTHER_IDS = np.array([-1, 5, 23, 31, 40], np.int64)
@@ -83,3 +85,18 @@ def test_staged_retrain_verify_still_sees_a_row_the_snapshot_does_not_sweep(line
     result = _verify(lineage, store, g2, None)
     assert not result.passed
     assert [m.key for m in result.tables[lineage.T_ZCH].mismatches] == [77]
+
+
+def test_publishing_a_promoted_staged_generation_again_leaves_no_staging_views(lineage, store):
+    if not store.capabilities.staging:
+        pytest.skip(f"{store.kind} has no staging")
+    g1 = lineage.first_generation()
+    lineage.publish(store, g1, staged=True)
+    assert _verify(lineage, store, g1, None).passed
+    promote(lineage.root, lineage.run, store, g1)
+    assert store.views(staging_generation=g1) == {}
+    # the next trainer first publishes what earlier generations left pending: nothing here
+    publisher = DumpPublisher(store, lineage.root, lineage.run, mode=PublishMode.STAGED)
+    assert publisher.publish_generation(g1) == []
+    assert store.views(staging_generation=g1) == {}
+    assert _verify(lineage, store, g1, None).staged_tables == []

@@ -135,12 +135,18 @@ class DumpPublisher:
         return self._generations[generation]
 
     def prepare(self, generation: int) -> None:
-        """Provision the generation's views (and staging views) and register it; idempotent."""
+        """Provision the generation's views (and staging views) and register it; idempotent.
+
+        Staging views are provisioned only while the generation has parts left to write: a
+        staged generation that is wholly published may have been merged by promote already,
+        and provisioning its staging views again (a later trainer's catch-up of older
+        generations) would leave empty ones that make it look staged and unpromoted.
+        """
         if generation in self._prepared:
             return
         tables = self.generation_info(generation).tables
         self._call(lambda: self.store.provision(tables), f"provision generation {generation}")
-        if self.mode is PublishMode.STAGED:
+        if self.mode is PublishMode.STAGED and self.pending(generation):
             self._call(
                 lambda: self.store.provision(tables, staging_generation=generation),
                 f"provision staging views of generation {generation}",
