@@ -36,6 +36,8 @@ def test_on_s3_a_missing_dump_is_refused_and_a_base_replaces_the_dumps_gc_delete
     assert apply(h.root, RUN, decisions) == 5
     fresh = ArtifactRoot(h.root.uri, h.root.fs.storage_options)  # no listing cache
     assert fresh.list_dumps(RUN, info.generation) == [5]
+    listed = fresh.fs.ls(fresh.gen_dir(RUN, info.generation), detail=False)
+    assert sorted(p.rsplit("/", 1)[-1] for p in listed) == ["GENERATION.json", "dump-000005"]
     state = expected_state(fresh, RUN, info.generation)
     assert state.base is not None and [m.seq for m in state.manifests] == [5]
     for t in SPECS:

@@ -21,6 +21,8 @@ leaves an incomplete dump (base) that readers ignore, and a base still covers it
 
 from __future__ import annotations
 
+import contextlib
+import posixpath
 import time
 from dataclasses import dataclass, field
 
@@ -215,7 +217,40 @@ def apply(root: ArtifactRoot, run: str, decisions: list[Decision]) -> int:
             record = root.base_file(run, d.generation, d.seq)
         if root.exists(record):
             root.fs.rm(record)
+        inner = _subfolders(root, folder)
         if root.exists(folder):
             root.fs.rm(folder, recursive=True)
+        for sub in [*inner, folder]:  # deepest first: a store drops only an empty folder
+            _drop_folder(root, sub)
         done += 1
     return done
+
+
+def _subfolders(root: ArtifactRoot, folder: str) -> list[str]:
+    """The folders inside ``folder`` on an object store, deepest first (none locally)."""
+    if root.is_local or not hasattr(root.fs, "call_s3"):
+        return []
+    try:
+        found = root.fs.find(folder, withdirs=True, detail=True)
+    except FileNotFoundError:
+        return []
+    subs = [str(p) for p, info in found.items() if (info or {}).get("type") == "directory"]
+    subs = [p.rstrip("/") for p in subs if p.rstrip("/") != folder.rstrip("/")]
+    return sorted(set(subs), key=lambda p: p.count("/"), reverse=True)
+
+
+def _drop_folder(root: ArtifactRoot, folder: str) -> None:
+    """Remove an emptied folder's own entry on an object store.
+
+    SeaweedFS (and stores with directory objects) keep listing a folder once its files are
+    gone; every later listing of the generation would then ask for its manifest again, so the
+    cost of a run's commands would keep growing with the history gc deleted. Deleting the
+    ``<folder>/`` key drops the entry (a no-op where the store keeps none, as AWS S3).
+    """
+    if root.is_local or not hasattr(root.fs, "call_s3"):
+        return
+    bucket, _, key = folder.partition("/")
+    # the folder's files are gone either way: a failure here only leaves a listed entry
+    with contextlib.suppress(OSError, ValueError):
+        root.fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+    root.fs.invalidate_cache(posixpath.dirname(folder))
