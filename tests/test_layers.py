@@ -47,19 +47,24 @@ def _rank(package: str) -> int:
     raise AssertionError(f"package deltarec.{package} is in no layer of tests/test_layers.py")
 
 
+def _imported_names(path: Path) -> list[str]:
+    """Every absolute module name a module imports, at module level or inside a function."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
 def _imports(path: Path) -> set[str]:
     """The deltarec packages a module imports (``deltarec.X...`` -> ``X``)."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "deltarec":
-                out.add(parts[1] if len(parts) > 1 else "__init__")
+    for name in _imported_names(path):
+        parts = name.split(".")
+        if parts[0] == "deltarec":
+            out.add(parts[1] if len(parts) > 1 else "__init__")
     return out
 
 
@@ -100,16 +105,10 @@ and configs, naming, row checks, provisioning and ``open_store``. Backends are r
 def _store_modules(path: Path) -> set[str]:
     """The ``deltarec.stores.X`` modules a module imports (``X``; ``""`` for the face)."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[:2] == ["deltarec", "stores"]:
-                out.add(parts[2] if len(parts) > 2 else "")
+    for name in _imported_names(path):
+        parts = name.split(".")
+        if parts[:2] == ["deltarec", "stores"]:
+            out.add(parts[2] if len(parts) > 2 else "")
     return out
 
 
