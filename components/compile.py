@@ -2,10 +2,10 @@
 
     python components/compile.py STEP [OUTPUT.yaml]     # default OUTPUT: STEP.yaml
 
-STEP is one of the ten steps: ``params``, ``provision``, ``train``, ``train_launcher``,
+STEP is one of the twelve steps: ``params``, ``provision``, ``train``, ``train_launcher``,
 ``verify_plan``, ``verify_partition``, ``verify``, ``promote``, ``verify_failed``,
-``rollback`` (``deltarec.orchestrate.components.COMPONENTS``); the folder of the same name
-beside this file documents it (README.md). The
+``rollback``, ``compact``, ``gc`` (``deltarec.orchestrate.components.COMPONENTS``); the
+folder of the same name beside this file documents it (README.md). The
 definitions live in :mod:`deltarec.orchestrate.components`, so the installed ``deltarec
 pipeline compile --components DIR`` writes the same YAML, and Python code takes a component
 from there (``from deltarec.orchestrate.components import train``). Prints the path written;

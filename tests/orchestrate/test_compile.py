@@ -14,7 +14,7 @@ from deltarec.orchestrate.params import PipelineParams
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = [
     "provision", "train", "train_launcher", "verify_plan", "verify_partition", "verify",
-    "promote", "verify_failed", "rollback",
+    "promote", "verify_failed", "rollback", "compact", "gc",
 ]  # fmt: skip
 PARAMS = [
     "--run",

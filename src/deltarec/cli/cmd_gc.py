@@ -15,7 +15,7 @@ from deltarec.cli.common import add_location_arguments
 from deltarec.errors import BadInputError
 
 KEEP_PROMOTIONS = 3
-"""Rollback targets kept unless told: the newest promotions of the run, distinct points."""
+"""Rollback targets kept unless told (``deltarec.promote.retain.KEEP_PROMOTIONS``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,39 +57,19 @@ def _checkpoints(values: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def _needs(args: argparse.Namespace, generations: list[int]):  # type: ignore[no-untyped-def]
-    from deltarec.artifacts.retention import Needs
-    from deltarec.stores import open_store
-
-    if args.keep_promotions < 0:
-        raise BadInputError(f"--keep-promotions must be >= 0, got {args.keep_promotions}")
-    needs = Needs(checkpoints=_checkpoints(args.checkpoint))
-    for url in args.store:
-        with open_store(url, args.artifacts) as store:
-            points: list[tuple[int, int]] = []
-            for p in reversed(store.registry.serving_history(args.run)):
-                if (p.generation, p.seq) not in points:
-                    points.append((p.generation, p.seq))
-            needs.promotions.extend(points[: args.keep_promotions])
-            held = {}
-            for g in generations:
-                marks = store.registry.progress(args.run, g)
-                held[g] = max((m.seq for m in marks if m.complete), default=-1)
-            needs.stores[store.describe()] = held
-    return needs
-
-
 def run(args: argparse.Namespace) -> int:
     """Plan (and unless ``--dry-run``, apply) the run's retention; print every decision."""
-    from deltarec.artifacts import ArtifactRoot
-    from deltarec.artifacts.retention import apply, plan
+    from deltarec.promote.retain import collect
 
-    root = ArtifactRoot(args.artifacts)
-    gens = root.list_generations(args.run)
-    if not gens:
-        raise BadInputError(f"run {args.run!r} has no generation under {root.uri}")
-    decisions = plan(root, args.run, _needs(args, gens))
-    deleted = 0 if args.dry_run else apply(root, args.run, decisions)
+    result = collect(
+        args.artifacts,
+        args.run,
+        args.store,
+        keep_promotions=args.keep_promotions,
+        checkpoints=_checkpoints(args.checkpoint),
+        dry_run=args.dry_run,
+    )
+    decisions, deleted = result.decisions, result.deleted
     if args.json:
         rows = [
             {"path": d.path, "kind": d.kind, "delete": d.delete, "reason": d.reason}

@@ -229,6 +229,39 @@ def rollback(params: dict, to_generation: int) -> int:
     return result.to_generation
 
 
+@dsl.component(base_image=TOOLS_IMAGE)
+def compact(params: dict) -> int:
+    """Fold the run's newest generation into a base (SPEC §3a); returns the dumps it read.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+    """
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    return int(steps.compact_run(PipelineParams.from_arguments(params))["dumps_read"])
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def gc(params: dict, keep_promotions: int = 3, dry_run: bool = False) -> int:
+    """Delete the run's dumps and bases a base covers and nothing needs; returns how many.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+        keep_promotions: rollback targets kept (the store's newest promotions).
+        dry_run: decide and print, delete nothing.
+    """
+    import json
+
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    out = steps.gc_run(PipelineParams.from_arguments(params), keep_promotions, dry_run)
+    for row in out["paths"]:
+        print(json.dumps(row))
+    return int(out["deleted"])
+
+
 COMPONENTS = {
     "params": params_component(),
     "provision": provision,
@@ -240,5 +273,7 @@ COMPONENTS = {
     "promote": promote,
     "verify_failed": verify_failed,
     "rollback": rollback,
+    "compact": compact,
+    "gc": gc,
 }
 """Step name -> component, for compiling each one on its own."""

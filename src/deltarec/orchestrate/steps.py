@@ -41,6 +41,7 @@ from deltarec.dump.config import check_row_encoding, parse_row_encodings
 from deltarec.errors import BadInputError, CheckFailedError, ConfigError
 from deltarec.model.config import ModelConfig
 from deltarec.model.tables import declared_tables as model_declared_tables
+from deltarec.orchestrate.history_steps import compact_run, gc_run
 from deltarec.orchestrate.params import PipelineParams, table_specs
 from deltarec.orchestrate.train_step import (
     generation_record,
@@ -85,7 +86,9 @@ __all__ = [
     "VerifyFailedError",
     "VerifyOutcome",
     "call_webhook",
+    "compact_run",
     "declared_tables",
+    "gc_run",
     "generation_record",
     "log_outcome",
     "on_verify_failed",
