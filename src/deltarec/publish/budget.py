@@ -16,7 +16,9 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    transactions grow by :data:`GROW` (up to the store's default size) and the duty halves
    away;
 3. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis),
-   starts from :data:`MIN_BYTES` and never sends a transaction that the time it took per byte
+   sizes the writes by a cap alone (over the budget only the pauses grow: a write below the
+   cap would add round trips, not shorten any wait), starts from :data:`MIN_BYTES`, grows by
+   :data:`GROW` a write, and never sends a transaction that the time it took per byte
    says would take longer than the budget less the probes' median (a read's own time). The
    time per byte is the least of the last :data:`TIMED` transactions: the server's share of
    a write's time is at most all of it, so the least bounds what the server spends a byte,
@@ -128,10 +130,9 @@ class ReadBudget:
         self._fresh += len(probes)
         if self._fresh >= JUDGE and len(self._window) >= JUDGE:
             self._judge()
-        elif self.blocking and not self._window:  # no probe yet: the cap alone bounds it
-            self.bytes = min(self.max_bytes, int(self.bytes * GROW) + 1)
-        if self.blocking:
-            self.bytes = max(MIN_BYTES, min(self.bytes, self._blocking_cap()))
+        if self.blocking:  # the cap alone sizes a write (see _judge)
+            grown = min(self.max_bytes, int(self.bytes * GROW) + 1)
+            self.bytes = max(MIN_BYTES, min(grown, self._blocking_cap()))
         self.smallest = min(self.smallest, self.bytes)
         return min(MAX_PAUSE_S, self.duty * max(0.0, write_s))
 
@@ -140,7 +141,11 @@ class ReadBudget:
         self.last_p99_s = p99
         self._fresh = 0
         if p99 > self.p99_s:
-            self.bytes = max(self.min_bytes, self.bytes // 2)
+            # Where one write holds every read, the cap already bounds each wait; writes smaller
+            # than it would only add round trips and marks. Elsewhere a smaller transaction
+            # lets the pauses come more often.
+            if not self.blocking:
+                self.bytes = max(self.min_bytes, self.bytes // 2)
             self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty * 2))
             self._window.clear()  # judge the next step by what it does alone
         elif p99 < SLACK * self.p99_s:
