@@ -19,10 +19,11 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    sizes the writes by a cap alone (over the budget only the pauses grow: a write below the
    cap would add round trips, not shorten any wait), starts from :data:`MIN_BYTES`, grows by
    :data:`GROW` a write, and never sends a transaction that the time it took per byte
-   says would take longer than the budget less the probes' median (a read's own time). The
-   time per byte is the least of the last :data:`TIMED` transactions: the server's share of
-   a write's time is at most all of it, so the least bounds what the server spends a byte,
-   and it does not count each transaction's round trips, which hold no reader up, as bytes;
+   says would take longer than :data:`CAP_SHARE` of the budget less the probes' median (a
+   read's own time). The
+   time per byte is the slope of time over size of the last :data:`TIMED` transactions (a
+   write's round trips hold no reader up; only its bytes hold the server), at most the least
+   time per byte of any of them and at least :data:`FASTEST_S_PER_BYTE`;
 4. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
    ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
    background publisher also leaves its report beside the generation
@@ -43,6 +44,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.errors import ConfigError
@@ -81,7 +84,13 @@ MAX_PAUSE_S = 0.5
 PROBE_START_S = 10.0
 """How long the first write after the probe started waits for its first reading at most."""
 TIMED = 16
-"""Transactions whose time per byte the cap of a blocking store is the least of."""
+"""Transactions whose times give a blocking store's time per byte."""
+CAP_SHARE = 0.8
+"""The share of the budget (less a read's own time) a blocking store's write may take: the
+rest is room for the error of the time per byte."""
+FASTEST_S_PER_BYTE = 1e-8
+"""The least time per byte a blocking store is taken to need (100 MB/s: about the rate at
+which one Redis server thread applies rows of dim 64), whatever the fit says."""
 ROW_OVERHEAD = 24
 """Bytes a row counts for besides its encoded values (as the publisher sizes transactions)."""
 
@@ -117,7 +126,7 @@ class ReadBudget:
         self.smallest = self.bytes
         self._window: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._fresh = 0
-        self._per_byte: collections.deque[float] = collections.deque(maxlen=TIMED)
+        self._timed: collections.deque[tuple[int, float]] = collections.deque(maxlen=TIMED)
 
     def step(self, nbytes: int, write_s: float, probes: list[float]) -> float:
         """Account for a transaction of ``nbytes`` that took ``write_s``; the pause to make.
@@ -125,7 +134,7 @@ class ReadBudget:
         ``probes``: the probe latencies (seconds) that came since the last step.
         """
         if nbytes > 0 and write_s > 0:
-            self._per_byte.append(write_s / nbytes)
+            self._timed.append((nbytes, write_s))
         self._window.extend(probes)
         self._fresh += len(probes)
         if self._fresh >= JUDGE and len(self._window) >= JUDGE:
@@ -154,11 +163,32 @@ class ReadBudget:
 
     def _blocking_cap(self) -> int:
         """The largest transaction the budget allows where a write holds every read."""
-        if not self._per_byte:
+        if not self._timed:
             return self.bytes
         own = statistics.median(self._window) if self._window else 0.0
-        allowed = max(0.2 * self.p99_s, self.p99_s - own)
-        return int(allowed / min(self._per_byte))
+        allowed = max(0.2 * self.p99_s, CAP_SHARE * (self.p99_s - own))
+        return int(allowed / self._seconds_per_byte())
+
+    def _seconds_per_byte(self) -> float:
+        """What a byte more costs a write: the Theil-Sen slope of time over size of the writes.
+
+        The last :data:`TIMED` writes. A write's time is its round trips plus its bytes; only
+        the bytes hold the server (and so the readers). The slope is at most the least time per
+        byte of any of the writes (a write's bytes take at most all of its time) and at least
+        :data:`FASTEST_S_PER_BYTE`.
+        """
+        sizes = np.array([b for b, _ in self._timed], np.float64)
+        times = np.array([t for _, t in self._timed], np.float64)
+        bound = float((times / sizes).min())
+        # Theil-Sen: the median slope over pairs of writes of clearly different sizes, so that
+        # one write slowed by something else (the first of a part checks its rows) moves it not
+        i, j = np.triu_indices(len(sizes), 1)
+        apart = sizes[j] > 1.2 * sizes[i]
+        apart |= sizes[i] > 1.2 * sizes[j]
+        if apart.sum() < 8:
+            return bound
+        slopes = (times[j] - times[i])[apart] / (sizes[j] - sizes[i])[apart]
+        return min(bound, max(FASTEST_S_PER_BYTE, float(np.median(slopes))))
 
 
 @dataclass
