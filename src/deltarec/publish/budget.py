@@ -20,7 +20,9 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    cap would add round trips, not shorten any wait), starts from :data:`MIN_BYTES`, grows by
    :data:`GROW` a write, and never sends a transaction that the time it took per byte
    says would take longer than :data:`CAP_SHARE` of the budget less the probes' median (a
-   read's own time). The
+   read's own time). A write's time is what the store says it held the server
+   (``last_write_held_s``: Redis times its transactions, their encoding left out), else the
+   whole write call's. The
    time per byte is the slope of time over size of the last :data:`TIMED` transactions (a
    write's round trips hold no reader up; only its bytes hold the server), at most the least
    time per byte of any of them and at least :data:`FASTEST_S_PER_BYTE`;
@@ -128,13 +130,17 @@ class ReadBudget:
         self._fresh = 0
         self._timed: collections.deque[tuple[int, float]] = collections.deque(maxlen=TIMED)
 
-    def step(self, nbytes: int, write_s: float, probes: list[float]) -> float:
+    def step(
+        self, nbytes: int, write_s: float, probes: list[float], held_s: float | None = None
+    ) -> float:
         """Account for a transaction of ``nbytes`` that took ``write_s``; the pause to make.
 
-        ``probes``: the probe latencies (seconds) that came since the last step.
+        ``probes``: the probe latencies (seconds) that came since the last step. ``held_s``:
+        how long the transaction held the server, where the store tells (else ``write_s``).
         """
-        if nbytes > 0 and write_s > 0:
-            self._timed.append((nbytes, write_s))
+        timed = write_s if held_s is None else held_s
+        if nbytes > 0 and timed > 0:
+            self._timed.append((nbytes, timed))
         self._window.extend(probes)
         self._fresh += len(probes)
         if self._fresh >= JUDGE and len(self._window) >= JUDGE:
@@ -254,7 +260,8 @@ class Throttle:
         self._latencies.extend(probes)
         spec = self.publisher.generation_info(mark.generation).tables[mark.table]
         unit = codec.row_bytes(spec.dtype, spec.dim) + ROW_OVERHEAD
-        pause = self.policy.step(n * unit, write_s, probes)
+        held = getattr(self.publisher.store, "last_write_held_s", None)
+        pause = self.policy.step(n * unit, write_s, probes, held)
         self.publisher.batch_bytes = self.policy.bytes
         metrics = self.publisher.metrics
         if self.policy.last_p99_s is not None:

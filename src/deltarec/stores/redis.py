@@ -146,6 +146,10 @@ class RedisStore(RedisRegistry, RunViews, Store):
         self._scan_script = self._client.register_script(LUA_SCAN)
         self._switch_script = self._client.register_script(LUA_SWITCH)
         self._lock = threading.RLock()
+        self._held_s = 0.0
+        self.last_write_held_s: float | None = None
+        """Seconds the last write's transactions took, their encoding left out: what it held
+        the server (and so every reader) at most. The read budget sizes writes by it."""
         self._sender: ThreadPoolExecutor | None = None  # see apply
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
@@ -279,7 +283,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
                 queue, n, plain = self._prepared(table, batch, None, staging_generation)
                 if applied is not None:
                     applied.result()
-                applied = sender.submit(self._execute_fenced, queue, None, plain)
+                applied = sender.submit(self._held, queue, None, plain)
                 total += n
                 batch = following
             queue, n, plain = self._prepared(table, batch, mark, staging_generation)
@@ -288,8 +292,17 @@ class RedisStore(RedisRegistry, RunViews, Store):
         finally:
             if applied is not None:
                 wait([applied])  # after an error too: nothing of this call left in flight
-        self._execute_fenced(queue, mark, plain)
+        self._held(queue, mark, plain)
+        self.last_write_held_s, self._held_s = self._held_s, 0.0
         return total + n
+
+    def _held(self, queue: Any, mark: ProgressMark | None, plain: PlainBatch | None) -> None:
+        """:meth:`_execute_fenced`, its time added to what the write held the server."""
+        start = time.perf_counter()
+        try:
+            self._execute_fenced(queue, mark, plain)
+        finally:
+            self._held_s += time.perf_counter() - start
 
     def _prepared(
         self,
