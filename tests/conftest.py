@@ -52,3 +52,33 @@ def s3_server() -> Iterator[SeaweedServer]:
     """A real S3-compatible object store (SeaweedFS); each test makes its own bucket."""
     with SeaweedServer() as server:
         yield server
+
+
+_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_rendezvous_left_behind(request) -> Iterator[None]:
+    """A test that trains in this process (``deltarec train`` without torchrun) sets the rank
+    variables and opens a process group; both stay for the tests after it, whose ``deltarec
+    train`` children would then take themselves for ranks of a rendezvous on that port. Fail
+    the test that leaves them, and put the process back as it was."""
+    before = {k: os.environ.get(k) for k in _RANK_ENV}
+    yield
+    import sys
+
+    left = [k for k in _RANK_ENV if os.environ.get(k) != before[k]]
+    for k in left:
+        if before[k] is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = before[k]  # type: ignore[assignment]
+    dist = sys.modules.get("torch.distributed")
+    group = dist is not None and dist.is_available() and dist.is_initialized()
+    if group:
+        dist.destroy_process_group()
+    if left or group:
+        pytest.fail(
+            f"{request.node.nodeid} left rank variables {left} or a process group behind",
+            pytrace=False,
+        )

@@ -183,6 +183,8 @@ def _check_dump_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--artifacts needs --run NAME")
     if args.lease_ttl is not None and args.lease_ttl <= 0:
         raise ConfigError(f"--lease-ttl must be positive, got {args.lease_ttl}")
+    if args.dense_every is not None and args.dense_every < 1:
+        raise ConfigError(f"--dense-every must be >= 1 (dumps per dense state): {args.dense_every}")
     from deltarec.publish.budget import check_budget
     from deltarec.publish.types import check_publish_mode
     from deltarec.stores import require_sdk
@@ -322,7 +324,12 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(args)
     _check_row_encodings(args, config)
     _check_resume(config)
-    from deltarec.train.launch import init_distributed, launch_torchrun, under_torchrun
+    from deltarec.train.launch import (
+        RENDEZVOUS_ENV,
+        init_distributed,
+        launch_torchrun,
+        under_torchrun,
+    )
 
     if args.nproc_per_node is not None and not under_torchrun():
         if args.nproc_per_node < 1:
@@ -339,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
     if under_torchrun():
         exit_with_parent()
 
+    rank_env = {k: os.environ.get(k) for k in RENDEZVOUS_ENV}
     created = init_distributed(config.device)
     try:
         result = run_training(config, hooks=_hooks(args))
@@ -351,4 +359,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if created and dist.is_initialized():
             dist.destroy_process_group()
+        if created:  # the variables init_distributed set for a process of its own
+            for k, v in rank_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return 0

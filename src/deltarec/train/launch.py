@@ -37,6 +37,17 @@ _PR_SET_PDEATHSIG = 1
 _watchdog: threading.Thread | None = None
 
 
+RENDEZVOUS_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""The variables torchrun gives each rank, and :func:`init_distributed` a process of its own."""
+
+
 def under_torchrun() -> bool:
     """True if this process was started by torchrun (or any launcher setting RANK/WORLD_SIZE)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
