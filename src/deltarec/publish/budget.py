@@ -21,8 +21,8 @@ readers compete with the write for CPU, WAL and buffers. With a budget (``--read
    :data:`GROW` a write, and never sends a transaction that the time it took per byte
    says would take longer than :data:`CAP_SHARE` of the budget less the probes' median (a
    read's own time). A write's time is what the store says it held the server
-   (``last_write_held_s``: Redis times its transactions, their encoding left out), else the
-   whole write call's. The
+   (``last_write_held_s``: Redis, asked to by ``server_timing``, takes ``EXEC``'s time from
+   the server), else the whole write call's. The
    time per byte is the slope of time over size of the last :data:`TIMED` transactions (a
    write's round trips hold no reader up; only its bytes hold the server), at most the least
    time per byte of any of them and at least :data:`FASTEST_S_PER_BYTE`;
@@ -245,6 +245,9 @@ class Throttle:
         self._chained: BatchHook | None = publisher.after_batch
         publisher.batch_bytes = self.policy.bytes
         publisher.after_batch = self.after_batch
+        self._timing = hasattr(store, "server_timing")  # a store that can time its writes
+        if self._timing:
+            store.server_timing = True  # type: ignore[attr-defined]
         self._since = time.monotonic()
 
     @property
@@ -298,6 +301,8 @@ class Throttle:
         if self.publisher.after_batch == self.after_batch:
             self.publisher.after_batch = self._chained
             self.publisher.batch_bytes = self._default_bytes
+            if self._timing:
+                self.publisher.store.server_timing = False  # type: ignore[attr-defined]
         r = self.report
         r.probes = len(self._latencies)
         if self._latencies:

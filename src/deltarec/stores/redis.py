@@ -150,6 +150,11 @@ class RedisStore(RedisRegistry, RunViews, Store):
         self.last_write_held_s: float | None = None
         """Seconds the last write's transactions took, their encoding left out: what it held
         the server (and so every reader) at most. The read budget sizes writes by it."""
+        self.server_timing = False
+        """Time writes on the server (``EXEC``'s microseconds in ``INFO commandstats``, one
+        more round trip a batch; set by the read budget): ``last_write_held_s`` then counts
+        only the server's time (all clients' ``EXEC`` since the write before: never less)."""
+        self._exec_usec: int | None = None
         self._sender: ThreadPoolExecutor | None = None  # see apply
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
@@ -302,7 +307,20 @@ class RedisStore(RedisRegistry, RunViews, Store):
         try:
             self._execute_fenced(queue, mark, plain)
         finally:
-            self._held_s += time.perf_counter() - start
+            held = time.perf_counter() - start
+            if self.server_timing:  # the server's own time for EXEC since the last write
+                usec, self._exec_usec = self._exec_usec, self._server_exec_usec()
+                if usec is not None and self._exec_usec is not None:
+                    held = min(held, max(0, self._exec_usec - usec) / 1e6)
+            self._held_s += held
+
+    def _server_exec_usec(self) -> int | None:
+        """The server's microseconds spent in ``EXEC`` so far (``INFO commandstats``)."""
+        try:
+            stats: Any = self._client.info("commandstats")
+            return int(stats["cmdstat_exec"]["usec"])
+        except (redis_lib.RedisError, KeyError, TypeError, ValueError):
+            return None
 
     def _prepared(
         self,
