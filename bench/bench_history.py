@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +52,8 @@ def _write(root: ArtifactRoot, dumps: int, store: str) -> int:
         keys = np.unique(rng.integers(0, ROWS, KEYS_PER_DUMP))
         rows = random_rows(keys, spec, seed=seq, step=seq)
         write_dump(root, info, seq, {TABLE: {0: rows}}, first_step=seq, last_step=seq)
+        if seq % 500 == 0:
+            print(f"# {seq} of {dumps} dumps written", file=sys.stderr, flush=True)
     return info.generation
 
 
@@ -88,11 +91,34 @@ def _timed(argv: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def _counted(out: dict[str, float], name: str, argv: list[str]) -> float:
+    """Time ``argv`` into ``out[name]``, with its S3 requests (if any) in ``name_requests``."""
+    before = REQUESTS[0]
+    out[name] = seconds = round(_timed(argv), 3)
+    if REQUESTS[0] != before:
+        out[f"{name}_requests"] = REQUESTS[0] - before
+    return seconds
+
+
 def _bytes(root: ArtifactRoot) -> int:
     if root.is_local:
         return sum(f.stat().st_size for f in Path(root.path).rglob("*") if f.is_file())
     root.fs.invalidate_cache()
     return int(root.fs.du(root.path))
+
+
+def _kept(root: ArtifactRoot, generation: int) -> dict[str, int]:
+    """What gc left: the newest base's bytes (its parts), and the dumps kept (the window)."""
+    from deltarec.artifacts.base import list_bases, read_base
+
+    root.fs.invalidate_cache()
+    bases = list_bases(root, RUN)
+    base = read_base(root, RUN, *bases[-1]) if bases else None
+    return {
+        "bases_kept": len(bases),
+        "base_bytes": sum(p.bytes for p in base.parts) if base else 0,
+        "dumps_kept": len(root.committed_seqs(RUN, generation)),
+    }
 
 
 def _commands(art: str, url: str, run: str = RUN) -> dict[str, float]:
@@ -104,10 +130,7 @@ def _commands(art: str, url: str, run: str = RUN) -> dict[str, float]:
         ("verify_all", ["verify", *loc, "--store", url, "--all", "--no-record"]),
         ("inspect", ["inspect", *loc, "--json"]),
     ):
-        before = REQUESTS[0]
-        out[name] = round(_timed(argv), 3)
-        if REQUESTS[0] != before:
-            out[f"{name}_requests"] = REQUESTS[0] - before
+        _counted(out, name, argv)
     return out
 
 
@@ -116,16 +139,18 @@ def one(dumps: int, work: Path, s3_uri: str | None = None) -> dict[str, object]:
     root = ArtifactRoot(art)
     store = f"sqlite:///{work / f'd{dumps}-a.db'}"
     t0 = time.perf_counter()
-    _write(root, dumps, store)
+    generation = _write(root, dumps, store)
     written = time.perf_counter() - t0
     rows = dumps * KEYS_PER_DUMP  # the backlog's rows (the snapshot was published before)
     before = _commands(art, store)
     distinct = min(rows, ROWS)
     _one_dump(root, dumps + 1, distinct)
-    one_s = _timed(["publish", "--artifacts", art, "--run", RUN, "--store", store])
+    loc = ["--artifacts", art, "--run", RUN]
+    one_s = _counted(before, "publish_one_dump", ["publish", *loc, "--store", store])
     size_before = _bytes(root)
-    compact_s = _timed(["compact", "--artifacts", art, "--run", RUN])
-    gc_s = _timed(["gc", "--artifacts", art, "--run", RUN, "--store", store])
+    upkeep: dict[str, float] = {}
+    compact_s = _counted(upkeep, "compact", ["compact", *loc])
+    gc_s = _counted(upkeep, "gc", ["gc", *loc, "--store", store])
     after = _commands(art, f"sqlite:///{work / f'd{dumps}-b.db'}")
     backlog_rate = rows / before["publish"]
     return {
@@ -135,9 +160,11 @@ def one(dumps: int, work: Path, s3_uri: str | None = None) -> dict[str, object]:
         "before": before,
         "compact_s": round(compact_s, 3),
         "gc_s": round(gc_s, 3),
+        **{f"{k}": v for k, v in upkeep.items() if k.endswith("_requests")},
         "after": after,
         "bytes_before": size_before,
         "bytes_after": _bytes(root),
+        **_kept(root, generation),
         "backlog_rows_per_s": round(backlog_rate),
         "one_dump_rows_per_s": round(distinct / one_s),
         "backlog_over_one_dump": round(backlog_rate / (distinct / one_s), 3),
