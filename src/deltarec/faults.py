@@ -27,8 +27,12 @@ ENV = "DELTAREC_FAULT"
 DIR_ENV = "DELTAREC_FAULT_DIR"
 POINTS = ("shard.write", "commit.manifest", "publish.batch", "checkpoint.save")
 """The fault points, in the order a dump and its checkpoint reach them."""
-COMPACT_POINTS = ("compact.part", "compact.base_json")
-"""Compaction's fault points: after a part's bytes are built, before BASE.json is written."""
+COMPACT_POINTS = ("compact.part", "compact.partition", "compact.base_json")
+"""Compaction's fault points: after a part's bytes are built, before a partition's record is
+written (a fanned-out compaction), before BASE.json is written."""
+GC_POINTS = ("gc.delete",)
+"""Retention's fault point: a dump's MANIFEST.json (a base's BASE.json) deleted, its folder not
+yet."""
 
 SLOW_ENV = "DELTAREC_SLOW"
 SLOW_POINTS = ("redis.exec",)

@@ -154,6 +154,9 @@ FROZEN: dict[str, dict[str, F]] = {
         "--generation": F("int"),
         "--through-seq": F("int"),
         "--part-rows": F("int"),
+        "--tables": F("str"),
+        "--key-range": F("str"),
+        "--commit": F("switch", False),
         "--json": F("switch", False),
     },
     "gc": {

@@ -31,6 +31,7 @@ from deltarec.artifacts.lease import current_holder
 from deltarec.artifacts.lineage import cutoffs
 from deltarec.artifacts.root import ArtifactRoot, dump_name, gen_name
 from deltarec.artifacts.types import GenerationInfo
+from deltarec.faults import failpoint
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ def apply(root: ArtifactRoot, run: str, decisions: list[Decision]) -> int:
             record = root.base_file(run, d.generation, d.seq)
         if root.exists(record):
             root.fs.rm(record)
+        failpoint("gc.delete")  # crash tests: a commit record gone, its folder not yet
         inner = _subfolders(root, folder)
         if root.exists(folder):
             root.fs.rm(folder, recursive=True)
