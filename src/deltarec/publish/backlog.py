@@ -5,25 +5,31 @@ table costs each dump a commit, a progress mark and a round of reads; a backlog 
 dumps then published at about a quarter of the rate of one dump of the same rows. Here
 consecutive delta dumps that no store holds any part of are read together, each table's rows
 are reduced to the newest row per key (each row keeps its own dump's version, so the versioned
-upsert applies exactly what dump-by-dump publishing would leave), written in one transaction
-with the last dump's mark, and the other dumps' marks are recorded after it.
+upsert applies exactly what dump-by-dump publishing would leave), and written as one write per
+table: into SQLite one key-ordered pass (rows of several versions share its statements) with
+every dump's progress mark in the same transaction; into PostgreSQL and Redis one write with
+the last dump's mark, the other dumps' marks recorded right after it.
 
-A crash between the rows and the other marks leaves those dumps pending: they are published
-again, which the versioned upsert makes harmless. Snapshots are never grouped (publishing one
-removes the keys it lacks, which must happen in order).
+Shards are read on a few threads, each checked against its sha256 before its rows are used and
+every row checked before anything is written. A crash between a write and the other marks
+leaves those dumps pending: they are published again, which the versioned upsert makes
+harmless. Snapshots are never grouped (publishing one removes the keys it lacks, which must
+happen in order).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.shards import ShardRows, iter_shard
-from deltarec.artifacts.types import DumpKind, Manifest
+from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
+from deltarec.faults import failpoint
 from deltarec.publish.types import PartResult, PublishMode
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import ProgressMark, RowBatch
@@ -33,6 +39,8 @@ if TYPE_CHECKING:
 
 GROUP_ROWS = 1 << 20
 """The most rows (before the newest-per-key reduction) one group of dumps reads at once."""
+READERS = 4
+"""Threads reading a group's shards."""
 
 
 def backlog_group(
@@ -67,11 +75,19 @@ def publish_group(
     group: list[Manifest],
     on_part: Callable[[PartResult], None] | None,
 ) -> list[PartResult]:
-    """Write ``group``'s rows table by table (newest row per key), then every dump's marks."""
+    """Write ``group``'s rows table by table (newest row per key), with every dump's marks.
+
+    Into a store that writes several marks with its rows (``parts_together``: SQLite) each
+    table's rows and all of the group's marks of that table are one transaction. Elsewhere the
+    rows go with the last dump's mark of rank 0, and the other marks follow: a crash between
+    leaves those dumps without marks, to be published again (the versioned upsert keeps the
+    newer rows).
+    """
     t0 = time.perf_counter()
     last = group[-1]
     info = pub.generation_info(last.generation)
     stage = last.generation if pub.mode is PublishMode.STAGED else None
+    together = pub.store.capabilities.parts_together
     rows_of: dict[tuple[int, int], int] = {}
     tables = sorted({t for m in group for t in m.tables})
     for table in tables:
@@ -79,32 +95,33 @@ def publish_group(
         batch, per_rank = _newest_rows(pub, group, table, spec)
         for key, n in per_rank.items():
             rows_of[key] = rows_of.get(key, 0) + n
-        own = sum(s.rows for s in last.shards_of(table) if s.rank == 0)
-        mark = ProgressMark(pub.run, last.generation, last.seq, table, 0, own, True, stage or 0)
-        pub._call(
-            lambda t=table, b=batch, k=mark: pub.store.write_batches(  # type: ignore[misc]
-                t, [b], mark=k, staging_generation=stage
-            ),
-            f"write dumps {group[0].seq}..{last.seq} of {table!r} (generation {last.generation})",
-        )
+        marks = _marks(pub, group, table, stage or 0)
+        what = f"dumps {group[0].seq}..{last.seq} of {table!r} (generation {last.generation})"
+        if together:
+            pub._call(
+                lambda t=table, b=batch, k=marks: pub.store.write_parts(  # type: ignore[misc]
+                    t, [b], k, staging_generation=stage
+                ),
+                f"write {what}",
+            )
+        else:
+            pub._call(
+                lambda t=table, b=batch, k=marks[-1]: pub.store.write_batches(  # type: ignore[misc]
+                    t, [b], mark=k, staging_generation=stage
+                ),
+                f"write {what}",
+            )
+            for mark in marks[:-1]:
+                pub._call(
+                    lambda k=mark: pub.registry.record_progress(k),  # type: ignore[misc]
+                    f"mark dump {mark.seq} of {table!r} rank {mark.rank}",
+                )
+        failpoint("publish.batch")
         n = len(batch.keys)
         pub.metrics.rows.labels(table, pub.mode.value).inc(n)
         pub.metrics.bytes.labels(table, pub.mode.value).inc(
             n * codec.row_bytes(spec.dtype, spec.dim)
         )
-    for m in group:
-        for table in m.tables:
-            for rank in range(m.world_size):
-                if (m.seq, rank, table) == (last.seq, 0, table):
-                    continue
-                done = sum(s.rows for s in m.shards_of(table) if s.rank == rank)
-                mark = ProgressMark(
-                    pub.run, m.generation, m.seq, table, rank, done, True, stage or 0
-                )
-                pub._call(
-                    lambda k=mark: pub.registry.record_progress(k),  # type: ignore[misc]
-                    f"mark dump {m.seq} of {table!r} rank {rank}",
-                )
     seconds = time.perf_counter() - t0
     results = []
     for m in group:
@@ -121,38 +138,57 @@ def publish_group(
     return results
 
 
-def _newest_rows(
-    pub: DumpPublisher, group: list[Manifest], table: str, spec
-) -> tuple[RowBatch, dict[tuple[int, int], int]]:
-    """The newest row per key of ``table`` over ``group``, checked; rows read per (seq, rank)."""
-    keys, embs, ops, versions = [], [], [], []
-    per_rank: dict[tuple[int, int], int] = {}
+def _marks(pub: DumpPublisher, group: list[Manifest], table: str, stage: int) -> list[ProgressMark]:
+    """The complete marks of ``table`` for every dump and rank of ``group``.
+
+    The last dump's mark of rank 0 comes last: a store that takes one mark commits it with the
+    rows.
+    """
+    marks = []
     for m in group:
-        dump_dir = pub.root.dump_dir(m.run, m.generation, m.seq)
-        where = pub.root.url(dump_dir)
-        for shard in m.shards_of(table):
-            for rows in iter_shard(pub.root, dump_dir, shard, spec.dtype):
-                v = np.full(len(rows), m.version, np.int64)
-                check_batch(
-                    table,
-                    spec.dtype,
-                    spec.dim,
-                    rows.keys,
-                    rows.embedding,
-                    rows.ops,
-                    v,
-                    where,
-                    spec.kind,
-                )
-                keys.append(rows.keys)
-                embs.append(rows.embedding)
-                ops.append(rows.ops)
-                versions.append(v)
-            per_rank[(m.seq, shard.rank)] = per_rank.get((m.seq, shard.rank), 0) + shard.rows
-    if not keys:
+        if table not in m.tables:
+            continue
+        for rank in range(m.world_size):
+            done = sum(s.rows for s in m.shards_of(table) if s.rank == rank)
+            marks.append(ProgressMark(pub.run, m.generation, m.seq, table, rank, done, True, stage))
+    last = [k for k in marks if (k.seq, k.rank) == (group[-1].seq, 0)]
+    return [k for k in marks if k not in last] + last
+
+
+def _read_checked(
+    pub: DumpPublisher, m: Manifest, shard: ShardInfo, spec: TableSpec
+) -> list[tuple[ShardRows, np.ndarray]]:
+    """One shard's rows (its sha256 checked first), every chunk checked, with its versions."""
+    dump_dir = pub.root.dump_dir(m.run, m.generation, m.seq)
+    where = pub.root.url(dump_dir)
+    out = []
+    for rows in iter_shard(pub.root, dump_dir, shard, spec.dtype, batch_rows=GROUP_ROWS):
+        v = np.full(len(rows), m.version, np.int64)
+        args = (rows.keys, rows.embedding, rows.ops, v)
+        check_batch(shard.table, spec.dtype, spec.dim, *args, where, spec.kind)
+        out.append((rows, v))
+    return out
+
+
+def _newest_rows(
+    pub: DumpPublisher, group: list[Manifest], table: str, spec: TableSpec
+) -> tuple[RowBatch, dict[tuple[int, int], int]]:
+    """The newest row per key of ``table`` over ``group``, checked; rows read per (seq, rank).
+
+    Shards are read on ``READERS`` threads (Arrow's decoding and the sha256 leave the
+    interpreter), their rows joined in dump order.
+    """
+    per_rank: dict[tuple[int, int], int] = {}
+    jobs = [(m, shard) for m in group for shard in m.shards_of(table)]
+    for m, shard in jobs:
+        per_rank[(m.seq, shard.rank)] = per_rank.get((m.seq, shard.rank), 0) + shard.rows
+    with ThreadPoolExecutor(READERS, thread_name_prefix="deltarec-backlog") as pool:
+        read = list(pool.map(lambda job: _read_checked(pub, job[0], job[1], spec), jobs))
+    chunks = [c for shard_chunks in read for c in shard_chunks]
+    if not chunks:
         empty = ShardRows.empty(spec.dtype, spec.dim)
         return RowBatch(empty.keys, empty.embedding, empty.ops, np.empty(0, np.int64)), per_rank
-    k = np.concatenate(keys)
+    k = np.concatenate([rows.keys for rows, _ in chunks])
     order = np.argsort(k, kind="stable")  # dumps were read in version order: the last is newest
     ks = k[order]
     last = np.ones(len(ks), bool)
@@ -160,8 +196,8 @@ def _newest_rows(
     pick = order[last]
     batch = RowBatch(
         k[pick],
-        np.concatenate(embs)[pick],
-        np.concatenate(ops)[pick],
-        np.concatenate(versions)[pick],
+        np.concatenate([rows.embedding for rows, _ in chunks])[pick],
+        np.concatenate([rows.ops for rows, _ in chunks])[pick],
+        np.concatenate([v for _, v in chunks])[pick],
     )
     return batch, per_rank

@@ -61,14 +61,40 @@ as one JSON array and its rows as one blob that SQL slices (``substr``), so no P
 is made per row: about a third of the CPU of an ``executemany`` with one tuple per row."""
 
 
-def _json_rows(with_op: bool) -> str:
+def _json_rows(with_op: bool, per_row_versions: bool = False) -> str:
     """The rows of one statement, from its parameters.
 
     ``?1`` keys (a JSON array), ``?2`` rows (one blob), ``?3`` row width, ``?4`` version,
-    ``?5`` updated_at (and ``?6`` op).
+    ``?5`` updated_at (and ``?6`` op). With ``per_row_versions`` ``?4`` is every row's version
+    as fixed-width decimal digits (:func:`_version_text`), so rows of several versions go in one
+    key-ordered statement (a backlog of dumps written together).
     """
     op = ", ?6" if with_op else ""
-    return f"SELECT j.value, substr(?2, j.key * ?3 + 1, ?3), ?4, ?5{op} FROM json_each(?1) AS j"
+    version = _version_of(per_row_versions)
+    row = f"j.value, substr(?2, j.key * ?3 + 1, ?3), {version}, ?5{op}"
+    return f"SELECT {row} FROM json_each(?1) AS j"
+
+
+VERSION_DIGITS = 19
+"""Decimal digits of a version in :func:`_version_text` (a non-negative int64 has at most 19)."""
+_POWERS = 10 ** np.arange(VERSION_DIGITS - 1, -1, -1, dtype=np.int64)
+
+
+def _version_of(per_row: bool) -> str:
+    """The SQL of a row's version in :func:`_json_rows`'s statement."""
+    if not per_row:
+        return "?4"
+    return f"CAST(substr(?4, j.key * {VERSION_DIGITS} + 1, {VERSION_DIGITS}) AS INTEGER)"
+
+
+def _version_text(versions: np.ndarray) -> bytes:
+    """Non-negative int64 ``versions`` as zero-padded decimal digits, ``VERSION_DIGITS`` each.
+
+    A blob, not text: ``substr`` of a blob counts bytes from its start at once, of text it
+    walks the characters (every row's lookup would cost the statement's length).
+    """
+    digits = (versions[:, None] // _POWERS) % 10 + ord("0")
+    return digits.astype(np.uint8).tobytes()
 
 
 def upsert_sql(
@@ -115,15 +141,19 @@ def _statements(
 ) -> Iterator[np.ndarray]:
     """Row indices per statement.
 
-    The rows ``select`` picks (all if None) in runs sharing one version (and op), each run in
+    The rows ``select`` picks (all if None) in runs sharing one op (staging views), each run in
     key order when ``in_key_order``, cut into statements of at most ``per_statement`` rows.
+    Rows of several versions share a statement (each row carries its own, :func:`_json_rows`)
+    unless a version is negative (then runs share one version too).
     """
     idx = np.arange(len(keys)) if select is None else select
     if in_key_order:
         idx = idx[np.argsort(keys[idx], kind="stable")]
-    pairs = versions[idx]
-    if ops is not None:
-        pairs = np.stack([pairs, ops[idx].astype(np.int64)], axis=1)
+    pairs = np.zeros(len(idx), np.int64) if ops is None else ops[idx].astype(np.int64)
+    if len(idx) and bool((versions[idx] < 0).any()):
+        pairs = np.stack([versions[idx], pairs], axis=1)
+    else:
+        pairs = pairs[:, None]
     if len(idx) and not (pairs == pairs[0]).all():
         codes = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
         grouped = np.argsort(codes, kind="stable")
@@ -143,7 +173,7 @@ def _ascending_by_one(idx: np.ndarray) -> bool:
 
 def _insert_rows(
     cur: sqlite3.Cursor,
-    sql: str,
+    sql_of: Callable[[bool], str],
     keys: np.ndarray,
     embedding: np.ndarray,
     versions: np.ndarray,
@@ -152,10 +182,11 @@ def _insert_rows(
     in_key_order: bool,
     select: np.ndarray | None = None,
 ) -> None:
-    """Run ``sql`` (its source :func:`_json_rows`) over rows, statement by statement.
+    """Run ``sql_of(per_row_versions)`` (its source :func:`_json_rows`) over rows.
 
-    The rows are those ``select`` picks (all if None); only one statement's rows are ever
-    copied.
+    Statement by statement; the rows are those ``select`` picks (all if None); only one
+    statement's rows are ever copied. A statement whose rows share one version binds it once,
+    else every row's.
     """
     width = embedding.shape[1] * embedding.itemsize if embedding.ndim == 2 else 0
     per_statement = max(1, min(STATEMENT_ROWS, STATEMENT_BYTES // max(1, width)))
@@ -168,16 +199,13 @@ def _insert_rows(
             key_list = keys[lo : lo + len(idx)].tolist()
         else:
             rows, key_list = embedding[idx].tobytes(), keys[idx].tolist()
-        params: tuple[Any, ...] = (
-            json.dumps(key_list),
-            rows,
-            width,
-            int(versions[idx[0]]),
-            now,
-        )
+        held = versions[idx]
+        one = bool((held == held[0]).all()) if len(idx) else True
+        version: int | bytes = int(held[0]) if one and len(idx) else _version_text(held)
+        params: tuple[Any, ...] = (json.dumps(key_list), rows, width, version, now)
         if ops is not None:
             params += (int(ops[idx[0]]),)
-        cur.execute(sql, params)
+        cur.execute(sql_of(not one), params)
 
 
 class SqliteStore(RelationalStore):
@@ -378,17 +406,24 @@ class SqliteStore(RelationalStore):
         Returns whether the view has tombstones now.
         """
         if view.staging_generation:
-            sql = upsert_sql(view.name, _json_rows(True), "", "", False, with_op=True)
+
+            def staged(per_row: bool) -> str:
+                return upsert_sql(view.name, _json_rows(True, per_row), "", "", False, with_op=True)
+
             picked = None if keep is None or keep.all() else np.flatnonzero(keep)
-            _insert_rows(cur, sql, keys, embedding, versions, ops, now, sort, picked)
+            _insert_rows(cur, staged, keys, embedding, versions, ops, now, sort, picked)
             return tombstones
         dels = ops == 1 if keep is None else keep & (ops == 1)
         if dels.any():
             tombstones = self._note_tombstones(cur, view, tombstones)
         up = ops == 0 if keep is None else keep & (ops == 0)
         picked = None if up.all() else np.flatnonzero(up)  # indices, not copies of the rows
-        sql = upsert_sql(view.name, _json_rows(False), "j.value", "?4", tombstones)
-        _insert_rows(cur, sql, keys, embedding, versions, None, now, sort, picked)
+
+        def live(per_row: bool) -> str:
+            source = _json_rows(False, per_row)
+            return upsert_sql(view.name, source, "j.value", _version_of(per_row), tombstones)
+
+        _insert_rows(cur, live, keys, embedding, versions, None, now, sort, picked)
         if dels.any():
             self._delete(cur, view.name, keys[dels].tolist(), versions[dels].tolist())
         return tombstones
