@@ -69,7 +69,7 @@ def test_a_cuda_table_is_dumped_with_the_rows_of_each_dump_step(tmp_path):
     assert np.array_equal(et.load(et.keys), w.cpu().numpy()[et.keys - 100])
 
 
-@pytest.mark.parametrize("device_room", [None, 1024])
+@pytest.mark.parametrize("device_room", [None, 1024, 6000 * (32 * 4 + 8)])
 def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer_is_full(
     tmp_path, device_room
 ):
@@ -82,7 +82,7 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
         artifacts=str(tmp_path), run="s", snapshot=False, chunk_rows=1000, device_graph_bytes=0
     )  # the exact path: a staging buffer of the rows
     d = Dumper(cfg, [src])
-    d.device_budget.fixed = device_room  # 1 KiB: no table fits, every dump falls back
+    d.device_budget.fixed = device_room  # 1 KiB: under a chunk, the table goes to host memory
     d.start(step=0)
     ids = torch.randint(0, 50_000, (20_000,), device="cuda")
     tracker.record("a", ids)
@@ -101,8 +101,11 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
     if device_room is None:
         assert stats["staged"] == 1 and stats["full"] == 0
         assert stats["peak_bytes"] == len(keys) * (32 * 4 + 8)
-    else:
+    elif device_room == 1024:
         assert stats["staged"] == 0 and stats["full"] == 1
+    else:  # 6,000 rows staged, the rest gathered into host memory
+        assert (stats["staged"], stats["full"], stats["split"]) == (1, 1, 1)
+        assert stats["peak_bytes"] == device_room
 
 
 def _cuda_ranks(rank: int, world_size: int, tmp: str) -> dict:
@@ -230,3 +233,64 @@ def test_dumps_gathered_by_the_graph_hold_the_rows_of_each_dump_step(tmp_path, e
             order = np.argsort(gk)
             assert np.array_equal(gk[order], keys) and np.array_equal(gr[order], rows)
             assert not gops.any()
+
+
+def test_lookups_marked_between_dumps_are_dumped_with_the_rows_of_the_dump_step(tmp_path):
+    tracker = ManualTracker()
+    ws = {"a": torch.randn(400_000, 16, device="cuda"), "b": torch.randn(3_000, 8, device="cuda")}
+    hub = TrackerHub(tracker, set(ws))
+    offsets = {"a": 0, "b": 500_000}
+    srcs = [
+        RowShardSource(
+            f"m.{k}",
+            TableSpec(dim=w.shape[1], kind=TableKind.PLAIN, num_embeddings=w.shape[0]),
+            hub,
+            k,
+            w,
+            offsets[k],
+        )
+        for k, w in ws.items()
+    ]
+    limit = 2 * 4096 * (64 + 16) + 3001 + 4096 * (32 + 16)  # 4096 ids per table fit a graph
+    cfg = DumperConfig(artifacts=str(tmp_path), run="m", every_steps=40, snapshot=False,
+                       chunk_rows=700, device_graph_bytes=limit)  # fmt: skip
+    d = Dumper(cfg, srcs)
+    d.start(step=0)
+    group = srcs[0]._group
+    assert group is not None and group.graphs is not None and group.graphs.capacity == 4096
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    want: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    touched = {k: torch.zeros(w.shape[0], dtype=torch.bool, device="cuda") for k, w in ws.items()}
+    marked_before_dump = []
+    for step in range(1, 101):
+        if step == 50:  # evaluation: its lookups are recorded and must not be dumped
+            d.before_eval()
+            for k, w in ws.items():
+                tracker.record(k, torch.randint(0, w.shape[0], (900,), device="cuda"))
+            d.after_eval()
+        for k, w in ws.items():
+            ids = torch.randint(0, w.shape[0], (900,), device="cuda", generator=gen)
+            tracker.record(k, ids)
+            touched[k][ids] = True
+            w.index_add_(0, ids, torch.ones(900, w.shape[1], device="cuda"))
+        if step % 40 == 39:
+            marked_before_dump.append(list(group.batch.marked))
+        seq = d.maybe_dump(step) if step < 100 else d.final_dump(step).seq
+        if seq is not None:
+            want[seq] = {}
+            for k, w in ws.items():
+                keys = touched[k].nonzero().view(-1)
+                want[seq][f"m.{k}"] = ((keys + offsets[k]).cpu().numpy(), w[keys].cpu().numpy())
+                touched[k].zero_()
+    d.close()
+    # the ids of steps 1-32 and 41-80 were marked as they came, not at the dump step
+    assert all(all(n > 0 for n in marked) for marked in marked_before_dump)
+    assert len(marked_before_dump) == 2 and group.graphs.runs == 0
+    root = ArtifactRoot(str(tmp_path))
+    assert sorted(want) == [1, 2, 3]
+    for seq, tables in want.items():
+        got = read_dump(root, "m", 1, seq)
+        for table, (keys, rows) in tables.items():
+            gk, gr, _, _ = got[table]
+            order = np.argsort(gk)
+            assert np.array_equal(gk[order], keys) and np.array_equal(gr[order], rows)

@@ -46,3 +46,32 @@ def test_a_batch_without_any_recorded_id_queues_nothing() -> None:
     dump = batch.queue([None, None])
     assert dump.unique is None
     assert dump.ids(0).numel() == 0 and dump.ids(1).numel() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ids_marked_between_dumps_are_part_of_the_next_dump_and_forgotten_after_it(
+    device: str,
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    rows = [1000, 50, 1 << 16]
+    batch = UniqueBatch(rows, torch.device(device))
+    for _ in range(2):
+        steps = [[torch.randint(0, r, (n,), generator=gen) for r in rows] for n in (300, 7, 90)]
+        for step in steps[:-1]:  # marked as recorded, the last step's ids given to the dump
+            for i, ids in enumerate(step):
+                batch.mark(i, ids.to(device, torch.int32))
+        assert batch.marked == [min(307, r) for r in rows]
+        dump = batch.queue(steps[-1])
+        for i in range(len(rows)):
+            want = dedup_ids(torch.cat([step[i] for step in steps]))
+            assert torch.equal(dump.ids(i).cpu(), want)
+        assert batch.marked == [0, 0, 0] and not bool(batch.bitmap.any())
+
+
+def test_clearing_a_table_forgets_its_marks_and_keeps_the_others() -> None:
+    batch = UniqueBatch([10, 20], torch.device("cpu"))
+    batch.mark(0, torch.tensor([1, 2, 2]))
+    batch.mark(1, torch.tensor([19]))
+    batch.clear(0)
+    dump = batch.queue([None, torch.tensor([3])])
+    assert dump.ids(0).tolist() == [] and dump.ids(1).tolist() == [3, 19]

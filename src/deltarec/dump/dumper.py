@@ -50,7 +50,14 @@ from deltarec.tracking.assemble import LocalParts, Part
 from deltarec.tracking.device_budget import DeviceBudget, device_staging
 from deltarec.tracking.gather import DeviceRows
 from deltarec.tracking.pinned import PinnedRing
-from deltarec.tracking.types import Gathered, SourceOptions, TableSource, prepare_collects
+from deltarec.tracking.types import (
+    ABSORB_STEPS,
+    Gathered,
+    SourceOptions,
+    TableSource,
+    absorb_recorded,
+    prepare_collects,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +133,7 @@ class Dumper:
         self._step = 0
         self._last_dump_step = 0
         self._paused = False
+        self._since_absorb = 0
         self._closed = False
         self.dumps_taken = 0
         """Dumps taken since :meth:`start` (this process)."""
@@ -354,7 +362,13 @@ class Dumper:
         self._step = step
         assert self._cadence is not None
         if not self._cadence.due(step):
+            self._since_absorb += 1
+            if self._since_absorb >= ABSORB_STEPS and not self._paused:
+                # a dump of many steps then marks only the last few steps' lookups itself
+                self._since_absorb = 0
+                absorb_recorded(self.sources)
             return None
+        self._since_absorb = 0
         return self._dump(step, DumpKind.DELTA)
 
     def dump_now(self, step: int) -> int:

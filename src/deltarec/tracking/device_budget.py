@@ -5,8 +5,8 @@ On CUDA a dump gathers each table's touched rows into a **device staging buffer*
 dump worker copies the buffer to host memory chunk by chunk. The buffers of the dumps in
 flight are bounded by a :class:`DeviceBudget`: a share of the device memory that is free (to
 the driver or in torch's cache) when the budget is first used on that device. A table whose
-rows do not fit is gathered the way it always was, chunk by chunk into host memory: that
-fallback is logged and counted.
+rows do not fit is staged as far as the room left allows and the rest gathered the way it
+always was, chunk by chunk into host memory: that fallback is logged and counted.
 
 The standard library only (torch is imported when a CUDA device's budget is first measured).
 """
@@ -40,7 +40,9 @@ class DeviceBudget:
 
     Attributes:
         staged: tables staged on the device.
-        full: tables that did not fit and were gathered into host memory instead.
+        full: tables that did not fit whole; their rows beyond the room were gathered into
+            host memory instead.
+        split: of those, tables staged in part (the rest gathered into host memory).
         peak_bytes: the most bytes ever held.
     """
 
@@ -54,6 +56,7 @@ class DeviceBudget:
         self._lock = threading.Lock()
         self.staged = 0
         self.full = 0
+        self.split = 0
         self.peak_bytes = 0
 
     def capacity(self, device: torch.device) -> int:
@@ -106,6 +109,48 @@ class DeviceBudget:
             )
         return False
 
+    def take_rows(
+        self, device: torch.device, rows: int, row_bytes: int, what: str, min_rows: int = 1
+    ) -> int:
+        """Take room for all ``rows`` if they fit, else for the first rows that fit.
+
+        A table larger than the room left is staged in part (at least ``min_rows`` rows, else
+        none) and the rest gathered into host memory: only the rows beyond the room wait for
+        the host budget, not the whole table. Logs and counts a table that did not fit whole
+        (``full``; ``split`` when part of it was staged).
+
+        Returns:
+            The rows taken (``rows``, a prefix of them, or 0).
+        """
+        with self._lock:
+            cap = self._capacity_locked(device)
+            held = self._held.get(device, 0)
+            room = max(cap - held, 0) if cap > 0 else 0
+            take = rows if rows * row_bytes <= room else room // max(row_bytes, 1)
+            if take < rows and take < min_rows:
+                take = 0
+            if take:
+                self._held[device] = held + take * row_bytes
+                self.staged += 1
+                self.peak_bytes = max(self.peak_bytes, held + take * row_bytes)
+            if cap > 0 and take < rows:
+                self.full += 1
+                self.split += take > 0
+        if cap > 0 and take < rows:
+            log.warning(
+                "device staging buffer full on %s: %s needs %.1f MiB, %.1f of %.1f MiB held; "
+                "%d of its %d rows staged on the device, the rest gathered into host memory "
+                "(the training thread waits for the copy and for host budget)",
+                device,
+                what,
+                rows * row_bytes / 2**20,
+                held / 2**20,
+                cap / 2**20,
+                take,
+                rows,
+            )
+        return take
+
     def give_back(self, device: torch.device, nbytes: int) -> None:
         """Return bytes taken by :meth:`try_take`."""
         with self._lock:
@@ -117,6 +162,7 @@ class DeviceBudget:
             return {
                 "staged": self.staged,
                 "full": self.full,
+                "split": self.split,
                 "peak_bytes": self.peak_bytes,
                 "held_bytes": sum(self._held.values()),
                 "capacity_bytes": sum(self._capacity.values()),

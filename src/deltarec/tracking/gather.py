@@ -267,10 +267,15 @@ def gather_to_host(
     eng = copy_engine(weight.device)
     budget, ring = current_budget(), current_ring()
     if eng.cuda and budget is not None and n > 0:
-        staged = stage_on_device(weight, ids, budget, key_offset, keys)
+        staged = stage_on_device(weight, ids, budget, key_offset, keys, min_rows=chunk_rows)
         if staged is not None:
             yield staged
-            return
+            done = len(staged)
+            if done == n:
+                return
+            # the rest did not fit the staging buffer: gathered into host memory below
+            ids, n = ids[done:], n - done
+            keys = keys[done:] if keys is not None else None
     for start in range(0, n, chunk_rows):
         idx = ids[start : start + chunk_rows]
         rows = weight.index_select(0, idx)
@@ -290,19 +295,26 @@ def stage_on_device(
     budget: DeviceBudget,
     key_offset: int = 0,
     keys: torch.Tensor | None = None,
+    min_rows: int = 1,
 ) -> DeviceRows | None:
-    """Gather ``weight[ids]`` into one device staging buffer if ``budget`` has room.
+    """Gather ``weight[ids]`` into one device staging buffer, as far as ``budget`` has room.
 
-    Returns None (nothing taken) when the rows do not fit the budget or the device has no
-    memory left for them; the caller then gathers into host memory as before.
+    Where the rows do not all fit, the first ones that do are staged (at least ``min_rows``)
+    and the caller gathers the rest into host memory (:func:`gather_to_host`). Returns None
+    (nothing taken) when not even ``min_rows`` fit or the device has no memory left for them.
     """
     if weight.requires_grad:
         weight = weight.detach()
-    n = int(ids.shape[0])
-    nbytes = n * (int(weight.shape[1]) * weight.element_size() + 8)
+    total = int(ids.shape[0])
+    row_bytes = int(weight.shape[1]) * weight.element_size() + 8
     device = weight.device
-    if not budget.try_take(device, nbytes, f"a table of {n} rows"):
+    n = budget.take_rows(device, total, row_bytes, f"a table of {total} rows", min_rows)
+    if n == 0:
         return None
+    nbytes = n * row_bytes
+    if n < total:
+        ids = ids[:n]
+        keys = keys[:n] if keys is not None else None
     try:
         # every call here is paid on the training thread at each dump: no more than needed
         rows = weight.index_select(0, ids)

@@ -177,6 +177,62 @@ class _Group:
             s._group = group
         return group
 
+    def __post_init__(self) -> None:
+        self.held: list[list[torch.Tensor]] = [[] for _ in self.sources]
+        """Per member, id tensors taken from the hub and not yet marked (a graph may take them)."""
+        self.held_ids = [0] * len(self.sources)
+
+    def take(self, poll: bool = True) -> list[list[torch.Tensor]]:
+        """Every member's recorded id tensors not yet marked in the bitmap, cleared here."""
+        if poll:
+            for hub in {id(s.hub): s.hub for s in self.sources if s.hub is not None}.values():
+                hub.poll()
+        parts = [s.hub.take_parts(s.fqn, poll=False) if s.hub else [] for s in self.sources]
+        out = [held + new for held, new in zip(self.held, parts, strict=True)]
+        self.held = [[] for _ in self.sources]
+        self.held_ids = [0] * len(self.sources)
+        return out
+
+    def absorb(self) -> None:
+        """Mark what was recorded since the last call in the bitmap, unless a graph may take it.
+
+        While every member's ids since the last dump fit the graphs' capacity they stay held
+        (the dump may replay a graph on them); once one does not, the dump takes the exact
+        path, and they are marked: one ``torch.cat`` and one ``index_fill_`` per member.
+        """
+        before = [(len(h), n) for h, n in zip(self.held, self.held_ids, strict=True)]
+        parts = self.take()
+        counts = [
+            n + sum(int(p.numel()) for p in got[k:])
+            for (k, n), got in zip(before, parts, strict=True)
+        ]
+        graphs = self.graphs
+        cap = graphs.capacity if graphs is not None and graphs.sets else 0
+        if not any(self.batch.marked) and max(counts, default=0) <= cap:
+            self.held, self.held_ids = parts, counts
+            return
+        for i, got in enumerate(parts):
+            if got:
+                self.batch.mark(i, got[0] if len(got) == 1 else torch.cat(got))
+
+    def forget(self, source: RowShardSource) -> None:
+        """Drop what ``source`` recorded so far (held and marked)."""
+        i = self.sources.index(source)
+        self.held[i], self.held_ids[i] = [], 0
+        self.batch.clear(i)
+
+    def release(self, source: RowShardSource) -> list[torch.Tensor]:
+        """What ``source`` recorded so far, as id tensors, for the group that replaces this one.
+
+        Its marks are read back from the bitmap (one wait; only when the sources change).
+        """
+        i = self.sources.index(source)
+        out, self.held[i], self.held_ids[i] = self.held[i], [], 0
+        if self.batch.marked[i]:
+            out.append(self.batch.blocks[i].nonzero().view(-1))
+            self.batch.clear(i)
+        return out
+
 
 def graph_metrics(sources: Sequence[TableSource]) -> dict[str, int]:
     """Counters of the sources' graphed dumps (:mod:`deltarec.tracking.graphed`).
@@ -267,14 +323,14 @@ class RowShardSource(_TrackedSource):
                 batched.append(s)
         for members in _batches(batched):
             group = members[0]._group
+            carried: list[list[torch.Tensor]] = [[] for _ in members]
             if group is None or group.sources != members:
+                carried = [s._group.release(s) if s._group else [] for s in members]
                 group = _Group.of(members)
-            hubs = {id(s.hub): s.hub for s in members if s.hub is not None}
-            for hub in hubs.values():
-                hub.poll()
-            parts = [s.hub.take_parts(s.fqn, poll=False) if s.hub else [] for s in members]
+            parts = [c + p for c, p in zip(carried, group.take(), strict=True)]
             graphs = group.graphs
-            graphed = graphs.try_run(parts) if graphs is not None else None
+            marked = any(group.batch.marked)
+            graphed = graphs.try_run(parts) if graphs is not None and not marked else None
             if graphed is not None:
                 for s, rows in zip(members, graphed, strict=True):
                     s._prepared = rows
@@ -290,8 +346,25 @@ class RowShardSource(_TrackedSource):
         if isinstance(prepared, GraphedRows):
             prepared.release()
 
+    @classmethod
+    def absorb_recorded(cls, sources: Sequence[TableSource]) -> None:
+        """Mark the ids recorded since the last call in each CUDA group's bitmap, not waiting.
+
+        The dumper calls this every few training steps between dumps
+        (:data:`~deltarec.tracking.types.ABSORB_STEPS`), never during evaluation. A dump of
+        many steps' lookups then has only the last few steps' ids to mark: the training
+        thread's part of it no longer grows with the steps since the previous dump (before,
+        about 3-4 µs per recorded lookup tensor, all at the dump step). Groups are those the
+        last :meth:`prepare_collects` formed; sources without one wait for the dump.
+        """
+        groups = {id(g): g for s in sources if isinstance(s, RowShardSource) and (g := s._group)}
+        for group in groups.values():
+            group.absorb()
+
     def discard(self) -> None:  # noqa: D102
         self._drop_prepared()
+        if self._group is not None:
+            self._group.forget(self)
         super().discard()
 
     def close(self) -> None:  # noqa: D102

@@ -48,12 +48,42 @@ class UniqueBatch:
         self.blocks = [self.bitmap[b : b + n] for b, n in zip(self.bases, self.rows, strict=True)]
         ends = [b + n for b, n in zip(self.bases, self.rows, strict=True)]
         self.ends = torch.tensor(ends, dtype=torch.int64, device=device)
+        self.marked = [0] * len(self.rows)
+        """Per table, ids marked by :meth:`mark` since the last :meth:`queue` (a bound)."""
         cuda = device.type == "cuda"
         self.host_ends = torch.empty(len(ends), dtype=torch.int64, pin_memory=cuda)
         self.ready = torch.cuda.Event() if cuda else None
 
+    def mark(self, table: int, ids: torch.Tensor) -> None:
+        """Mark recorded ids of table ``table`` now; the next :meth:`queue` includes them.
+
+        One ``index_fill_`` on the current stream, nothing waits: the dumper marks what was
+        recorded between dumps as it comes (:meth:`~deltarec.tracking.plain.RowShardSource.
+        absorb_recorded`), so a dump of many steps' lookups does not concatenate and mark them
+        all on the training thread at the dump step.
+
+        Args:
+            table: the table's position.
+            ids: any-shaped integer ids in ``[0, rows)`` (duplicates allowed).
+        """
+        flat = ids.reshape(-1) if ids.dim() != 1 else ids
+        if flat.numel() == 0:
+            return
+        if flat.dtype != torch.int64 or flat.device != self.device:
+            flat = flat.to(self.device, torch.int64)
+        self.blocks[table].index_fill_(0, flat, True)  # a scalar fill: no value tensor copied
+        self.marked[table] = min(self.marked[table] + int(flat.numel()), self.rows[table])
+
+    def clear(self, table: int) -> None:
+        """Forget the ids marked for table ``table`` (a generation starts afresh)."""
+        if self.marked[table]:
+            self.blocks[table].zero_()
+            self.marked[table] = 0
+
     def queue(self, recorded: Sequence[torch.Tensor | None]) -> BatchedIds:
         """Queue the deduplication of each table's recorded ids (None: the table had none).
+
+        The ids marked by :meth:`mark` since the last call are included.
 
         Args:
             recorded: per table, any-shaped integer ids in ``[0, rows)`` (duplicates allowed).
@@ -61,17 +91,13 @@ class UniqueBatch:
         Returns:
             The dump's ids, to be read after this call (nothing is queued without any id).
         """
-        bound = 0
-        for block, n, ids in zip(self.blocks, self.rows, recorded, strict=True):
-            if ids is None or ids.numel() == 0:
-                continue
-            flat = ids.reshape(-1) if ids.dim() != 1 else ids
-            if flat.dtype != torch.int64 or flat.device != self.device:
-                flat = flat.to(self.device, torch.int64)
-            block.index_fill_(0, flat, True)  # a scalar fill: no value tensor to copy in
-            bound += min(int(flat.numel()), n)
+        for i, ids in enumerate(recorded):
+            if ids is not None:
+                self.mark(i, ids)
+        bound = sum(self.marked)
         if bound == 0:
             return BatchedIds(self, None)
+        self.marked = [0] * len(self.rows)
         unique = torch.nonzero_static(self.bitmap, size=bound, fill_value=self.total).view(-1)
         self.bitmap.zero_()  # in stream order: after the compaction, before the next marks
         self.host_ends.copy_(torch.searchsorted(unique, self.ends), non_blocking=True)
