@@ -48,8 +48,8 @@ from deltarec.artifacts.types import TableSpec
 from deltarec.ids import make_version
 from deltarec.publish.publisher import READ_BYTES
 from deltarec.stores import ProgressMark, RowBatch, open_store, store_class
-from deltarec.stores.pgcopy import batch_payload
-from deltarec.stores.sqlite import PAGE_SIZE
+from deltarec.stores.sql.pgcopy import batch_payload
+from deltarec.stores.sql.sqlite import PAGE_SIZE
 from deltarec.testing.servers import PostgresServer
 
 TABLE = "sparse.ebc.item_id"

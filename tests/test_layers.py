@@ -96,7 +96,7 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     assert "cli" in _imports(module) and _rank("cli") > _rank("stores")
 
 
-STORE_FACE = {"base", "types", "config", "errors", "naming", "rows", "provision", "registry"}
+STORE_FACE = {"base", "types", "config", "errors", "naming", "rows", "provision", "backends"}
 """The modules of ``deltarec.stores`` that other packages may import: the interface, its types
 and configs, naming, row checks, provisioning and ``open_store``. Backends are reached through
 ``open_store`` and their :class:`~deltarec.stores.Capabilities`, never by module or class."""

@@ -14,7 +14,7 @@ from deltarec.artifacts.types import DumpKind, TableSpec
 from deltarec.errors import ChecksumError, InvalidRowError
 from deltarec.publish import DumpPublisher
 from deltarec.stores import open_store
-from deltarec.stores.sqlite import SqliteStore
+from deltarec.stores.sql.sqlite import SqliteStore
 from deltarec.stores.types import ProgressMark
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 

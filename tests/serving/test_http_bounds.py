@@ -16,9 +16,10 @@ from deltarec.serving.api import STATUS_ERROR, public_status
 from deltarec.serving.asgi import Budget, Refused
 from deltarec.serving.follow import FixedPointer, Follower
 from deltarec.serving.http import ReplicaServer
-from deltarec.serving.limits import TOKEN_ENV, TOKEN_FILE_ENV, ServeLimits, token_from_env
+from deltarec.serving.limits import ServeLimits
 from deltarec.serving.replica import Replica
 from deltarec.stores import open_store
+from deltarec.stores.replica.status import TOKEN_ENV, TOKEN_FILE_ENV, token_from_env
 from deltarec.stores.types import ServingPointer
 
 from .conftest import RUN, T_EMB, T_ZCH

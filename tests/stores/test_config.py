@@ -89,7 +89,7 @@ def test_view_names_follow_the_spec_and_long_ones_get_a_hash():
 def test_postgres_float4_array_layout_round_trips_and_refuses_int8(
     postgres_server, monkeypatch, walk
 ):
-    from deltarec.stores import postgres as pgstore
+    from deltarec.stores.sql import postgres as pgstore
 
     monkeypatch.setattr(pgstore, "_WALK_MIN_BYTES", 0 if walk else 1 << 60)
     walked: list[bool] = []

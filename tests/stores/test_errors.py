@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from deltarec.errors import BadInputError, StoreError, StoreUnavailableError
-from deltarec.stores import postgres, sqlite
-from deltarec.stores import redis as redis_store
 from deltarec.stores.errors import DriverErrors
+from deltarec.stores.redis import store as redis_store
+from deltarec.stores.sql import postgres, sqlite
 
 ERRORS = DriverErrors((ConnectionError, ValueError), lambda e: isinstance(e, ConnectionError))
 
@@ -84,7 +84,7 @@ def test_each_backend_says_which_of_its_drivers_errors_a_retry_can_fix(
 )
 def test_featurestore_sdk_errors_are_retried_or_say_what_to_fix(raised, transient, advice):
     from deltarec.errors import ViewMismatchError
-    from deltarec.stores.featurestore_sdk import sdk_error
+    from deltarec.stores.featurestore.sdk import sdk_error
 
     mapped = sdk_error(raised, "featurestore view p/v table t")
     assert isinstance(mapped, StoreUnavailableError) is transient

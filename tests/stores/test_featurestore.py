@@ -22,7 +22,7 @@ from deltarec.errors import ConfigError, StoreError, StoreUnavailableError, View
 from deltarec.ids import make_version
 from deltarec.publish import DumpPublisher, PublishMetrics, RetryPolicy
 from deltarec.stores import open_store, parse_store_url
-from deltarec.stores.featurestore import FeatureStoreStore
+from deltarec.stores.featurestore.store import FeatureStoreStore
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 from deltarec.verify import RowClass, VerifyOptions, verify
 

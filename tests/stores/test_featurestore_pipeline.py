@@ -17,7 +17,7 @@ from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.lineage import expected_state
 from deltarec.artifacts.types import DType, TableKind
 from deltarec.cli import main
-from deltarec.stores.tzrec import tzrec_embedding_name
+from deltarec.stores.featurestore.tzrec import tzrec_embedding_name
 
 pytestmark = pytest.mark.multiprocess
 

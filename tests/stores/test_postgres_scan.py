@@ -14,7 +14,7 @@ from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import StoreError
 from deltarec.ids import make_version
 from deltarec.stores import open_store
-from deltarec.stores import postgres as pgmod
+from deltarec.stores.sql import postgres as pgmod
 
 T = "sparse.ebc.item_id"
 _SCHEMAS = itertools.count()

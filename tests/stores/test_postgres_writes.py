@@ -20,8 +20,9 @@ from deltarec.artifacts.types import TableSpec
 from deltarec.errors import StoreUnavailableError
 from deltarec.ids import make_version
 from deltarec.publish.snapshot import finish_snapshot
-from deltarec.stores import ProgressMark, RowBatch, open_store, pgload
-from deltarec.stores import postgres as pgstore
+from deltarec.stores import ProgressMark, RowBatch, open_store
+from deltarec.stores.sql import pgload
+from deltarec.stores.sql import postgres as pgstore
 
 T = "sparse.ebc.user_id"
 DIM = 4

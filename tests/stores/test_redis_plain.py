@@ -11,7 +11,7 @@ import redis
 from deltarec.artifacts.types import TableSpec
 from deltarec.ids import make_version
 from deltarec.stores import open_store
-from deltarec.stores.redis_resp import hset_bodies, hset_commands
+from deltarec.stores.redis.resp import hset_bodies, hset_commands
 
 from .test_redis_scripts import T, _write
 

@@ -18,7 +18,7 @@ from deltarec.errors import InvalidRowError
 from deltarec.ids import make_version
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import ProgressMark, RowBatch, open_store
-from deltarec.stores import spill as spillmod
+from deltarec.stores.sql import spill as spillmod
 
 T = "sparse.ebc.user_id"
 DIM = 4

@@ -15,7 +15,7 @@ import torch
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import ConfigError
-from deltarec.stores.tzrec import tzrec_embedding_name
+from deltarec.stores.featurestore.tzrec import tzrec_embedding_name
 from deltarec.testing.multiprocess import run_on_ranks
 
 pytestmark = pytest.mark.multiprocess

@@ -8,10 +8,11 @@ import time
 import numpy as np
 
 from deltarec.artifacts.types import TableSpec
-from deltarec.stores import open_store, writebehind
-from deltarec.stores.sqlite import SqliteStore
+from deltarec.stores import open_store
+from deltarec.stores.sql import writebehind
+from deltarec.stores.sql.sqlite import SqliteStore
+from deltarec.stores.sql.writebehind import WriteBehind
 from deltarec.stores.types import RowBatch
-from deltarec.stores.writebehind import WriteBehind
 
 T = "sparse.ebc.item_id"
 

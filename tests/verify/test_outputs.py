@@ -210,7 +210,7 @@ def test_cli_promote_refuses_then_promotes_and_rollback_restores(
 def test_cli_rollback_exits_1_naming_what_differs_when_the_store_does_not_equal_the_point(
     lineage, sqlite_store, sqlite_url, capsys, monkeypatch
 ):
-    from deltarec.stores.sqlite import SqliteStore
+    from deltarec.stores.sql.sqlite import SqliteStore
 
     g = _published(lineage, sqlite_store)
     common = ["--artifacts", lineage.root.uri, "--run", lineage.run, "--store", sqlite_url]

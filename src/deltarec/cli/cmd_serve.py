@@ -22,7 +22,8 @@ from types import FrameType
 
 from deltarec.cli.common import add_location_arguments, require_existing_store
 from deltarec.errors import BadInputError
-from deltarec.serving.limits import ServeLimits, token_from_env
+from deltarec.serving.limits import ServeLimits
+from deltarec.stores import token_from_env
 
 log = logging.getLogger("deltarec.serve")
 

@@ -31,8 +31,8 @@ from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy
 from deltarec.publish.types import PublishMode
+from deltarec.stores.backends import open_store
 from deltarec.stores.base import Store
-from deltarec.stores.registry import open_store
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ pointer moves (promote, rollback), resumes from its own recorded state after a r
 answers lookups, readback (``replica://host:port`` for ``deltarec verify``) and Prometheus
 metrics over HTTP. See docs/serving.md.
 
-Exports (loaded lazily: the HTTP client and the records never import torch):
+Exports (loaded lazily: the records never import torch):
     Replica, Snapshot, DenseState, Line: the replica and what it serves.
     TableState, TableWriter, decode_rows: one table in memory (copy-on-write).
     Follower, FollowOptions, StorePointer, FixedPointer: keeping it on the promoted point.
     ReplicaServer: its HTTP endpoint (status, rows, keys, lookups, metrics).
-    ReplicaStore: the read-only ``replica://`` store backend (an HTTP client).
     ServingModel: a model's scores computed from the replica (dense + sparse of one point).
-    Position, ReplicaStatus: records.
+    Position: a point of a run's lineage. ``ReplicaStatus`` (``GET /v1/status``) is
+        :class:`deltarec.stores.ReplicaStatus`, shared with the ``replica://`` store client.
     ReplicaError, SequenceError, GapError, DuplicateDumpError, OutOfOrderError,
         NotReadyError, UnknownTableError: errors.
 """
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from deltarec._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from deltarec.serving.client import ReplicaStore
     from deltarec.serving.follow import FixedPointer, Follower, FollowOptions, StorePointer
     from deltarec.serving.http import ReplicaServer
     from deltarec.serving.model import ServingModel
@@ -39,13 +38,11 @@ if TYPE_CHECKING:
         OutOfOrderError,
         Position,
         ReplicaError,
-        ReplicaStatus,
         SequenceError,
         UnknownTableError,
     )
 
 _LAZY = {
-    "ReplicaStore": "deltarec.serving.client",
     "FixedPointer": "deltarec.serving.follow",
     "Follower": "deltarec.serving.follow",
     "FollowOptions": "deltarec.serving.follow",
@@ -65,7 +62,6 @@ _LAZY = {
     "OutOfOrderError": "deltarec.serving.types",
     "Position": "deltarec.serving.types",
     "ReplicaError": "deltarec.serving.types",
-    "ReplicaStatus": "deltarec.serving.types",
     "SequenceError": "deltarec.serving.types",
     "UnknownTableError": "deltarec.serving.types",
 }
@@ -86,8 +82,6 @@ __all__ = [
     "Replica",
     "ReplicaError",
     "ReplicaServer",
-    "ReplicaStatus",
-    "ReplicaStore",
     "SequenceError",
     "ServingModel",
     "Snapshot",

@@ -5,7 +5,7 @@ request                                  answer
 =======================================  ==========================================================
 ``GET /healthz``                         200 while the process runs
 ``GET /readyz``                          200 once a generation is served and its run serves; 503
-``GET /v1/status``                       :class:`~deltarec.serving.types.ReplicaStatus` as JSON
+``GET /v1/status``                       :class:`~deltarec.stores.ReplicaStatus` as JSON
                                          (without store details: see :func:`public_status`)
 ``GET /v1/tables``                       table id -> ``{dim, dtype, kind, rows}``
 ``POST /v1/rows?table=T``                body: int64 little-endian keys; answer: ``found`` (uint8

@@ -32,8 +32,8 @@ from deltarec.artifacts.types import ROLLBACK_FIELD, Manifest
 from deltarec.errors import ArtifactError, DeltarecError, MissingDumpError, StoreError
 from deltarec.serving.replica import Line, Replica, manifest_digest, taken_at
 from deltarec.serving.state import load_line, read_state, save_state
-from deltarec.serving.types import DuplicateDumpError, Position, ReplicaStatus, SequenceError
-from deltarec.stores import Serving, who_serves
+from deltarec.serving.types import DuplicateDumpError, Position, SequenceError
+from deltarec.stores import ReplicaStatus, Serving, who_serves
 from deltarec.stores.types import ServingPointer
 
 log = logging.getLogger(__name__)

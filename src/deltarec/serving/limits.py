@@ -1,36 +1,25 @@
-"""What one request to a replica may ask for, and the bearer token of ``/v1/*`` (no torch here).
+"""What one request to a replica may ask for (no torch here).
 
 The replica's HTTP API (:mod:`deltarec.serving.api`) checks every bound here *before* it
 reads a body or does the work: a request over a bound is answered with a 4xx naming the bound,
 never by a dropped connection, and the memory all requests in flight hold together stays
 under :attr:`ServeLimits.max_inflight_bytes` (docs/serving.md, "Bounds").
 
-The token is read from the environment only (``DELTAREC_REPLICA_TOKEN``, or a file named by
-``DELTAREC_REPLICA_TOKEN_FILE``, e.g. a mounted Secret), never from a command line, where
-``ps`` shows it. The ``replica://`` client reads the same variables.
+The bearer token is read from the environment by :func:`deltarec.stores.token_from_env`, which
+the ``replica://`` store client shares.
 """
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from deltarec.errors import ConfigError
-
-TOKEN_ENV = "DELTAREC_REPLICA_TOKEN"
-"""The environment variable holding the replica's bearer token."""
-TOKEN_FILE_ENV = "DELTAREC_REPLICA_TOKEN_FILE"
-"""The environment variable naming a file that holds the token (its first line)."""
 
 JSON_ID_BYTES = 22
 """The most bytes one id takes in a ``/v1/lookup`` body: 20 digits and sign, a comma."""
 JSON_VALUE_BYTES = 26
 """The most bytes one decoded float takes in a ``/v1/lookup`` answer (``-1.2345678901234567e-05,``
 and a space)."""
-
-_TOKEN = re.compile(r"[\x21-\x7e]{16,4096}")
 
 
 @dataclass(frozen=True)
@@ -88,42 +77,8 @@ class ServeLimits:
         return self.max_keys * 8 if rows else self.max_ids * JSON_ID_BYTES + 1024
 
 
-def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
-    """The bearer token from :data:`TOKEN_ENV` or the file :data:`TOKEN_FILE_ENV` names.
-
-    Returns:
-        The token, or None when neither variable is set (no token: ``/v1/*`` is open).
-
-    Raises:
-        ConfigError: both are set, the file cannot be read, or the token is not 16 to 4096
-            printable ASCII characters without spaces (the message never shows it).
-    """
-    env = os.environ if environ is None else environ
-    value, path = env.get(TOKEN_ENV), env.get(TOKEN_FILE_ENV)
-    if value and path:
-        raise ConfigError(f"set one of {TOKEN_ENV} and {TOKEN_FILE_ENV}, not both")
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                value = f.readline().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{TOKEN_FILE_ENV}={path}: cannot read the token: {e}") from e
-    if not value:
-        return None
-    if not _TOKEN.fullmatch(value):
-        where = TOKEN_FILE_ENV if path else TOKEN_ENV
-        raise ConfigError(
-            f"the replica token from {where} must be 16 to 4096 printable ASCII characters "
-            f"without spaces (it holds {len(value)} characters)"
-        )
-    return value
-
-
 __all__ = [
     "JSON_ID_BYTES",
     "JSON_VALUE_BYTES",
-    "TOKEN_ENV",
-    "TOKEN_FILE_ENV",
     "ServeLimits",
-    "token_from_env",
 ]

@@ -6,7 +6,7 @@ and has a :class:`Registry` (``store.registry``: generations, progress marks, se
 freshness, snapshot records), and declares its :class:`Capabilities`.
 
 Exports:
-    open_store, store_class, STORE_CLASSES: the registry of backends by short name.
+    open_store, store_class, STORE_CLASSES: the table of backends by short name.
     parse_store_url, redact_url and the configs: URL syntax and pydantic configs.
     Store, Registry, Capabilities, ReadResult, ProgressMark, ServingPointer, FreshnessRecord,
     SnapshotRecord, ViewInfo.
@@ -14,8 +14,15 @@ Exports:
     check_batch: the row checks every backend applies.
     require_sdk, wants_zch_misses: what a store URL asks of a trainer before it starts.
     who_serves, Serving: who serves a store (the run per table, and its serving pointer).
+    ReplicaStatus, token_from_env: what a serving replica says of itself (``GET /v1/status``)
+        and its bearer token, shared by the ``replica://`` backend and ``deltarec.serving``.
+
+Backends live one folder each (``sql/``, ``redis/``, ``featurestore/``, ``replica/``) and are
+imported only when opened (:mod:`deltarec.stores.backends`); nothing outside this package
+imports them.
 """
 
+from deltarec.stores.backends import STORE_CLASSES, open_store, store_class
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import (
     FeatureStoreConfig,
@@ -28,7 +35,7 @@ from deltarec.stores.config import (
     redact_url,
 )
 from deltarec.stores.naming import check_identifier, view_name
-from deltarec.stores.registry import STORE_CLASSES, open_store, store_class
+from deltarec.stores.replica.status import ReplicaStatus, token_from_env
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import (
     Capabilities,
@@ -53,6 +60,7 @@ __all__ = [
     "ReadResult",
     "RedisConfig",
     "Registry",
+    "ReplicaStatus",
     "RowBatch",
     "Serving",
     "ServingPointer",
@@ -69,6 +77,7 @@ __all__ = [
     "redact_url",
     "require_sdk",
     "store_class",
+    "token_from_env",
     "view_name",
     "wants_zch_misses",
     "who_serves",

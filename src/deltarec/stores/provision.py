@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import BadInputError
+from deltarec.stores.backends import open_store
 from deltarec.stores.config import redact_url
-from deltarec.stores.registry import open_store
 
 __all__ = ["ProvisionResult", "provision_generation", "provision_tables"]
 

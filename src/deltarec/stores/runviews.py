@@ -77,3 +77,15 @@ class RunViews(abc.ABC):
                 f"table {table!r}{where} of run {self.run!r} is not provisioned in "
                 f"{self.describe()}; run `deltarec provision` first"
             ) from None
+
+
+def runless_problem(where: str, runs: list[str]) -> str:
+    """Why a store of the runless layout written by ``runs`` is refused, and what to do."""
+    who = f"runs {', '.join(map(repr, runs))}" if runs else "no run its registry names"
+    return (
+        f"{where} was written before rows were kept per run, by {who}: whose rows its views "
+        "hold cannot be told apart, so nothing in it was changed. Publish each run into a new "
+        "store from its artifacts (`deltarec provision` then `deltarec publish --artifacts ROOT "
+        "--run RUN --store NEW_URL`), then promote the one to serve; the old views stay "
+        "readable as they are (docs/runs.md)"
+    )

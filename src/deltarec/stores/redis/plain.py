@@ -1,9 +1,9 @@
 """A batch of upserts that no guard can refuse, written as plain ``HSET`` in one MULTI/EXEC.
 
-The version guard of the Redis store's write script (:data:`~deltarec.stores.redislua.LUA_WRITE`)
+The version guard of the Redis store's write script (:data:`~deltarec.stores.redis.lua.LUA_WRITE`)
 refuses an upsert only if the view's floor, the key's row or the key's tombstone is newer. A
 live view's **high mark** (``<prefix>~high:<run>:<table>``, see
-:data:`~deltarec.stores.redislua.LUA_WRITE`'s ``raise_high``) holds the newest version of any of
+:data:`~deltarec.stores.redis.lua.LUA_WRITE`'s ``raise_high``) holds the newest version of any of
 its rows and of any of its tombstones. So a batch of upserts whose oldest version is
 
 * not below the floor,
@@ -11,7 +11,7 @@ its rows and of any of its tombstones. So a batch of upserts whose oldest versio
 * above the newest tombstone,
 
 lands whole under the guard, and is written here as multi-field ``HSET`` commands
-(:func:`~deltarec.stores.redis_resp.hset_bodies`), which the server applies at about half
+(:func:`~deltarec.stores.redis.resp.hset_bodies`), which the server applies at about half
 the CPU of the
 script. Without a high mark the same holds of a view that has neither rows nor tombstones yet.
 The decision is made under ``WATCH`` of every key it reads (the high mark, the serving names'
@@ -31,8 +31,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from deltarec.stores.redis_resp import hset_commands
-from deltarec.stores.redislua import LUA_LOWER, pack_high, pack_version, unpack_high
+from deltarec.stores.redis.lua import LUA_LOWER, pack_high, pack_version, unpack_high
+from deltarec.stores.redis.resp import hset_commands
 
 _RETRIES = 20
 
@@ -63,7 +63,7 @@ class PlainBatch:
     highest: int
     """The newest version of the batch."""
     bodies: list[tuple[int, memoryview]]
-    """The ``HSET`` commands' field-value pairs (see ``redis_resp.hset_bodies``)."""
+    """The ``HSET`` commands' field-value pairs (see ``resp.hset_bodies``)."""
 
 
 class Outranked(Exception):

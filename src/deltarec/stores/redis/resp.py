@@ -1,7 +1,7 @@
 r"""Plain ``HSET`` commands of many rows, encoded as RESP with numpy (no object per row).
 
 The Redis store writes a batch that no stored row or tombstone can outrank (see
-:mod:`deltarec.stores.redis_plain`) as plain multi-field ``HSET`` commands instead of its
+:mod:`deltarec.stores.redis.plain`) as plain multi-field ``HSET`` commands instead of its
 version-guarded script: the server parses them in C, about half the CPU of the script. redis-py
 would build them one argument at a time (a Python call per field and per value); here a whole
 batch becomes one byte buffer: the rows are grouped by the length of their decimal key, so

@@ -8,7 +8,7 @@ that offers exactly the calls merged TorchEasyRec makes (and, as a variant, thos
 
 Layout: one **DynamicEmbedding** feature view ``<view>`` of project ``<project>`` holds every
 table: primary key ``embedding_name`` (the table id; with ``contract=tzrec`` TorchEasyRec's
-name, :mod:`deltarec.stores.tzrec`), sub key ``key_id`` (the row key), ``embedding`` the row's
+name, :mod:`.tzrec`), sub key ``key_id`` (the row key), ``embedding`` the row's
 values: ``ARRAY<FLOAT>`` of the decoded row, or with ``contract=tzrec`` for ``int8_rowwise``
 tables ``ARRAY<UINT8>`` of the ``dim + 4`` encoded bytes (uint8 codes, fp16 scale, fp16
 offset: QUint8RowwiseF16). Rank 0 creates the entity and the view if missing; other ranks wait
@@ -67,7 +67,17 @@ from deltarec.artifacts.types import FALLBACK_KEY, TableSpec
 from deltarec.errors import BadInputError, ConfigError, StoreError
 from deltarec.stores.base import Registry, Store, first_batch
 from deltarec.stores.config import FeatureStoreConfig
-from deltarec.stores.featurestore_sdk import (
+from deltarec.stores.featurestore.registry import (
+    REGISTRY_DIR,
+    SIDE_DDL,
+    assign_version,
+    check_newest,
+    default_registry,
+    record_names,
+    recorded_names,
+    registry_location,
+)
+from deltarec.stores.featurestore.sdk import (
     PK_FIELD,
     SK_FIELD,
     VALUE_FIELD,
@@ -78,16 +88,6 @@ from deltarec.stores.featurestore_sdk import (
     import_module,
     sdk_error,
     view_field_type,
-)
-from deltarec.stores.fsregistry import (
-    REGISTRY_DIR,
-    SIDE_DDL,
-    assign_version,
-    check_newest,
-    default_registry,
-    record_names,
-    recorded_names,
-    registry_location,
 )
 from deltarec.stores.rows import checked_arrays
 from deltarec.stores.types import Capabilities, ProgressMark, ReadResult, RowBatch, ViewInfo, Write
@@ -168,8 +168,8 @@ class FeatureStoreStore(Store):
     def _side(self) -> Any:
         """The registry's store, opened on first use (its default SQLite file created then)."""
         if self._side_store is None:
-            from deltarec.stores.registry import open_store
-            from deltarec.stores.sqlregistry import SqlRegistry
+            from deltarec.stores.backends import open_store
+            from deltarec.stores.sql.registry import SqlRegistry
 
             if self._registry_file is not None:
                 os.makedirs(os.path.dirname(self._registry_file), exist_ok=True)
@@ -194,7 +194,7 @@ class FeatureStoreStore(Store):
     def version_of(self, run: str, assign: bool = False) -> str | None:
         """The FeatureStore ``version`` ``run`` writes under (None: none assigned yet).
 
-        With ``assign`` a run without one gets one (:func:`~deltarec.stores.fsregistry.
+        With ``assign`` a run without one gets one (:func:`~deltarec.stores.featurestore.registry.
         assign_version`): ``sdk_version`` for the store's first run, else
         ``<sdk_version>@<run>``.
         """

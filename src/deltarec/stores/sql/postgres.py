@@ -13,7 +13,7 @@ CONFLICT DO UPDATE ... WHERE version <= EXCLUDED.version``) in key order (and a 
 retries.
 
 This module holds the connection, the DDL, the merges and the reads;
-:mod:`deltarec.stores.pgload` copies a write's rows in, :mod:`deltarec.stores.pgcopy` encodes
+:mod:`.pgload` copies a write's rows in, :mod:`.pgcopy` encodes
 them.
 """
 
@@ -37,9 +37,9 @@ from deltarec.stores.base import first_batch
 from deltarec.stores.config import PostgresConfig
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
-from deltarec.stores.pgcopy import FLOAT4_OID, decode_float4_array
-from deltarec.stores.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
-from deltarec.stores.relational import LowestVersion, RelationalStore
+from deltarec.stores.sql.pgcopy import FLOAT4_OID, decode_float4_array
+from deltarec.stores.sql.pgload import BATCH_TABLES, Sent, copy_rows, sorted_rows
+from deltarec.stores.sql.relational import LowestVersion, RelationalStore
 from deltarec.stores.types import ReadResult, ViewInfo, Write
 
 _DDL_LOCK = 0x64656C7461726563  # "deltarec": serializes concurrent DDL of several ranks
@@ -226,7 +226,7 @@ class PostgresStore(RelationalStore):
         """See :meth:`Store.apply`: one transaction, rows copied, then one merge.
 
         Each batch is sorted by key. Rows of keys the view does not hold yet are copied
-        straight into it (see :func:`~deltarec.stores.pgload.copy_direct`); the others go
+        straight into it (see :func:`~deltarec.stores.sql.pgload.copy_direct`); the others go
         through the batch table and one versioned merge, which reads them in key order (an
         ``ORDER BY`` only where they did not come in key order), so the view's index is walked,
         not probed at random.
@@ -491,7 +491,7 @@ def _page_sql(name: str, layout: str, where: str, limit: str = "") -> str:
     ``where`` is the page's condition, ``limit`` a keyset page's ``ORDER BY ... LIMIT``. The
     records are one ``bytea``: per row, in no particular order, the key and the version
     (``int8send``, big-endian) and the embedding (``bytea``: as stored; ``float4[]``:
-    ``array_send``, the binary array format that :func:`~deltarec.stores.pgcopy.embedding_field`
+    ``array_send``, the binary array format that :func:`~deltarec.stores.sql.pgcopy.embedding_field`
     writes).
     """
     emb = "embedding" if layout == "bytea" else "array_send(embedding)"

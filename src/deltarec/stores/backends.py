@@ -15,11 +15,11 @@ from deltarec.stores.base import Store
 from deltarec.stores.config import parse_config, parse_store_url
 
 STORE_CLASSES: dict[str, str] = {
-    "sqlite": "deltarec.stores.sqlite.SqliteStore",
-    "postgres": "deltarec.stores.postgres.PostgresStore",
-    "redis": "deltarec.stores.redis.RedisStore",
-    "featurestore": "deltarec.stores.featurestore.FeatureStoreStore",
-    "replica": "deltarec.serving.client.ReplicaStore",  # read-only: a serving replica
+    "sqlite": "deltarec.stores.sql.sqlite.SqliteStore",
+    "postgres": "deltarec.stores.sql.postgres.PostgresStore",
+    "redis": "deltarec.stores.redis.store.RedisStore",
+    "featurestore": "deltarec.stores.featurestore.store.FeatureStoreStore",
+    "replica": "deltarec.stores.replica.store.ReplicaStore",  # read-only: a serving replica
 }
 """Backend short name (the config's ``type``) -> ``module.Class``."""
 

@@ -41,11 +41,11 @@ import numpy as np
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, ViewMismatchError
 from deltarec.stores.base import Store
-from deltarec.stores.ddl import REGISTRY_DDL, VIEWS_DDL
-from deltarec.stores.legacy import migrate_legacy_views
 from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.runviews import RunViews
-from deltarec.stores.sqlregistry import SqlRegistry
+from deltarec.stores.sql.ddl import REGISTRY_DDL, VIEWS_DDL
+from deltarec.stores.sql.legacy import migrate_legacy_views
+from deltarec.stores.sql.registry import SqlRegistry
 from deltarec.stores.types import (
     Capabilities,
     ReadResult,

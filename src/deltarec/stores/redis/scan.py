@@ -1,8 +1,8 @@
 """A Redis view's rows, read with plain ``HSCAN`` steps parsed by hiredis on the client.
 
 ``verify --all`` reads every row of a view once (:meth:`RedisStore.scan_rows
-<deltarec.stores.redis.RedisStore.scan_rows>`). The scan script
-(:data:`~deltarec.stores.redislua.LUA_SCAN`) packs each ``HSCAN`` step into three strings on
+<deltarec.stores.redis.store.RedisStore.scan_rows>`). The scan script
+(:data:`~deltarec.stores.redis.lua.LUA_SCAN`) packs each ``HSCAN`` step into three strings on
 the server, so the client decodes them with numpy, but the server's Lua turns every field and
 value into a Lua string first: about 0.8-0.9 s of server CPU per 500k rows of dim 64, where a
 plain ``HSCAN`` costs it 0.56 s. redis-py parses a plain reply of 2 objects per row in Python

@@ -1,4 +1,4 @@
-"""Relational stores written before rows were kept per run: moved over, or refused.
+"""SQL stores written before rows were kept per run: moved over, or refused.
 
 Until rows were kept per run (docs/runs.md), a table's rows lived in one table at its serving
 name (``emb_sparse_ebc_user_id``) whatever run wrote them, and ``deltarec_views`` had no
@@ -11,8 +11,7 @@ whose rows it holds is known:
   reads exactly what it read before;
 * no run has: empty tables are dropped (there is nothing to keep) and the registry is rebuilt.
 
-A Redis store moves the same way (:func:`migrate_runless`): there the live hash keeps its
-name, which is the serving name of the run that owns it from then on.
+A Redis store moves the same way (:func:`deltarec.stores.redis.legacy.migrate_runless`).
 
 Otherwise (several runs, or rows no run can be named for) the store is left exactly as it is
 and every row operation is refused with :func:`migrate_legacy_views`'s message, which says
@@ -23,12 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deltarec.stores.ddl import SERVING_VIEWS_DDL, VIEWS_DDL
 from deltarec.stores.naming import quote, run_view_name, staging_prefix
+from deltarec.stores.runviews import runless_problem
+from deltarec.stores.sql.ddl import SERVING_VIEWS_DDL, VIEWS_DDL
 
 if TYPE_CHECKING:
-    from deltarec.stores.redis import RedisStore
-    from deltarec.stores.relational import RelationalStore
+    from deltarec.stores.sql.relational import RelationalStore
 
 _LEGACY_COLUMNS = (
     "name, table_id, staging_generation, dim, dtype, layout, floor_version, has_tombstones, "
@@ -66,81 +65,6 @@ def migrate_legacy_views(store: RelationalStore, cur: Any) -> str | None:
         _move_view(store, cur, owner, view)
     store._exec(cur, "DROP TABLE deltarec_views_runless")
     return None
-
-
-def runless_problem(where: str, runs: list[str]) -> str:
-    """Why a store of the runless layout written by ``runs`` is refused, and what to do."""
-    who = f"runs {', '.join(map(repr, runs))}" if runs else "no run its registry names"
-    return (
-        f"{where} was written before rows were kept per run, by {who}: whose rows its views "
-        "hold cannot be told apart, so nothing in it was changed. Publish each run into a new "
-        "store from its artifacts (`deltarec provision` then `deltarec publish --artifacts ROOT "
-        "--run RUN --store NEW_URL`), then promote the one to serve; the old views stay "
-        "readable as they are (docs/runs.md)"
-    )
-
-
-def migrate_runless(store: RedisStore) -> str | None:
-    """Move a Redis store of the runless layout to per-run views; None, or why it is refused.
-
-    A runless view is registered as ``<table>|<stage>``. With one run known, the live hash stays
-    where it is, as the serving name of the run that now owns it (so serving reads the same
-    hash); its tombstones, floor and staging hashes are renamed to that run's names. One
-    ``MULTI``/``EXEC``, watched against a concurrent opener doing the same.
-    """
-    client, reg = store._client, store._reg
-    for _ in range(20):
-        with client.pipeline(transaction=True) as pipe:
-            pipe.watch(reg("views"))
-            fields = [_text(f) for f in pipe.hkeys(reg("views"))]
-            runless = [f for f in fields if f.count("|") == 1]
-            if not runless:
-                return None
-            runs = sorted(
-                _text(k)[len(reg("gens")) + 1 :] for k in pipe.scan_iter(f"{reg('gens')}:*")
-            )
-            tables = [f.split("|") for f in runless]
-            if len(runs) > 1 or (
-                not runs and any(pipe.exists(store._serving(t)) for t, _ in tables)
-            ):
-                return runless_problem(store.describe(), runs)
-            records = {f: pipe.hget(reg("views"), f) for f in runless}
-            floors = {t: pipe.hget(reg("floors"), store._serving(t)) for t, _ in tables}
-            renames = []
-            owner = runs[0] if runs else None
-            for table, stage in tables:
-                if owner is None:
-                    continue
-                if int(stage):
-                    old = f"{store.prefix}~stage:{stage}:{table}"
-                    new = store._stage_hash(owner, int(stage), table)
-                else:
-                    old, new = reg("tomb", table), reg("tomb", owner, table)
-                if pipe.exists(old):
-                    renames.append((old, new))
-            pipe.multi()
-            for field in runless:
-                pipe.hdel(reg("views"), field)
-                if owner is not None:
-                    pipe.hset(reg("views"), f"{owner}|{field}", records[field])
-            for table, stage in tables:
-                if owner is not None and not int(stage):
-                    pipe.hsetnx(reg("serves"), table, owner)
-                    if floors[table] is not None:
-                        pipe.hset(reg("floors"), store._parked(owner, table), floors[table])
-                        pipe.hdel(reg("floors"), store._serving(table))
-            for old, new in renames:
-                pipe.rename(old, new)
-            try:
-                pipe.execute()
-                return None
-            except store.watch_error:
-                continue
-    return f"{store.describe()}: moving the runless layout kept racing with another opener"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _holds_rows(store: RelationalStore, cur: Any, name: str) -> bool:

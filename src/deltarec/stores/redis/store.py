@@ -9,7 +9,7 @@ never collide with a view). Rows are kept per run (docs/runs.md):
   42`` and skips 8 bytes.
 * ``emb:~run:<run>:<table id>``: the live view of a run that does not serve the table (parked).
   Promote renames the serving run's hash here and the promoted run's hash to the serving name,
-  in one script (:data:`~deltarec.stores.redislua.LUA_SWITCH`); every write, merge and read of a
+  in one script (:data:`~deltarec.stores.redis.lua.LUA_SWITCH`); every write, merge and read of a
   run's live view finds it wherever it is inside its own script, so none lands on the wrong run.
 * ``emb:~tomb:<run>:<table id>``: tombstones ``key -> version`` of a run's deleted keys.
 * ``emb:~stage:<run>:<G>:<table id>``: generation ``G``'s staging view, values ``version + op
@@ -27,9 +27,9 @@ and ``merge_staging`` are scripts that each take one ``HSCAN`` step of a hash on
 return the next cursor: each step is version-guarded and idempotent, so an interrupted merge is
 finished by running it again, but a whole generation does not become visible in one instant
 (``atomic_merge = False``). Reads and scans come back as one string of keys and one blob of
-fixed-width values per script call (:mod:`deltarec.stores.redislua`), decoded with numpy;
+fixed-width values per script call (:mod:`deltarec.stores.redis.lua`), decoded with numpy;
 with hiredis installed, a scan with rows reads plain ``HSCAN`` steps instead
-(:mod:`deltarec.stores.redis_scan`).
+(:mod:`deltarec.stores.redis.scan`).
 """
 
 from __future__ import annotations
@@ -59,13 +59,8 @@ from deltarec.errors import (
 from deltarec.ids import validate_run, validate_table_id
 from deltarec.stores.base import Store, first_batch
 from deltarec.stores.config import RedisConfig, env_password
-from deltarec.stores.legacy import migrate_runless
-from deltarec.stores.redis_plain import Outranked, PlainBatch, PlainKeys, write_plain
-from deltarec.stores.redis_registry import ERRORS as _ERRORS
-from deltarec.stores.redis_registry import RedisRegistry
-from deltarec.stores.redis_resp import hset_bodies
-from deltarec.stores.redis_scan import hscan_rows
-from deltarec.stores.redislua import (
+from deltarec.stores.redis.legacy import migrate_runless
+from deltarec.stores.redis.lua import (
     LUA_COUNT,
     LUA_FLOOR,
     LUA_MERGE,
@@ -78,6 +73,11 @@ from deltarec.stores.redislua import (
     pack_version,
     slow_commands,
 )
+from deltarec.stores.redis.plain import Outranked, PlainBatch, PlainKeys, write_plain
+from deltarec.stores.redis.registry import ERRORS as _ERRORS
+from deltarec.stores.redis.registry import RedisRegistry
+from deltarec.stores.redis.resp import hset_bodies
+from deltarec.stores.redis.scan import hscan_rows
 from deltarec.stores.rows import checked_arrays
 from deltarec.stores.runviews import RunViews
 from deltarec.stores.types import (
@@ -108,7 +108,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
     watch_error = redis_lib.WatchError
     scan_on_client = HIREDIS_AVAILABLE
     """Scans with rows read plain ``HSCAN`` steps, parsed by hiredis
-    (:mod:`deltarec.stores.redis_scan`); without hiredis, the scan script."""
+    (:mod:`deltarec.stores.redis.scan`); without hiredis, the scan script."""
     _layout_problem: str | None = None
     capabilities = Capabilities(
         deletes=True,
@@ -406,7 +406,7 @@ class RedisStore(RedisRegistry, RunViews, Store):
         The run's newest-generation key is WATCHed: a registration of a newer generation
         between the check and EXEC aborts the transaction, which is then checked again.
         ``plain``: the same rows as plain ``HSET``, written so where no guard can refuse them
-        (:mod:`deltarec.stores.redis_plain`).
+        (:mod:`deltarec.stores.redis.plain`).
         """
         if plain is not None:
             extra = [] if mark is None else [self._mark_command(mark, 0)]

@@ -21,7 +21,7 @@ the view's TTL, shard and replica checks; it is never required.
   retries with bounded backoff, on a new client); authentication and schema errors fail at once
   with a :class:`~deltarec.errors.StoreError` naming the view, the table and what to fix.
 * **Layouts** (:class:`Layout`): the ``embedding_name`` and the value list of each table, in
-  deltarec's own contract or TorchEasyRec's (``contract=tzrec``, :mod:`deltarec.stores.tzrec`).
+  deltarec's own contract or TorchEasyRec's (``contract=tzrec``, :mod:`.tzrec`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from deltarec.errors import (
 )
 from deltarec.stores.config import FeatureStoreConfig
 from deltarec.stores.errors import DriverErrors
-from deltarec.stores.tzrec import tzrec_embedding_name
+from deltarec.stores.featurestore.tzrec import tzrec_embedding_name
 from deltarec.stores.urlneeds import import_module
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """How the rows of one PostgreSQL write reach the server: binary ``COPY``, straight in or staged.
 
 Contract, inside the caller's transaction (see :meth:`PostgresStore.write_batches
-<deltarec.stores.postgres.PostgresStore.write_batches>`):
+<deltarec.stores.sql.postgres.PostgresStore.write_batches>`):
 
 * :func:`sorted_rows` checks each batch (nothing is sent unless it passes) and sorts it by key;
 * :func:`copy_rows` copies rows of keys the view does not hold yet straight into the view, in
@@ -12,7 +12,7 @@ Contract, inside the caller's transaction (see :meth:`PostgresStore.write_batche
 * :class:`Sent` tells the caller what went where (rows, deletes, rows in the batch table and
   whether they came in key order).
 
-Rows are encoded for ``COPY`` by :mod:`deltarec.stores.pgcopy`, a piece at a time.
+Rows are encoded for ``COPY`` by :mod:`deltarec.stores.sql.pgcopy`, a piece at a time.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import numpy as np
 from psycopg import errors as pgerrors
 
 from deltarec.stores.naming import quote
-from deltarec.stores.pgcopy import HEADER, TRAILER, batch_records
 from deltarec.stores.rows import ascending, checked_arrays
+from deltarec.stores.sql.pgcopy import HEADER, TRAILER, batch_records
 from deltarec.stores.types import RowBatch, ViewInfo
 
 BATCH_TABLES = {"bytea": "deltarec_batch_bytea", "float4[]": "deltarec_batch_float4"}

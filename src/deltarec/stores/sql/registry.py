@@ -1,7 +1,7 @@
 """The control plane of the relational stores (:class:`~deltarec.stores.base.Registry`).
 
 Generations, progress marks (written in the rows' transaction), snapshots, freshness and the
-serving pointer, in the plain SQL tables :mod:`deltarec.stores.relational` lists. A promote
+serving pointer, in the plain SQL tables :mod:`deltarec.stores.sql.relational` lists. A promote
 (:meth:`SqlRegistry.set_serving`) also points the tables' serving names at the promoted run's
 live views, in the same transaction (docs/runs.md).
 """
@@ -36,7 +36,7 @@ _MARK_UPSERT = """INSERT INTO deltarec_progress
 
 
 class SqlRegistry(Registry):
-    """The registry half of :class:`~deltarec.stores.relational.RelationalStore`."""
+    """The registry half of :class:`~deltarec.stores.sql.relational.RelationalStore`."""
 
     prefix: str
     _layout_problem: str | None

@@ -31,10 +31,9 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import BadInputError, StoreError, StoreUnavailableError, UnsupportedError
-from deltarec.serving.limits import TOKEN_ENV, TOKEN_FILE_ENV, token_from_env
-from deltarec.serving.types import ReplicaStatus
 from deltarec.stores.base import Registry, Store
 from deltarec.stores.config import ReplicaConfig
+from deltarec.stores.replica.status import TOKEN_ENV, TOKEN_FILE_ENV, ReplicaStatus, token_from_env
 from deltarec.stores.types import (
     Capabilities,
     FreshnessRecord,

@@ -1,10 +1,10 @@
 """The Redis store's control plane: generations, progress, freshness, snapshots, serving.
 
-The registry keys are listed in :mod:`deltarec.stores.redis`; :class:`RedisRegistry` is the
-:class:`~deltarec.stores.base.Registry` half of :class:`~deltarec.stores.redis.RedisStore`
+The registry keys are listed in :mod:`deltarec.stores.redis.store`; :class:`RedisRegistry` is the
+:class:`~deltarec.stores.base.Registry` half of :class:`~deltarec.stores.redis.store.RedisStore`
 (the rows half stays there). Records are JSON values of hash fields, read with one
 ``HGETALL`` each; promote's switch of serving names is one script per table
-(:data:`~deltarec.stores.redislua.LUA_SWITCH`).
+(:data:`~deltarec.stores.redis.lua.LUA_SWITCH`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ one string (decimal keys joined by ``,``) and rows as one blob each way, and a s
 and writes a hash with one ``HMGET``/``HSET`` per 1000 fields, not one call per row: the
 client encodes and decodes whole batches with numpy, and the server runs few commands. Scans
 (``HSCAN``) run inside the scripts, so a sweep or a merge sends nothing back but a cursor.
-Used by :mod:`deltarec.stores.redis`.
+Used by :mod:`deltarec.stores.redis.store`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ end
 -- A live view's high mark (key KEYS[9] of a write or merge, 16 bytes) is the newest version of
 -- any row of the view and of any of its tombstones (0: none): a batch of upserts none older
 -- than the first and newer than the second cannot be refused by any guard, and is written as
--- plain HSET by the client (deltarec.stores.redis_plain). Every write that lands raises it; it
+-- plain HSET by the client (deltarec.stores.redis.plain). Every write that lands raises it; it
 -- is absent for a view that held rows or tombstones before it was kept (then never written).
 local function raise_high(high, known, rh, rl, th, tl)
   if not rh and not th then return end
@@ -302,7 +302,7 @@ lower_low(KEYS[1], ARGV[1], redis.call('EXISTS', KEYS[2]) == 1, h, l)
 return 0
 """
 )
-"""The low mark's part of a write of plain ``HSET`` commands (see :mod:`.redis_plain`)."""
+"""The low mark's part of a write of plain ``HSET`` commands (see :mod:`.plain`)."""
 
 LUA_FLOOR = """
 local function ver(s) local lo, hi = struct.unpack('<I4I4', s); return hi, lo end

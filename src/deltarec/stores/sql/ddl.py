@@ -1,7 +1,7 @@
 """The SQL stores' registry tables (SQLite, PostgreSQL): their DDL, named once.
 
-The relational stores create them (:mod:`deltarec.stores.relational`) and a store of the layout
-before rows were kept per run is moved to them (:mod:`deltarec.stores.legacy`).
+The relational stores create them (:mod:`deltarec.stores.sql.relational`) and a store of the layout
+before rows were kept per run is moved to them (:mod:`deltarec.stores.sql.legacy`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ VIEWS_DDL = """CREATE TABLE IF NOT EXISTS deltarec_views (
         has_tombstones BIGINT NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL,
         UNIQUE (run, table_id, staging_generation))"""
 """The views' registry; its ``run`` column is what the per-run layout added (see
-:mod:`deltarec.stores.legacy` for stores written before it)."""
+:mod:`deltarec.stores.sql.legacy` for stores written before it)."""
 
 SERVING_VIEWS_DDL = """CREATE TABLE IF NOT EXISTS deltarec_serving_views (
         table_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, run TEXT NOT NULL,

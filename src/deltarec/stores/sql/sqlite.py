@@ -30,11 +30,11 @@ from deltarec.stores.base import first_batch
 from deltarec.stores.config import SqliteConfig
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.naming import quote
-from deltarec.stores.relational import LowestVersion, RelationalStore
 from deltarec.stores.rows import ascending, checked_arrays
-from deltarec.stores.spill import Spill
+from deltarec.stores.sql.relational import LowestVersion, RelationalStore
+from deltarec.stores.sql.spill import Spill
+from deltarec.stores.sql.writebehind import WriteBehind
 from deltarec.stores.types import ProgressMark, ReadResult, RowBatch, ViewInfo, Write
-from deltarec.stores.writebehind import WriteBehind
 
 
 def _transient(e: BaseException) -> bool:
@@ -271,7 +271,7 @@ class SqliteStore(RelationalStore):
         """A transaction (``write``: ``BEGIN IMMEDIATE``).
 
         ``bulk``: a long write, whose WAL is synced while it runs
-        (:class:`~deltarec.stores.writebehind.WriteBehind`), unless the store syncs nothing.
+        (:class:`~deltarec.stores.sql.writebehind.WriteBehind`), unless the store syncs nothing.
         """
         behind = self._behind if bulk else None
         with (
@@ -322,7 +322,7 @@ class SqliteStore(RelationalStore):
         A single batch is sorted and applied at once. Of several, those that come in key order
         (each sorted and after the one before, as a dump of a plain table is) are applied as
         they come; from the first that is not, the rest wait in a spill file
-        (:class:`~deltarec.stores.spill.Spill`, each batch sorted) and are applied in one
+        (:class:`~deltarec.stores.sql.spill.Spill`, each batch sorted) and are applied in one
         key-ordered pass at the end.
         """
         table, batches, mark, staging_generation = write

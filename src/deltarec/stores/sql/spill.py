@@ -2,7 +2,7 @@
 
 SQLite's bulk upsert is several times faster in key order (fewer B-tree pages touched at
 random); a write of several batches out of key order parks them here (:class:`Spill`) and
-applies them from the file in key order. Used by :mod:`deltarec.stores.sqlite`.
+applies them from the file in key order. Used by :mod:`deltarec.stores.sql.sqlite`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The registry of a PAI FeatureStore store: where it lives and what FeatureStore adds to it.
 
 FeatureStore has no place for deltarec's control plane, so a relational store (SQLite or
-PostgreSQL, :class:`~deltarec.stores.sqlregistry.SqlRegistry`) holds it, with two tables of
+PostgreSQL, :class:`~deltarec.stores.sql.registry.SqlRegistry`) holds it, with two tables of
 its own (plain SQL, ``?`` placeholders as everywhere in the relational stores):
 
 * ``deltarec_featurestore_versions(run, version, assigned_at)``: the FeatureStore ``version``

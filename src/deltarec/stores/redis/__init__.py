@@ -1,0 +1,14 @@
+"""The Redis backend (``redis://``): one hash per view, versions guarded by Lua or plain commands.
+
+Modules:
+    store: :class:`~deltarec.stores.redis.store.RedisStore`, the backend.
+    registry: the control plane in Redis keys (``RedisRegistry``).
+    lua: the versioned-write scripts and the version packing they share.
+    plain: versioned writes without scripts (plain commands, for servers that forbid Lua).
+    resp: RESP command bodies built in bulk.
+    scan: reading a hash's rows in pages.
+    legacy: moving a store of the runless layout to per-run views.
+
+Opened through :func:`deltarec.stores.open_store`; nothing outside :mod:`deltarec.stores`
+imports these modules.
+"""
