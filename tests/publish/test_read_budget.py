@@ -16,7 +16,7 @@ from deltarec.ids import make_version
 from deltarec.publish import DumpPublisher, PublishMetrics
 from deltarec.publish import budget as budget_module
 from deltarec.publish.budget import (
-    MIN_BYTES,
+    MIN_UNIT_ROWS,
     ReadBudget,
     Throttle,
     check_budget,
@@ -54,48 +54,73 @@ def _check_everything_landed(store, manifest, data, marks) -> None:  # type: ign
 
 
 # ---- the policy ------------------------------------------------------------------------------
-def test_probes_over_the_budget_halve_the_transactions_and_pause_longer_each_time():
+def test_probes_over_the_target_raise_the_pause_by_the_excess_and_shrink_sql_transactions():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
     start = policy.bytes
-    assert policy.step(start, 0.08, [0.005] * 16) == pytest.approx(0.01)  # 1/8 of its time
-    assert policy.bytes == start // 2
-    assert policy.step(start // 2, 0.08, [0.005] * 16) == pytest.approx(0.02)
-    assert policy.bytes == start // 4
-    for _ in range(10):
-        pause = policy.step(policy.bytes, 0.04, [0.005] * 16)
+    judge = budget_module.JUDGE
+    pause = policy.step(1000, start, 0.08, [0.0015] * judge)  # 1.5 times the budget
+    assert pause == pytest.approx(budget_module.MIN_DUTY * 1.5 * 0.08)
+    assert policy.bytes == int(start / 1.5)
+    policy.step(1000, start, 0.08, [0.1] * judge)  # far over: at most MAX_STEP a judgement
+    assert policy.duty == pytest.approx(budget_module.MIN_DUTY * 1.5 * budget_module.MAX_STEP)
+    for _ in range(20):
+        pause = policy.step(1000, start, 0.04, [0.1] * judge)
     assert policy.bytes == budget_module.MIN_UNBLOCKED_BYTES
     assert pause == pytest.approx(budget_module.MAX_DUTY * 0.04)
-    assert policy.step(policy.bytes, 1.0, [0.005] * 16) == budget_module.MAX_PAUSE_S
-    assert policy.last_p99_s == pytest.approx(0.005)
+    assert policy.step(1000, start, 1.0, [0.1] * judge) == budget_module.MAX_PAUSE_S
 
 
-def test_probes_under_the_budget_grow_the_transactions_back_and_drop_the_pause():
+def test_probes_under_the_target_grow_the_transactions_back_and_drop_the_pause():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
-    policy.step(policy.bytes, 0.01, [0.005] * 16)
+    policy.step(1000, policy.bytes, 0.01, [0.005] * budget_module.JUDGE)
     small = policy.bytes
-    assert policy.step(small, 0.01, [0.0002] * 16) == 0.0  # 1/8 halves to below the floor
-    assert policy.bytes == int(small * budget_module.GROW) + 1
+    assert policy.step(1000, small, 0.01, [0.0002] * budget_module.JUDGE) > 0.0  # in the window
+    assert policy.bytes == small  # the window's p99 over, the new probes' under: held
+    for _ in range(budget_module.WINDOW // budget_module.JUDGE):
+        pause = policy.step(1000, policy.bytes, 0.01, [0.0002] * budget_module.JUDGE)
+    assert pause == 0.0 and policy.duty == 0.0  # fallen below MIN_DUTY
+    assert policy.bytes >= int(small * budget_module.GROW) + 1
+
+
+def test_one_slow_probe_among_a_window_moves_nothing():
+    policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
+    during = [0.0004] * (budget_module.WINDOW - 1) + [0.25]
+    assert policy.step(1000, policy.bytes, 0.01, during) == 0.0
+    assert policy.duty == 0.0 and policy.last_p99_s == pytest.approx(0.0004)
+
+
+def test_reads_slowed_with_nothing_written_raise_the_target_not_the_pauses():
+    quiet = [0.002] * budget_module.MIN_QUIET  # the machine's own noise: 2 ms
+    noisy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
+    assert noisy.step(1000, 1 << 20, 0.01, [0.0022] * budget_module.JUDGE, quiet) == 0.0
+    assert noisy.target_s() == pytest.approx(0.001 + 0.002 - 0.0005)
+    calm = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)  # no noise measured
+    assert calm.step(1000, 1 << 20, 0.01, [0.0022] * budget_module.JUDGE) > 0.0
+    assert calm.target_s() == 0.001
 
 
 def test_too_few_probes_change_nothing():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
     start = policy.bytes
-    assert policy.step(start, 0.01, [0.5] * (budget_module.JUDGE - 1)) == 0.0
+    assert policy.step(1000, start, 0.01, [0.5] * (budget_module.JUDGE - 1)) == 0.0
     assert policy.bytes == start and policy.last_p99_s is None
 
 
-def test_a_blocking_store_never_gets_a_transaction_its_timing_says_outlasts_the_budget():
-    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True)
-    assert policy.bytes == MIN_BYTES  # nothing is known of the store yet
-    per_byte = 1e-6  # 1 ms per KB: the budget allows about 2 KB, less a read's own time
-    for _ in range(40):
-        policy.step(policy.bytes, policy.bytes * per_byte, [0.0005] * 16)
-    assert policy.bytes == MIN_BYTES  # the floor: the publish always moves on
-    fast = ReadBudget(0.002, max_bytes=64 << 20, blocking=True)
-    for _ in range(40):
-        fast.step(fast.bytes, fast.bytes * 1e-8, [0.0001] * 16)
-    assert fast.bytes * 1e-8 <= 0.002 - 0.0001  # grown, within budget less a read's time
-    assert fast.bytes > MIN_BYTES
+def test_a_blocking_stores_units_hold_the_server_within_their_share_by_its_time_per_row():
+    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
+    assert policy.unit_rows == budget_module.START_UNIT_ROWS  # nothing known of the store yet
+    assert policy.bytes == budget_module.UNIT_TXN_BYTES
+    # the client took a second (its own work), the server 2 us a row: only the server counts
+    policy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 2e-6)
+    share = budget_module.UNIT_SHARE * (0.002 - 0.0002)
+    assert policy.unit_rows == int(share / 2e-6)  # 450 rows: 0.9 ms of the server
+    policy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 1e-3)
+    policy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 1e-3)
+    assert policy.unit_rows == MIN_UNIT_ROWS  # a slow server: the fewest rows, still moving
+    whole = ReadBudget(0.002, max_bytes=64 << 20, blocking=True)  # no units: transactions
+    assert whole.bytes == budget_module.MIN_BYTES and whole.unit_rows is None
+    whole.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 2e-6)
+    assert whole.bytes == int(share / 2e-6) * UNIT
 
 
 def test_a_budget_must_be_positive_milliseconds():
@@ -124,34 +149,38 @@ def test_without_a_budget_the_publisher_is_left_as_it_was(tmp_path):
     store.close()
 
 
-def test_a_slowed_redis_gets_small_transactions_probed_reads_and_loses_nothing(
+def test_a_slowed_redis_gets_small_units_probed_reads_and_loses_nothing(
     tmp_path, redis_server, monkeypatch
 ):
     monkeypatch.setenv(SLOW_ENV, "redis.exec:400")  # 400 ms a megabyte, on the server
     root, manifest, data = _dump(tmp_path, 6000)
     store = open_store(f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:", run="r")
-    marks = []
+    marks, units = [], [budget_module.START_UNIT_ROWS]
     metrics = PublishMetrics()
 
     def hook(mark, n):  # type: ignore[no-untyped-def]
         marks.append(mark)
+        units.append(store.unit_rows)  # the next transaction's
 
     pub = DumpPublisher(store, root, "r", metrics=metrics, after_batch=hook)
+    monkeypatch.setattr(budget_module, "UNIT_TXN_BYTES", 64 << 10)  # several transactions
     budget_ms = 20.0  # well above the noise of a write's round trips on a loaded machine
     with Throttle(pub, budget_ms) as throttle:
         pub.publish_generation(1)
     report = throttle.close()
     _check_everything_landed(store, manifest, data, marks)
-    sizes = np.diff([0] + [m.rows for m in marks]) * UNIT
-    slowest_s = sizes.max() / UNIT * STRIDE * 0.4 / 1e6  # the slow point's wait, biggest one
-    assert slowest_s <= budget_ms / 1000  # no write held the readers past the budget
-    assert len(marks) > 10  # against one transaction of 64 MB by default
+    slowest_s = max(units[: len(marks)]) * STRIDE * 0.4 / 1e6  # the slow point's wait, a unit
+    assert slowest_s <= budget_ms / 1000  # no unit held the readers past the budget
+    assert max(units) < budget_module.MAX_UNIT_ROWS  # sized down from the server's time
+    assert len(marks) > 5
     assert report.probes > 0 and report.probe_p50_ms is not None
-    assert report.smallest_batch_bytes <= sizes.max()
+    assert report.smallest_unit_rows == min(units) and report.last_unit_rows == units[-1]
     assert (pub.batch_bytes, pub.after_batch) == (store.capabilities.batch_bytes, hook)
+    assert store.unit_rows is None and not store.server_timing  # a transaction per batch again
     assert metrics.value("deltarec_publish_read_probe_p99_seconds") > 0
-    # the last write held the server at least for the slow point's wait, its encoding left out
-    assert store.last_write_held_s >= sizes[-1] / UNIT * STRIDE * 0.4 / 1e6
+    # the last write held the server (its scripts) at least for the slow point's waits
+    rows = marks[-1].rows - marks[-2].rows
+    assert store.last_write_held_s >= rows * STRIDE * 0.4 / 1e6
     store.close()
 
 
@@ -162,6 +191,7 @@ def test_an_unattainable_budget_shrinks_postgres_transactions_pauses_and_loses_n
     monkeypatch.setattr(budget_module, "MIN_UNBLOCKED_BYTES", 8 << 10)
     monkeypatch.setattr(budget_module, "JUDGE", 1)  # judged on every probe: however fast it runs
     monkeypatch.setattr(budget_module, "MAX_PAUSE_S", 0.02)  # the test stays short
+    monkeypatch.setattr(budget_module, "MIN_QUIET", 10**9)  # no noise raises the target
     root, manifest, data = _dump(tmp_path, 4000, seed=2)
     url = f"{postgres_server.url}?schema=budget{tmp_path.name[-12:]}"
     store = open_store(url, run="r")

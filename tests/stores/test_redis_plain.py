@@ -19,10 +19,24 @@ V1, V2, V3 = make_version(1, 1), make_version(1, 2), make_version(2, 0)
 _PREFIXES = itertools.count()
 
 
-@pytest.fixture
-def store(redis_server):
+def _open(redis_server, unit_rows):  # type: ignore[no-untyped-def]
     s = open_store(f"{redis_server.url}?prefix=plain{next(_PREFIXES)}:", run="r")
     s.provision({T: TableSpec(dim=4)})
+    s.unit_rows = unit_rows
+    return s
+
+
+@pytest.fixture(params=[None, 7], ids=["transaction", "paced"])
+def store(redis_server, request):
+    """A transaction per batch, and paced (units of 7 rows, redis/paced.py): the same guards."""
+    s = _open(redis_server, request.param)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def transaction_store(redis_server):
+    s = _open(redis_server, None)
     yield s
     s.close()
 
@@ -78,7 +92,8 @@ def test_rows_below_the_floor_are_refused_on_the_plain_path_too(store):
     assert not store.read(T, np.arange(10)).found.any()
 
 
-def test_in_order_upserts_take_plain_hset_and_keep_the_low_mark(store, redis_server):
+def test_in_order_upserts_take_plain_hset_and_keep_the_low_mark(transaction_store, redis_server):
+    store = transaction_store
     before = _scripts(redis_server)
     _write(store, np.arange(1000), V1)
     _write(store, np.arange(1000, 2000), V2)

@@ -1,39 +1,46 @@
 """A read-latency budget for publishing: serving keeps its read latency while a dump lands.
 
 The store a dump is published into is the one serving reads from. Written as fast as it can
-go, a generation slows the readers down: Redis runs one ``MULTI``/``EXEC`` at a time, so every
-read waits for the batch in flight (a 8 MB batch holds them for about 100 ms); PostgreSQL's
-readers compete with the write for CPU, WAL and buffers. With a budget (``--read-p99-ms``,
-``DumperConfig.read_p99_ms``, the pipeline's ``read_p99_ms``) the publisher
+go, a generation slows the readers down: Redis runs one command or ``MULTI``/``EXEC`` at a
+time, so every read waits for the write in flight; PostgreSQL's readers compete with the write
+for CPU, WAL and buffers. With a budget (``--read-p99-ms``, ``DumperConfig.read_p99_ms``, the
+pipeline's ``read_p99_ms``) the publisher
 
 1. times reads of serving keys the way a serving client makes them, from a probe process of
-   its own (:mod:`deltarec.publish.probe`), while it writes;
-2. after every transaction, judges the probes' p99 over the last :data:`WINDOW` probes
-   against the budget (once :data:`JUDGE` new ones came): over it, the transactions halve
-   (down to :data:`MIN_BYTES` or :data:`MIN_UNBLOCKED_BYTES`) and the pause after each
-   doubles (a **duty** fraction of the time the transaction took, from :data:`MIN_DUTY` up
-   to :data:`MAX_DUTY`, at most :data:`MAX_PAUSE_S`); under :data:`SLACK` of it, the
-   transactions grow by :data:`GROW` (up to the store's default size) and the duty halves
-   away;
-3. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis),
-   sizes the writes by a cap alone (over the budget only the pauses grow: a write below the
-   cap would add round trips, not shorten any wait), starts from :data:`MIN_BYTES`, grows by
-   :data:`GROW` a write, and never sends a transaction that the time it took per byte
-   says would take longer than :data:`CAP_SHARE` of the budget less the probes' median (a
-   read's own time). A write's time is what the store says it held the server
-   (``last_write_held_s``: Redis, asked to by ``server_timing``, takes ``EXEC``'s time from
-   the server), else the whole write call's. The
-   time per byte is the slope of time over size of the last :data:`TIMED` transactions (a
-   write's round trips hold no reader up; only its bytes hold the server), at most the least
-   time per byte of any of them and at least :data:`FASTEST_S_PER_BYTE`;
-4. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
+   its own (:mod:`deltarec.publish.probe`), while it writes and while it pauses: the probes
+   made while a transaction was written judge the write; those made while nothing was written
+   (before the first write, during the pauses) measure the machine's own **noise**;
+2. judges the p99 of the last :data:`WINDOW` probes made during writes (once :data:`JUDGE` new
+   ones came; a slow probe or two cannot move a p99 of that many; over the target only if the
+   new ones' p99 is too, so the probes from before the last change do not count twice)
+   against the **target**: the
+   budget, raised by as much as the noise's p99 exceeds half the budget (reads slowed by other
+   work on the machine are not slowed by the write, and writing less cannot remove that);
+3. over the target, pauses after each transaction for a **duty** fraction of the time it took,
+   raised in proportion to the excess (at most :data:`MAX_STEP` times a judgement, from
+   :data:`MIN_DUTY` up to :data:`MAX_DUTY`, a pause at most :data:`MAX_PAUSE_S`); under
+   :data:`SLACK` of it, lowers the duty in proportion (to nothing below :data:`MIN_DUTY`);
+4. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis)
+   sizes what the server runs at once by the server's own time per row (the median of the
+   last :data:`TIMED` writes, ``last_write_held_s`` over their rows where the store tells,
+   asked to by ``server_timing``): a unit never holds the server longer than
+   :data:`UNIT_SHARE` of the target less a read's own time (the probes' median). A store with
+   units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
+   interleave with, :mod:`deltarec.stores.redis.paced`) gets that many rows a unit and
+   transactions of :data:`UNIT_TXN_BYTES`; any other gets transactions that small;
+5. into any other store, starts from :data:`START_BYTES` transactions; over the target they
+   shrink by the excess (down to :data:`MIN_UNBLOCKED_BYTES`) and, while it pauses, to at most
+   :data:`MAX_TXN_S` of writing at the rate measured, so the pauses come often; under
+   :data:`SLACK` they grow by :data:`GROW` up to the store's default size;
+6. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
    ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
    background publisher also leaves its report beside the generation
    (:func:`record_report`), where verify's KFP metrics find it (:func:`held_back_s`).
 
 Without a budget nothing of this runs: the publisher writes as it always did. The throttle
-changes only the publisher's ``batch_bytes`` between transactions and pauses in its
-``after_batch`` hook; transactions, progress marks and versions are those of any publish.
+changes only the publisher's ``batch_bytes`` and the store's ``unit_rows`` between
+transactions, and pauses in the publisher's ``after_batch`` hook; progress marks and versions
+are those of any publish.
 """
 
 from __future__ import annotations
@@ -47,8 +54,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.errors import ConfigError
 from deltarec.publish.probe import Probe, probe_target
@@ -60,23 +65,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WINDOW = 200
-"""Probes the p99 is taken over."""
-JUDGE = 16
-"""New probes before the next judgement (fewer cannot tell a p99 from noise)."""
+WINDOW = 256
+"""Probes made during writes that the p99 is taken over (a p99 of 256: the 3rd-4th largest)."""
+JUDGE = 64
+"""New probes made during writes before the next judgement."""
+QUIET = 256
+"""Probes made while nothing was written that the noise's p99 is taken over."""
+MIN_QUIET = 32
+"""Fewer quiet probes than this tell no noise (the target is then the budget)."""
+BASELINE_PROBES = 48
+"""Quiet probes the throttle waits for before the second write (the noise before any pause)."""
 SLACK = 0.75
-"""Under this fraction of the budget the transactions grow again."""
+"""Under this fraction of the target the pauses shrink and the transactions grow."""
 GROW = 1.5
-"""How much a transaction grows at a judgement under the budget."""
+"""How much a transaction into a store that does not block its reads grows under the target."""
+MAX_STEP = 2.0
+"""The most one judgement multiplies the pause or divides a transaction by."""
 MIN_BYTES = 4 << 10
-"""The smallest transaction into a store whose writes block its reads (about 15 rows of dim
-64): the publish always moves on."""
+"""The smallest transaction into a store whose writes block its reads and that has no units."""
 MIN_UNBLOCKED_BYTES = 256 << 10
 """The smallest transaction into any other store (about 900 rows of dim 64): below it a SQL
-store spends more on each transaction than on its rows, and its readers are not blocked by
-one write but slowed by the sum of them, which the pauses bound."""
+store spends more on each transaction than on its rows."""
 START_BYTES = 4 << 20
 """The first transaction into a store whose writes do not block its reads."""
+MAX_TXN_S = 0.1
+"""While it pauses, a transaction into such a store takes at most this long at the rate
+measured: a pause after each tenth of a second, not after seconds of writing."""
+UNIT_TXN_BYTES = 4 << 20
+"""A transaction into a store with units (each a progress mark and a judgement)."""
+UNIT_SHARE = 0.5
+"""The share of the target (less a read's own time) one server-side unit may take."""
+MIN_UNIT_ROWS = 8
+"""The fewest rows of a unit (or a blocking store's transaction): the publish always moves on."""
+MAX_UNIT_ROWS = 1000
+"""The most rows of a unit."""
+START_UNIT_ROWS = 16
+"""A unit's rows before the server's time per row is known."""
 MIN_DUTY = 0.125
 """The first pause after a transaction, as a fraction of the time it took."""
 MAX_DUTY = 8.0
@@ -84,15 +108,9 @@ MAX_DUTY = 8.0
 MAX_PAUSE_S = 0.5
 """The longest pause, whatever the transaction took."""
 PROBE_START_S = 10.0
-"""How long the first write after the probe started waits for its first reading at most."""
+"""How long the first write after the probe started waits for its baseline at most."""
 TIMED = 16
-"""Transactions whose times give a blocking store's time per byte."""
-CAP_SHARE = 0.8
-"""The share of the budget (less a read's own time) a blocking store's write may take: the
-rest is room for the error of the time per byte."""
-FASTEST_S_PER_BYTE = 1e-8
-"""The least time per byte a blocking store is taken to need (100 MB/s: about the rate at
-which one Redis server thread applies rows of dim 64), whatever the fit says."""
+"""Writes whose server time per row gives a blocking store's (their median)."""
 ROW_OVERHEAD = 24
 """Bytes a row counts for besides its encoded values (as the publisher sizes transactions)."""
 
@@ -108,98 +126,136 @@ def check_budget(read_p99_ms: float | None, where: str = "read_p99_ms") -> float
     return read_p99_ms
 
 
+def _p99(window: collections.deque[float]) -> float:
+    return quantile(sorted(window), 0.99)
+
+
 class ReadBudget:
-    """The policy: how big the next transaction is and how long to pause before it.
+    """The policy: how big the next transaction (and unit) is and how long to pause before it.
 
     Args:
         p99_s: the budget, seconds.
         max_bytes: the largest transaction (the store's default size).
-        blocking: the store's writes block its reads (see the module doc, 3).
+        blocking: the store's writes block its reads (see the module doc, 4).
+        units: the store writes in server-side units of :attr:`unit_rows` rows.
     """
 
-    def __init__(self, p99_s: float, max_bytes: int, blocking: bool) -> None:
+    def __init__(self, p99_s: float, max_bytes: int, blocking: bool, units: bool = False) -> None:
         self.p99_s = p99_s
         self.max_bytes = max(MIN_BYTES, max_bytes)
         self.blocking = blocking
-        self.min_bytes = MIN_BYTES if blocking else MIN_UNBLOCKED_BYTES
-        self.bytes = MIN_BYTES if blocking else min(self.max_bytes, START_BYTES)
+        self.unit_rows: int | None = START_UNIT_ROWS if blocking and units else None
+        if self.unit_rows is not None:
+            self.bytes = min(self.max_bytes, UNIT_TXN_BYTES)
+        elif blocking:
+            self.bytes = MIN_BYTES
+        else:
+            self.bytes = min(self.max_bytes, START_BYTES)
         self.duty = 0.0
         self.last_p99_s: float | None = None
         self.smallest = self.bytes
-        self._window: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self.smallest_unit = self.unit_rows
+        self._during: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self._quiet: collections.deque[float] = collections.deque(maxlen=QUIET)
         self._fresh = 0
-        self._timed: collections.deque[tuple[int, float]] = collections.deque(maxlen=TIMED)
+        self._per_row: collections.deque[float] = collections.deque(maxlen=TIMED)
+        self._row_bytes = 0.0
+        self._rows_per_s = 0.0
+
+    def noise_s(self) -> float | None:
+        """The p99 of the probes made while nothing was written (None: too few yet)."""
+        return _p99(self._quiet) if len(self._quiet) >= MIN_QUIET else None
+
+    def window_p99_s(self) -> float | None:
+        """The p99 of the window of probes made during writes (None: none yet)."""
+        return _p99(self._during) if self._during else None
+
+    def target_s(self) -> float:
+        """The p99 the writes are held to: the budget, raised by the noise (module doc, 2)."""
+        noise = self.noise_s()
+        return self.p99_s if noise is None else self.p99_s + max(0.0, noise - self.p99_s / 2)
 
     def step(
-        self, nbytes: int, write_s: float, probes: list[float], held_s: float | None = None
+        self,
+        rows: int,
+        nbytes: int,
+        write_s: float,
+        during: list[float],
+        quiet: list[float] = (),  # type: ignore[assignment]
+        held_s: float | None = None,
     ) -> float:
-        """Account for a transaction of ``nbytes`` that took ``write_s``; the pause to make.
+        """Account for a transaction of ``rows`` rows (``nbytes``) that took ``write_s``.
 
-        ``probes``: the probe latencies (seconds) that came since the last step. ``held_s``:
-        how long the transaction held the server, where the store tells (else ``write_s``).
+        ``during``: probe latencies (seconds) timed while it was written; ``quiet``: those timed
+        while nothing was (since the last step). ``held_s``: how long it held the server, where
+        the store tells. Returns the pause to make.
         """
-        timed = write_s if held_s is None else held_s
-        if nbytes > 0 and timed > 0:
-            self._timed.append((nbytes, timed))
-        self._window.extend(probes)
-        self._fresh += len(probes)
-        if self._fresh >= JUDGE and len(self._window) >= JUDGE:
+        if rows > 0 and write_s > 0:
+            self._row_bytes = nbytes / rows
+            self._rows_per_s = rows / write_s
+            self._per_row.append((write_s if held_s is None else held_s) / rows)
+        self._quiet.extend(quiet)
+        self._during.extend(during)
+        self._fresh += len(during)
+        if self._fresh >= JUDGE and len(self._during) >= JUDGE:
             self._judge()
-        if self.blocking:  # the cap alone sizes a write (see _judge)
-            grown = min(self.max_bytes, int(self.bytes * GROW) + 1)
-            self.bytes = max(MIN_BYTES, min(grown, self._blocking_cap()))
+        if self.blocking:
+            self._size_blocking()
+        elif self.duty > 0 and self._rows_per_s > 0:
+            quick = int(self._rows_per_s * MAX_TXN_S * self._row_bytes)
+            self.bytes = max(MIN_UNBLOCKED_BYTES, min(self.bytes, quick))
         self.smallest = min(self.smallest, self.bytes)
+        if self.unit_rows is not None:
+            self.smallest_unit = min(self.smallest_unit or self.unit_rows, self.unit_rows)
         return min(MAX_PAUSE_S, self.duty * max(0.0, write_s))
 
     def _judge(self) -> None:
-        p99 = quantile(sorted(self._window), 0.99)
+        """Judge the window; over the target only if the new probes' p99 is over it too.
+
+        The probes from before the last change, still in the window, do not raise the pause
+        again.
+        """
+        p99 = _p99(self._during)
+        fresh = quantile(sorted(list(self._during)[-self._fresh :]), 0.99)
         self.last_p99_s = p99
         self._fresh = 0
-        if p99 > self.p99_s:
-            # Where one write holds every read, the cap already bounds each wait; writes smaller
-            # than it would only add round trips and marks. Elsewhere a smaller transaction
-            # lets the pauses come more often.
+        target = self.target_s()
+        ratio = min(p99, fresh) / target
+        if ratio > 1:
+            self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
             if not self.blocking:
-                self.bytes = max(self.min_bytes, self.bytes // 2)
-            self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty * 2))
-            self._window.clear()  # judge the next step by what it does alone
-        elif p99 < SLACK * self.p99_s:
-            self.bytes = min(self.max_bytes, int(self.bytes * GROW) + 1)
-            self.duty = 0.0 if self.duty <= MIN_DUTY else self.duty / 2
+                self.bytes = max(MIN_UNBLOCKED_BYTES, int(self.bytes / min(MAX_STEP, ratio)))
+        elif p99 < SLACK * target:
+            self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
+            if self.duty < MIN_DUTY:
+                self.duty = 0.0
+            if not self.blocking:
+                self.bytes = min(self.max_bytes, int(self.bytes * GROW) + 1)
 
-    def _blocking_cap(self) -> int:
-        """The largest transaction the budget allows where a write holds every read."""
-        if not self._timed:
-            return self.bytes
-        own = statistics.median(self._window) if self._window else 0.0
-        allowed = max(0.2 * self.p99_s, CAP_SHARE * (self.p99_s - own))
-        return int(allowed / self._seconds_per_byte())
-
-    def _seconds_per_byte(self) -> float:
-        """What a byte more costs a write: the Theil-Sen slope of time over size of the writes.
-
-        The last :data:`TIMED` writes. A write's time is its round trips plus its bytes; only
-        the bytes hold the server (and so the readers). The slope is at most the least time per
-        byte of any of the writes (a write's bytes take at most all of its time) and at least
-        :data:`FASTEST_S_PER_BYTE`.
-        """
-        sizes = np.array([b for b, _ in self._timed], np.float64)
-        times = np.array([t for _, t in self._timed], np.float64)
-        bound = float((times / sizes).min())
-        # Theil-Sen: the median slope over pairs of writes of clearly different sizes, so that
-        # one write slowed by something else (the first of a part checks its rows) moves it not
-        i, j = np.triu_indices(len(sizes), 1)
-        apart = sizes[j] > 1.2 * sizes[i]
-        apart |= sizes[i] > 1.2 * sizes[j]
-        if apart.sum() < 8:
-            return bound
-        slopes = (times[j] - times[i])[apart] / (sizes[j] - sizes[i])[apart]
-        return min(bound, max(FASTEST_S_PER_BYTE, float(np.median(slopes))))
+    def _size_blocking(self) -> None:
+        """A unit (or transaction) the server runs within its share of the target."""
+        if not self._per_row:
+            return
+        probes = list(self._during) + list(self._quiet)
+        own = statistics.median(probes) if probes else 0.0
+        target = self.target_s()
+        allowed = UNIT_SHARE * max(0.2 * target, target - own)
+        rows = int(allowed / max(1e-9, statistics.median(self._per_row)))
+        rows = max(MIN_UNIT_ROWS, min(MAX_UNIT_ROWS, rows))
+        if self.unit_rows is not None:
+            self.unit_rows = rows
+        else:
+            nbytes = int(rows * self._row_bytes) if self._row_bytes else self.bytes
+            self.bytes = max(MIN_BYTES, min(self.max_bytes, nbytes))
 
 
 @dataclass
 class BudgetReport:
-    """What the budget did over a publish (``deltarec publish --json``'s ``budget``)."""
+    """What the budget did over a publish (``deltarec publish --json``'s ``budget``).
+
+    ``probe_*``: every probe read; ``noise_p99_ms``: those made while nothing was written;
+    ``target_p99_ms``: what the writes were held to at the end (module doc, 2).
+    """
 
     read_p99_ms: float
     held_back_s: float = 0.0
@@ -207,19 +263,28 @@ class BudgetReport:
     probe_p50_ms: float | None = None
     probe_p99_ms: float | None = None
     probe_max_ms: float | None = None
+    noise_p99_ms: float | None = None
+    target_p99_ms: float | None = None
     smallest_batch_bytes: int = 0
     last_batch_bytes: int = 0
+    smallest_unit_rows: int | None = None
+    last_unit_rows: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
         return dict(self.__dict__)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
 class Throttle:
     """Holds a :class:`DumpPublisher` within a read-latency budget (see the module doc).
 
-    Attaching sets the publisher's ``batch_bytes`` and wraps its ``after_batch`` hook (the
-    hook it had is still called); :meth:`close` stops the probe and restores both.
+    Attaching sets the publisher's ``batch_bytes`` (and the store's ``unit_rows``, where it
+    has them) and wraps its ``after_batch`` hook (the hook it had is still called);
+    :meth:`close` stops the probe and restores them.
 
     Args:
         publisher: the publisher to throttle.
@@ -233,8 +298,12 @@ class Throttle:
         check_budget(read_p99_ms)
         store = publisher.store
         self.publisher = publisher
+        self._units = hasattr(store, "unit_rows")
         self.policy = ReadBudget(
-            read_p99_ms / 1000, publisher.batch_bytes, store.capabilities.writes_block_reads
+            read_p99_ms / 1000,
+            publisher.batch_bytes,
+            store.capabilities.writes_block_reads,
+            self._units,
         )
         self.report = BudgetReport(read_p99_ms)
         self.probe_interval_s = probe_interval_s
@@ -243,8 +312,8 @@ class Throttle:
         self._latencies: list[float] = []
         self._default_bytes = publisher.batch_bytes
         self._chained: BatchHook | None = publisher.after_batch
-        publisher.batch_bytes = self.policy.bytes
         publisher.after_batch = self.after_batch
+        self._apply_sizes()
         self._timing = hasattr(store, "server_timing")  # a store that can time its writes
         if self._timing:
             store.server_timing = True  # type: ignore[attr-defined]
@@ -255,20 +324,28 @@ class Throttle:
         """Seconds the publisher paused for the readers so far."""
         return self.report.held_back_s
 
+    def _apply_sizes(self) -> None:
+        self.publisher.batch_bytes = self.policy.bytes
+        if self._units:
+            self.publisher.store.unit_rows = self.policy.unit_rows  # type: ignore[attr-defined]
+
     def after_batch(self, mark: ProgressMark, n: int) -> None:
         """The publisher's hook after each committed transaction: judge, resize, pause."""
         write_s = time.monotonic() - self._since
         self._start_probe(mark.table)
-        probes = self._probe.take() if self._probe is not None else []
-        self._latencies.extend(probes)
+        timed = self._probe.take() if self._probe is not None else []
+        during = [lat for at, lat in timed if at >= self._since]
+        quiet = [lat for at, lat in timed if at < self._since]
+        self._latencies += during + quiet
         spec = self.publisher.generation_info(mark.generation).tables[mark.table]
         unit = codec.row_bytes(spec.dtype, spec.dim) + ROW_OVERHEAD
         held = getattr(self.publisher.store, "last_write_held_s", None)
-        pause = self.policy.step(n * unit, write_s, probes, held)
-        self.publisher.batch_bytes = self.policy.bytes
+        pause = self.policy.step(n, n * unit, write_s, during, quiet, held)
+        self._apply_sizes()
         metrics = self.publisher.metrics
-        if self.policy.last_p99_s is not None:
-            metrics.read_probe_p99.set(self.policy.last_p99_s)
+        window = self.policy.window_p99_s()
+        if window is not None:
+            metrics.read_probe_p99.set(window)
         if pause > 0:
             time.sleep(pause)
             self.report.held_back_s += pause
@@ -278,7 +355,11 @@ class Throttle:
         self._since = time.monotonic()
 
     def _start_probe(self, table: str) -> None:
-        """Start the probe on the serving name of the first table written (once)."""
+        """Start the probe on the serving name of the first table written (once).
+
+        Then wait for :data:`BASELINE_PROBES` reads, nothing written meanwhile: the noise
+        before any pause (not counted as held back).
+        """
         if self._probed:
             return
         self._probed = True
@@ -290,28 +371,35 @@ class Throttle:
             )
             return
         self._probe = Probe(target, self.probe_interval_s)
-        self._probe.wait_first(PROBE_START_S)  # the readers' latency before the next write
+        self._probe.wait_first(PROBE_START_S, BASELINE_PROBES)
+        self._since = time.monotonic()  # the reads so far were made with nothing written
 
     def close(self) -> BudgetReport:
         """Stop the probe, restore the publisher, and say what the budget did (idempotent)."""
         if self._probe is not None:
-            self._latencies.extend(self._probe.take())
+            self._latencies.extend(lat for _, lat in self._probe.take())
             self._probe.close()
             self._probe = None
         if self.publisher.after_batch == self.after_batch:
             self.publisher.after_batch = self._chained
             self.publisher.batch_bytes = self._default_bytes
+            if self._units:
+                self.publisher.store.unit_rows = None  # type: ignore[attr-defined]
             if self._timing:
                 self.publisher.store.server_timing = False  # type: ignore[attr-defined]
         r = self.report
         r.probes = len(self._latencies)
         if self._latencies:
             ordered = sorted(self._latencies)
-            r.probe_p50_ms = round(quantile(ordered, 0.5) * 1000, 3)
-            r.probe_p99_ms = round(quantile(ordered, 0.99) * 1000, 3)
-            r.probe_max_ms = round(ordered[-1] * 1000, 3)
+            r.probe_p50_ms = _ms(quantile(ordered, 0.5))
+            r.probe_p99_ms = _ms(quantile(ordered, 0.99))
+            r.probe_max_ms = _ms(ordered[-1])
+        r.noise_p99_ms = _ms(self.policy.noise_s())
+        r.target_p99_ms = _ms(self.policy.target_s())
         r.smallest_batch_bytes = self.policy.smallest
         r.last_batch_bytes = self.policy.bytes
+        r.smallest_unit_rows = self.policy.smallest_unit
+        r.last_unit_rows = self.policy.unit_rows
         r.held_back_s = round(r.held_back_s, 3)
         return r
 

@@ -5,7 +5,9 @@ writes do to the readers. A reader thread inside the publisher would time its ow
 the interpreter lock along with the store's, so the probe is a separate process with its own
 connection: every ``interval_s`` it reads one serving key the way a serving client does (SQL:
 ``SELECT embedding, version FROM <serving name> WHERE key = ?``; Redis: ``HGET emb:<table> key``)
-and appends the latency to a shared ring the publisher reads (:meth:`Probe.take`).
+and appends when it started (``time.monotonic()``, one clock for every process of the machine)
+and its latency to a shared ring the publisher reads (:meth:`Probe.take`): the publisher tells
+the reads made while it wrote from those made while it did not.
 
 The keys probed are sampled from the serving name itself, again every second (Redis:
 ``HRANDFIELD``; SQL: a run of keys from a random place in the key range), so the probe reads rows
@@ -26,7 +28,7 @@ from deltarec.stores.base import Store
 from deltarec.stores.naming import quote, view_name
 
 RING = 4096
-"""Latencies the ring holds; the publisher reads them far more often than it fills."""
+"""Reads the ring holds; the publisher reads them far more often than it fills."""
 KEYS = 256
 """Keys sampled from the serving name at a time."""
 RESAMPLE_S = 1.0
@@ -115,7 +117,7 @@ def _sql_sample(query: Callable[[str, tuple[Any, ...]], list[Any]], name: str) -
 
 
 def _probe_main(target: ProbeTarget, interval_s: float, ring: Any, count: Any, stop: Any) -> None:
-    """The child: read a key every ``interval_s`` and record each latency, until ``stop``.
+    """The child: read a key every ``interval_s`` and record each (start, latency), until ``stop``.
 
     The keys are sampled again every :data:`RESAMPLE_S` (none yet: nothing is timed).
     """
@@ -130,10 +132,12 @@ def _probe_main(target: ProbeTarget, interval_s: float, ring: Any, count: Any, s
             sampled = time.monotonic()
         if keys:
             key = random.choice(keys)
+            at = time.monotonic()
             t0 = time.perf_counter()
             with contextlib.suppress(Exception):  # a read that fails is timed as it took
                 read(key)
-            ring[n % RING] = time.perf_counter() - t0
+            ring[2 * (n % RING) + 1] = time.perf_counter() - t0
+            ring[2 * (n % RING)] = at
             n += 1
             count.value = n
         stop.wait(interval_s)
@@ -149,7 +153,7 @@ class Probe:
 
     def __init__(self, target: ProbeTarget, interval_s: float = 0.005) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
-        self._ring = ctx.Array("d", RING, lock=False)
+        self._ring = ctx.Array("d", 2 * RING, lock=False)  # (start, latency) pairs
         self._count = ctx.Value("q", 0, lock=False)
         self._stop = ctx.Event()
         self._read = 0
@@ -161,21 +165,25 @@ class Probe:
         )
         self._process.start()
 
-    def wait_first(self, timeout_s: float) -> bool:
-        """Wait until the first probe read is timed (or ``timeout_s``); whether it was."""
+    def wait_first(self, timeout_s: float, count: int = 1) -> bool:
+        """Wait until ``count`` probe reads are timed (or ``timeout_s``); whether they were."""
         deadline = time.monotonic() + timeout_s
-        while self._count.value == 0 and self._process.is_alive():
+        while self._count.value < count and self._process.is_alive():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
-        return self._count.value > 0
+        return self._count.value >= count
 
-    def take(self) -> list[float]:
-        """The latencies (seconds) recorded since the last call, oldest first."""
+    def take(self) -> list[tuple[float, float]]:
+        """The reads recorded since the last call, oldest first.
+
+        Each is (``time.monotonic()`` at its start, its latency in seconds).
+        """
         n = self._count.value
         start = max(self._read, n - RING)
         self._read = n
-        return [self._ring[i % RING] for i in range(start, n)]
+        ring = self._ring
+        return [(ring[2 * (i % RING)], ring[2 * (i % RING) + 1]) for i in range(start, n)]
 
     def alive(self) -> bool:
         """Whether the probe process still runs (it ends if it cannot connect)."""

@@ -73,6 +73,7 @@ from deltarec.stores.redis.lua import (
     pack_version,
     slow_commands,
 )
+from deltarec.stores.redis.paced import apply_paced
 from deltarec.stores.redis.plain import Outranked, PlainBatch, PlainKeys, write_plain
 from deltarec.stores.redis.registry import ERRORS as _ERRORS
 from deltarec.stores.redis.registry import RedisRegistry
@@ -155,6 +156,10 @@ class RedisStore(RedisRegistry, RunViews, Store):
         more round trip a batch; set by the read budget): ``last_write_held_s`` then counts
         only the server's time (all clients' ``EXEC`` since the write before: never less)."""
         self._exec_usec: int | None = None
+        self.unit_rows: int | None = None
+        """Rows per server-side unit, set by the read budget: each batch is then a pipeline of
+        units that reads interleave with, not one ``MULTI``/``EXEC`` (see
+        :mod:`deltarec.stores.redis.paced`); None: a transaction per batch."""
         self._sender: ThreadPoolExecutor | None = None  # see apply
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
@@ -275,6 +280,8 @@ class RedisStore(RedisRegistry, RunViews, Store):
         made glibc hand the short-lived threads' allocator arenas around (a 10M-row publish
         peaked higher; BENCHMARKS.md).
         """
+        if self.unit_rows:
+            return apply_paced(self, write, self.unit_rows)
         table, batches, mark, staging_generation = write
         batch, it = first_batch(table, batches)
         total = 0
@@ -328,12 +335,13 @@ class RedisStore(RedisRegistry, RunViews, Store):
         batch: RowBatch,
         mark: ProgressMark | None,
         staging_generation: int | None,
+        step: int | None = None,
     ) -> tuple[Callable[[Any], None], int, PlainBatch | None]:
-        """One batch checked and encoded.
+        """One batch checked and encoded, ``step`` rows per script or ``HSET``.
 
-        Returns what queues its scripts (and ``mark``) on a pipeline, its row count, and, for
-        upserts into a live view, the rows as plain ``HSET`` (used where no guard can refuse
-        them).
+        ``step`` defaults to the URL's ``rows_per_script``. Returns what queues its scripts
+        (and ``mark``) on a pipeline, its row count, and, for upserts into a live view, the
+        rows as plain ``HSET`` (used where no guard can refuse them).
         """
         self._check_mark(mark)
         run = self._writer("writing rows")
@@ -352,12 +360,12 @@ class RedisStore(RedisRegistry, RunViews, Store):
             records["e"] = embedding.view(np.dtype((np.void, row_width))).reshape(n)
             return records.view(np.uint8).reshape(n, stride)
 
+        step = step or self.config.rows_per_script
         plain = None
         if not stage and n and not ops.any():
-            bodies = hset_bodies(keys, values(), self.config.rows_per_script)
+            bodies = hset_bodies(keys, values(), step)
             plain = PlainBatch(table, run, int(versions.min()), int(versions.max()), bodies)
         script_keys = self._apply_keys(view.name if stage else "", run, table)
-        step = self.config.rows_per_script
 
         def queue(pipe: Any) -> None:
             # The scripts' arguments are made only when the scripts are used (a batch written
@@ -376,8 +384,8 @@ class RedisStore(RedisRegistry, RunViews, Store):
                     ",".join(map(str, keys[s : s + step].tolist())),
                 ]
                 self._write_script(keys=script_keys, args=args, client=pipe)
-            for command in slow_commands(n * stride):
-                pipe.execute_command(*command)
+                for command in slow_commands((min(n, s + step) - s) * stride):
+                    pipe.execute_command(*command)  # the slow point, inside each script's turn
             if mark is not None:
                 self._mark(pipe, mark, stage)
 
