@@ -1,7 +1,8 @@
 """The Redis backend (``redis://``): one hash per view, versions guarded by Lua or plain commands.
 
 Modules:
-    store: :class:`~deltarec.stores.redis.store.RedisStore`, the backend.
+    store: :class:`~deltarec.stores.redis.store.RedisStore`, the backend (writes, merges).
+    reads: its reads (point reads, key counts, scans), a mixin.
     registry: the control plane in Redis keys (``RedisRegistry``).
     lua: the versioned-write scripts and the version packing they share.
     plain: versioned writes without scripts (plain commands, for servers that forbid Lua).

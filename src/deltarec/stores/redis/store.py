@@ -38,7 +38,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -48,7 +48,6 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.utils import HIREDIS_AVAILABLE
 
-from deltarec.artifacts import codec
 from deltarec.artifacts.types import DType, TableSpec
 from deltarec.errors import (
     BadInputError,
@@ -75,16 +74,15 @@ from deltarec.stores.redis.lua import (
 )
 from deltarec.stores.redis.paced import apply_paced
 from deltarec.stores.redis.plain import Outranked, PlainBatch, PlainKeys, write_plain
+from deltarec.stores.redis.reads import RedisReads
 from deltarec.stores.redis.registry import ERRORS as _ERRORS
 from deltarec.stores.redis.registry import RedisRegistry
 from deltarec.stores.redis.resp import hset_bodies
-from deltarec.stores.redis.scan import hscan_rows
 from deltarec.stores.rows import checked_arrays
 from deltarec.stores.runviews import RunViews
 from deltarec.stores.types import (
     Capabilities,
     ProgressMark,
-    ReadResult,
     RowBatch,
     ViewInfo,
     Write,
@@ -92,13 +90,9 @@ from deltarec.stores.types import (
 
 _SWEEP_STEP = 4000
 """Fields per ``HSCAN`` step of a sweep or merge script (each step holds the server briefly)."""
-_SCAN_STEP = 16384
-"""Fields per ``HSCAN`` step of a scan script (about 4 MB of rows of dim 64 per reply)."""
-_READ_CHUNK = 8192
-"""Keys per read script."""
 
 
-class RedisStore(RedisRegistry, RunViews, Store):
+class RedisStore(RedisRegistry, RunViews, RedisReads, Store):
     """The Redis backend (redis-py). The client is thread-safe (a connection pool).
 
     Args:
@@ -481,110 +475,6 @@ class RedisStore(RedisRegistry, RunViews, Store):
         """See :meth:`Registry.record_progress`."""
         self._execute_fenced(lambda pipe: self._mark(pipe, mark, mark.staging_generation), mark)
 
-    def read(
-        self, table: str, keys: np.ndarray, staging_generation: int | None = None
-    ) -> ReadResult:
-        """See :meth:`Store.read` (a script per chunk of keys; a staged delete is not found)."""
-        view = self._view(table, staging_generation)
-        keys = np.asarray(keys, dtype=np.int64)
-        out = ReadResult.none_found(view, len(keys))
-        records = _value_type(view)
-        staged = "1" if view.staging_generation else "0"
-        for s in range(0, len(keys), _READ_CHUNK):
-            part = keys[s : s + _READ_CHUNK]
-            with _ERRORS.map_errors(self.describe()):
-                flags, values = self._read_script(
-                    keys=self._target(view),
-                    args=[
-                        view.table,
-                        self.run or "",
-                        ",".join(map(str, part.tolist())),
-                        records.itemsize,
-                        staged,
-                    ],
-                )
-            found = np.frombuffer(flags, np.uint8) == ord("1")
-            rows = np.frombuffer(values, records)
-            at = np.flatnonzero(found) + s
-            out.found[at] = True
-            out.versions[at] = rows["v"]
-            out.embedding[at] = rows["e"]
-        return out
-
-    def _target(self, view: ViewInfo) -> list[str]:
-        """The ``KEYS`` of a script's ``target()``.
-
-        The view's hash, or the handle's run's live view of its table wherever it is when the
-        script runs (a promote may move it between two calls).
-        """
-        if view.staging_generation or self.run is None:
-            return [view.name]
-        return ["", *self._live_keys(self.run, view.table)]
-
-    def count_keys(self, table: str) -> int:
-        """See :meth:`Store.count_keys` (``HLEN`` of the run's live view, wherever it is)."""
-        view = self._view(table)
-        with _ERRORS.map_errors(self.describe()):
-            return int(
-                self._count_script(keys=self._target(view), args=[view.table, self.run or ""])
-            )
-
-    def scan_keys(self, table: str, batch_rows: int = 65536) -> Iterator[np.ndarray]:
-        """See :meth:`Store.scan_keys` (hash order, not sorted)."""
-        for keys, _ in self._scan(self._view(table), batch_rows, with_rows=False):
-            yield keys
-
-    def scan_rows(
-        self, table: str, batch_rows: int = 65536
-    ) -> Iterator[tuple[np.ndarray, ReadResult]]:
-        """See :meth:`Store.scan_rows`: one pass of ``HSCAN`` steps (hash order, not sorted)."""
-        view = self._view(table)
-        for keys, rows in self._scan(view, batch_rows, with_rows=True):
-            n = len(keys)
-            emb = np.ascontiguousarray(rows["e"])
-            yield keys, ReadResult(np.ones(n, bool), rows["v"].copy(), emb)
-
-    def _scan(
-        self, view: ViewInfo, batch_rows: int, with_rows: bool
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Keys (and, ``with_rows``, the values as :func:`_value_type`) of ``view``, a step each.
-
-        A field or value the script sent back that does not parse as the view's raises
-        :class:`~deltarec.errors.StoreError` naming the view.
-        """
-        records = _value_type(view)
-        width = records.itemsize if with_rows else 0
-        if with_rows and self.scan_on_client:
-            steps = hscan_rows(
-                self._client,
-                self._target(view),
-                view.table,
-                self.run or "",
-                min(batch_rows, _SCAN_STEP),
-                width,
-                self.describe(),
-            )
-            while True:
-                with _ERRORS.map_errors(self.describe()):
-                    step = next(steps, None)
-                if step is None:
-                    return
-                yield step[0], np.frombuffer(step[1], records)
-        cursor = b"0"
-        while True:
-            with _ERRORS.map_errors(self.describe()):
-                cursor, n, fields, values = self._scan_script(
-                    keys=self._target(view),
-                    args=[view.table, self.run or "", cursor, min(batch_rows, _SCAN_STEP), width],
-                )
-            if n:
-                keys = np.fromstring(fields, dtype=np.int64, sep=",")
-                if len(keys) != n:
-                    raise StoreError(f"{self.describe()}: a field of {view.name} is not a key")
-                yield keys, np.frombuffer(values, records)  # empty without rows
-            if int(cursor) == 0:
-                return
-
     def _steps(self, script: Any, keys: list[str], args: list[Any]) -> int:
         """Run a cursor script (:data:`LUA_SWEEP`, :data:`LUA_MERGE`) until its ``HSCAN`` ends.
 
@@ -664,13 +554,3 @@ class RedisStore(RedisRegistry, RunViews, Store):
         if sender is not None:
             sender.shutdown(wait=True)
         self._client.close()
-
-
-def _value_type(view: ViewInfo) -> np.dtype:
-    """One stored value of ``view`` as a numpy record.
-
-    Fields: version ``v``, a staged value's op byte ``o``, the encoded row ``e``.
-    """
-    row = (codec.element_type(view.dtype), (codec.encoded_width(view.dtype, view.dim),))
-    op = [("o", np.uint8)] if view.staging_generation else []
-    return np.dtype([("v", "<i8"), *op, ("e", *row)])

@@ -4,6 +4,7 @@ Modules:
     relational: :class:`~deltarec.stores.sql.relational.RelationalStore`, both stores' shared
         half (views, tombstones, versioned writes and the registry in SQL).
     sqlite, postgres: the two backends (``sqlite:///``, ``postgresql://``).
+    upsert: SQLite's bulk upsert statements (keys as one JSON array, rows as one blob).
     registry: the control plane in SQL tables (``SqlRegistry``; also FeatureStore's side store).
     ddl: the registry's and views' DDL.
     legacy: moving a store of the runless layout to per-run views.
