@@ -109,8 +109,8 @@ def main() -> None:
         gen_s = time.perf_counter() - t
         data_mb = sum(s.bytes for s in manifest.shards) / 1e6
         imports = (
-            "import numpy, pyarrow, pyarrow.parquet, deltarec.publish, "
-            f"deltarec.stores.{args.store}"
+            "import numpy, pyarrow, pyarrow.parquet, deltarec.publish\n"
+            f"from deltarec.stores import store_class\nstore_class({args.store!r})"
         )
         base_mb, _ = child_peak_rss_mb(imports, [])
         body = "from deltarec.cli import main\nrc = main(sys.argv[1:])\nassert rc == 0, rc"
