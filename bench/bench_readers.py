@@ -204,6 +204,19 @@ def _publish(root: str, url: str, budget_ms: float | None) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def server_stats(kind: str, target: dict[str, Any]) -> dict[str, int]:
+    """Redis's own stalls, which no budget can avoid: forks (the append-only file's rewrite
+    copies the page tables of the whole data set) and writes of the file delayed by its fsync.
+    """
+    if kind != "redis":
+        return {}
+    import redis
+
+    info: Any = redis.Redis(host="127.0.0.1", port=target["port"]).info()
+    names = ("total_forks", "latest_fork_usec", "aof_delayed_fsync", "aof_rewrites")
+    return {n: int(info.get(n, 0)) for n in names}
+
+
 def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type: ignore[no-untyped-def]
     """Preload dump 1, start the readers, publish dump 2 in the middle; the figures.
 
@@ -222,9 +235,11 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
         return {"idle": _stats(lat)}
     time.sleep(args.before)
     load = os.getloadavg()
+    stats = server_stats(kind, target)
     p0 = time.time()
     result = _publish(root.uri, url, budget_ms)
     p1 = time.time()
+    stats_after = server_stats(kind, target)
     time.sleep(args.after)
     got = [(d, x, y) for d, x, y in readers.stop() if d >= t0]
     spans = {"before": (t0, p0), "during": (p0, p1), "after": (p1, float("inf"))}
@@ -248,6 +263,9 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
         "publish_rows": result["rows"],
         "publish_rows_per_s": round(result["rows"] / (p1 - p0)),
         "budget": result.get("budget"),
+        "server_during": {
+            k: (v if k == "latest_fork_usec" else v - stats[k]) for k, v in stats_after.items()
+        },
         "per_second": seconds,
     }
 
@@ -346,11 +364,31 @@ def _line(name: str, r: dict[str, Any]) -> str:
         return f"{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}/{s.get('max_ms', '-')}"
 
     held = (r["budget"] or {}).get("held_back_s", "-")
+    server = " ".join(f"{k} {v}" for k, v in r.get("server_during", {}).items())
     return (
         f"{name:22s} before {f('before'):>20s}  during {f('during'):>22s}  after "
         f"{f('after'):>20s}  longest {r['longest_read_ms']:.2f} ms  publish "
         f"{r['publish_rows_per_s']:,} rows/s ({r['publish_s']:.1f} s)  held {held}  "
-        f"load {r['load_before_publish'][0]}"
+        f"load {r['load_before_publish'][0]}/{r['load_after'][0]}  {server}"
+    )
+
+
+def summary(kind: str, budget: float, runs: list[dict[str, Any]]) -> str:
+    """The targets of issue 45 over the trials of one store: p99 and worst read against the
+    budget, the publish rate against the rate without it (means over the trials)."""
+    with_b = [r for r in runs if r["budget_ms"] is not None]
+    without = [r for r in runs if r["budget_ms"] is None]
+    if not with_b or not without:
+        return f"{kind}: no pair of trials"
+    rate = np.mean([r["publish_rows_per_s"] for r in with_b]) / np.mean(
+        [r["publish_rows_per_s"] for r in without]
+    )
+    p99 = max(r["phases"]["during"]["p99_ms"] for r in with_b)
+    worst = max(r["longest_read_ms"] for r in with_b)
+    return (
+        f"{kind}: budget {budget} ms; with it p99 during {p99} ms ({p99 / budget:.2f}x the "
+        f"budget, target <= 1), worst read {worst} ms ({worst / budget:.1f}x, target <= 4), "
+        f"publish rate {rate:.2f}x of without (target >= 0.5)"
     )
 
 
@@ -419,6 +457,8 @@ def main() -> None:
                     fresh.append(f)
                     print(f"{kind} freshness {'budget' if i % 2 else 'none'}: {f}")
                     sys.stdout.flush()
+                if runs:
+                    print(summary(kind, budget, runs))
                 out["stores"][kind] = {
                     "idle": idle["idle"], "budget_ms": budget, "runs": runs, "freshness": fresh
                 }  # fmt: skip
