@@ -30,7 +30,7 @@ import numpy as np
 from deltarec.artifacts import ArtifactRoot, DType, ShardRows, TableSpec
 from deltarec.artifacts.shards import iter_shard
 from deltarec.publish import DumpPublisher
-from deltarec.publish.publisher import READ_BYTES
+from deltarec.publish.parts import READ_BYTES
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.ids import make_version
-from deltarec.publish.publisher import READ_BYTES
+from deltarec.publish.parts import READ_BYTES
 from deltarec.stores import ProgressMark, RowBatch, open_store, store_class
 from deltarec.stores.sql.pgcopy import batch_payload
 from deltarec.stores.sql.sqlite import PAGE_SIZE

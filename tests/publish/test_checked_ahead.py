@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import deltarec.publish.ahead as ahead_module
-import deltarec.publish.publisher as publisher_module
+import deltarec.publish.parts as parts_module
+import deltarec.publish.rows as rows_module
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import InvalidRowError
@@ -34,13 +35,13 @@ def store(redis_server):
 def reads(monkeypatch) -> list[tuple[str, bool]]:
     """Every shard the publisher opens: its path and whether its sha256 was checked."""
     opened: list[tuple[str, bool]] = []
-    real = publisher_module.iter_shard
+    real = rows_module.iter_shard
 
     def counting(root, dump_dir, shard, *args, **kwargs):
         opened.append((shard.path, bool(kwargs.get("verify"))))
         return real(root, dump_dir, shard, *args, **kwargs)
 
-    monkeypatch.setattr(publisher_module, "iter_shard", counting)
+    monkeypatch.setattr(rows_module, "iter_shard", counting)
     return opened
 
 
@@ -103,7 +104,7 @@ def test_rows_in_memory_reach_a_store_that_is_not_sql_a_read_chunk_at_a_time(
 ):
     """A write of several read chunks' rows from memory hands them over a read chunk at a time
     (each its own MULTI/EXEC, the mark with the last), as rows read from the shards come."""
-    monkeypatch.setattr(publisher_module, "READ_BYTES", 50 * (16 * 4 + 24))  # 50 rows of T
+    monkeypatch.setattr(parts_module, "READ_BYTES", 50 * (16 * 4 + 24))  # 50 rows of T
     root, manifest, rows = _dump(tmp_path, ranks=1)
     writes: list[tuple[str, list[int], bool]] = []
     real = store.apply

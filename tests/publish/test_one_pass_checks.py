@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import deltarec.publish.publisher as publisher_module
+import deltarec.publish.parts as parts_module
+import deltarec.publish.rows as rows_module
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import InvalidRowError
@@ -30,13 +31,13 @@ def url(request, tmp_path) -> str:
 def reads(monkeypatch) -> list[str]:
     """Every shard the publisher opens, by path (a shard read twice appears twice)."""
     opened: list[str] = []
-    real = publisher_module.iter_shard
+    real = rows_module.iter_shard
 
     def counting(root, dump_dir, shard, *args, **kwargs):
         opened.append(shard.path)
         return real(root, dump_dir, shard, *args, **kwargs)
 
-    monkeypatch.setattr(publisher_module, "iter_shard", counting)
+    monkeypatch.setattr(rows_module, "iter_shard", counting)
     return opened
 
 
@@ -64,7 +65,7 @@ def test_a_part_in_one_transaction_is_read_once_and_published_whole(url, tmp_pat
 def test_a_bad_row_in_a_later_read_chunk_aborts_the_transaction_and_applies_nothing(
     url, tmp_path, reads, monkeypatch
 ):
-    monkeypatch.setattr(publisher_module, "READ_BYTES", 50 * 64)  # 50 rows per read chunk
+    monkeypatch.setattr(parts_module, "READ_BYTES", 50 * 64)  # 50 rows per read chunk
     root, manifest, rows = _dump(tmp_path, bad_key=290)  # in the sixth chunk
     store = open_store(url, run="r")
     with pytest.raises(InvalidRowError, match=r"sparse\.ebc\.user_id.*dump 1 rank 0") as err:

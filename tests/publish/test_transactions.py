@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
+import deltarec.publish.parts as parts_module
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import TableSpec
 from deltarec.errors import StoreUnavailableError
 from deltarec.ids import make_version
 from deltarec.publish import DumpPublisher, RetryPolicy
-from deltarec.publish import publisher as publisher_module
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 
@@ -44,7 +44,7 @@ class FlakyWrites:
 
 
 def test_transactions_cover_every_row_once_across_chunks_and_a_failed_write(tmp_path, monkeypatch):
-    monkeypatch.setattr(publisher_module, "READ_BYTES", 37 * 56)  # chunks of 37 rows
+    monkeypatch.setattr(parts_module, "READ_BYTES", 37 * 56)  # chunks of 37 rows
     root = ArtifactRoot(str(tmp_path / "art"))
     info = new_generation(root, "r", TABLES, world_size=1)
     keys = np.random.default_rng(0).permutation(50_000)[:1000]

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from deltarec.artifacts.types import Manifest
+from deltarec.publish.rows import TablePart
 
 if TYPE_CHECKING:
     from deltarec.publish.publisher import DumpPublisher
@@ -45,15 +46,14 @@ def check_part(
     info = pub.generation_info(manifest.generation)
     where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank {rank}"
     for table in tables:
-        spec = info.tables[table]
-        pub._check_rows(manifest, rank, table, spec, where)
+        pub.check_part(TablePart(pub.root, manifest, rank, table, info.tables[table]), where)
     return frozenset(tables)
 
 
 def _pending_tables(pub: DumpPublisher, manifest: Manifest, rank: int) -> list[str]:
     """The tables of the part that ``publish_dump`` would check: declared and not complete."""
     info = pub.generation_info(manifest.generation)
-    done = pub._marks(manifest.generation, manifest.seq, rank)
+    done = pub.marks(manifest.generation, manifest.seq, rank)
     return [
         t
         for t in sorted(manifest.tables)

@@ -98,21 +98,21 @@ def publish_group(
         marks = _marks(pub, group, table, stage or 0)
         what = f"dumps {group[0].seq}..{last.seq} of {table!r} (generation {last.generation})"
         if together:
-            pub._call(
+            pub.call(
                 lambda t=table, b=batch, k=marks: pub.store.write_parts(  # type: ignore[misc]
                     t, [b], k, staging_generation=stage
                 ),
                 f"write {what}",
             )
         else:
-            pub._call(
+            pub.call(
                 lambda t=table, b=batch, k=marks[-1]: pub.store.write_batches(  # type: ignore[misc]
                     t, [b], mark=k, staging_generation=stage
                 ),
                 f"write {what}",
             )
             for mark in marks[:-1]:
-                pub._call(
+                pub.call(
                     lambda k=mark: pub.registry.record_progress(k),  # type: ignore[misc]
                     f"mark dump {mark.seq} of {table!r} rank {mark.rank}",
                 )

@@ -72,7 +72,7 @@ def _publish_base(pub: DumpPublisher, base: BaseInfo, world: int) -> None:
             base.run, base.generation, base.through_seq, table, 0, base.rows.get(table, 0), True
         )
         batches = _batches(pub, base, table)
-        pub._call(
+        pub.call(
             lambda t=table, b=batches, m=mark: pub.store.write_batches(  # type: ignore[misc]
                 t, b, mark=m, staging_generation=stage
             ),
@@ -83,7 +83,7 @@ def _publish_base(pub: DumpPublisher, base: BaseInfo, world: int) -> None:
             other = ProgressMark(base.run, base.generation, base.through_seq, table, rank, 0, True)
             empty = ShardRows.empty(spec.dtype, spec.dim)
             none = RowBatch(empty.keys, empty.embedding, empty.ops, np.empty(0, np.int64))
-            pub._call(
+            pub.call(
                 lambda t=table, m=other, n=none: pub.store.write_batches(  # type: ignore[misc]
                     t, [n], mark=m, staging_generation=stage
                 ),

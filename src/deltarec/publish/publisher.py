@@ -15,6 +15,12 @@ For one dump and one rank, :meth:`DumpPublisher.publish_dump`
 
 Rows come from memory (the dumper hands them over) or from the artifacts (the durable copy),
 read in bounded batches so memory does not grow with the dump.
+
+Collaborators: :mod:`deltarec.publish.parts` (what is left of a part, how it is split into
+transactions and read chunks) and :mod:`deltarec.publish.rows` (a part's rows, read and
+checked). The other ways to publish (:mod:`~deltarec.publish.together`,
+:mod:`~deltarec.publish.ahead`, :mod:`~deltarec.publish.backlog`,
+:mod:`~deltarec.publish.frombase`) use only this class's public methods.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from deltarec.artifacts import ArtifactRoot, codec
-from deltarec.artifacts.shards import ShardRows, iter_shard
+from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, TableSpec, parse_time
 from deltarec.errors import BadInputError, ConfigError
 from deltarec.faults import failpoint
@@ -37,41 +43,21 @@ from deltarec.publish.ahead import parts_checked_ahead
 from deltarec.publish.backlog import backlog_group, publish_group
 from deltarec.publish.frombase import start_from_base
 from deltarec.publish.metrics import PublishMetrics
+from deltarec.publish.parts import (
+    default_batch_bytes,
+    marks_of_part,
+    tables_left,
+    transaction_rows,
+)
 from deltarec.publish.retry import RetryPolicy
+from deltarec.publish.rows import PartReader, TablePart, check_part, part_chunks
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.together import publish_parts_together
 from deltarec.publish.types import PartResult, PublishMode
-from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
-from deltarec.stores.rows import check_batch
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 
 log = logging.getLogger(__name__)
-
-READ_BYTES = 8 << 20
-"""Rows read from the artifacts (and handed to the store) at a time."""
-
-
-def default_batch_bytes(store: Store) -> int:
-    """The default bytes per transaction for ``store``: its ``capabilities.batch_bytes``.
-
-    A transaction is also the unit of the progress marks: a crash loses at most one. Rows reach
-    the store in read chunks of :data:`READ_BYTES` however large a transaction is, so memory
-    does not grow with it.
-    """
-    return store.capabilities.batch_bytes
-
-
-MAX_TRANSACTION_ROWS = 2 << 20
-"""Rows per store transaction at most, whatever ``batch_bytes`` says: a transaction's per-row
-state (SQLite's key-order spill index, 16 bytes a row) stays within 32 MB for narrow rows too."""
-_PER_ROW_OVERHEAD = 24  # key, version, op and per-row store overhead, for batch sizing
-
-
-def _rows_in(nbytes: int, spec: TableSpec) -> int:
-    """How many rows of ``spec`` make about ``nbytes`` (at least one)."""
-    return max(1, nbytes // (codec.row_bytes(spec.dtype, spec.dim) + _PER_ROW_OVERHEAD))
-
 
 BatchHook = Callable[[ProgressMark, int], None]
 """Called after each committed transaction with its mark and its row count."""
@@ -145,20 +131,54 @@ class DumpPublisher:
         if generation in self._prepared:
             return
         tables = self.generation_info(generation).tables
-        self._call(lambda: self.store.provision(tables), f"provision generation {generation}")
+        self.call(lambda: self.store.provision(tables), f"provision generation {generation}")
         if self.mode is PublishMode.STAGED and self.pending(generation):
-            self._call(
+            self.call(
                 lambda: self.store.provision(tables, staging_generation=generation),
                 f"provision staging views of generation {generation}",
             )
-        self._call(
+        self.call(
             lambda: self.registry.register_generation(self.run, generation),
             f"register generation {generation}",
         )
         self._prepared.add(generation)
 
-    def _call(self, fn: Callable[[], object], what: str) -> object:
+    def call(self, fn: Callable[[], object], what: str) -> object:
+        """``fn()`` under the retry policy (transient store errors retried, each counted)."""
         return self.retry.call(fn, what, on_retry=lambda e, w: self.metrics.retries.inc())
+
+    def fence(self, generation: int) -> None:
+        """Refuse unless ``generation`` is the run's newest (one writer per run, SPEC §5).
+
+        Raises:
+            StaleGenerationError: a newer generation of the run is registered.
+        """
+        self.call(
+            lambda: self.registry.check_writer(self.run, generation),
+            f"check generation {generation} is the newest",
+        )
+
+    def marks(self, generation: int, seq: int, rank: int) -> dict[str, ProgressMark]:
+        """Table id -> the store's progress mark of dump ``seq``'s part of rank ``rank``."""
+        marks = self.call(
+            lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
+        )
+        assert isinstance(marks, list)
+        return marks_of_part(marks, seq, rank)
+
+    def transaction_rows(self, spec: TableSpec) -> int:
+        """Rows of ``spec`` per store transaction now (``batch_bytes`` may change meanwhile)."""
+        return transaction_rows(self.batch_bytes, spec)
+
+    def check_part(self, part: TablePart, where: str) -> None:
+        """Check every row of ``part`` (shard checksums first), as a write would; keep none.
+
+        Raises:
+            InvalidRowError: a row cannot be published.
+            ChecksumError: a shard does not match its manifest entry.
+        """
+        whole = self.store.capabilities.whole_writes
+        check_part(part, self.transaction_rows(part.spec), whole, where)
 
     # ---- one dump ------------------------------------------------------------------------
     def publish_dump(
@@ -188,38 +208,29 @@ class DumpPublisher:
         start = time.monotonic()
         g, s = manifest.generation, manifest.seq
         self.prepare(g)
-        self._call(  # one writer per run: never publish a superseded generation
-            lambda: self.registry.check_writer(self.run, g), f"check generation {g} is the newest"
-        )
+        self.fence(g)  # one writer per run: never publish a superseded generation
         info = self.generation_info(g)
         result = PartResult(g, s, rank)
-        done = self._marks(g, s, rank)
-        todo = self._todo(manifest, info, rank, done, result)
+        done = self.marks(g, s, rank)
+        todo = tables_left(manifest, info, done, result)
         where = f"run {self.run!r} generation {g} dump {s} rank {rank}"
         inline = self._checked_while_written(manifest, rank, todo, done, rows)
         ahead = frozenset() if checked is None else checked.result()
         for table, spec in todo:
             if table == inline or table in ahead:
                 continue
-            self._check_rows(manifest, rank, table, spec, where, rows)
+            self.check_part(TablePart(self.root, manifest, rank, table, spec, rows), where)
         for table, spec in todo:
             skip = done[table].rows if table in done else 0
             check = where if table == inline else None
             self._publish_table(manifest, rank, table, spec, rows, skip, result, check)
         if manifest.kind is DumpKind.SNAPSHOT:
-            self._finish_snapshot(manifest)
-        self._record_freshness(manifest, rank, result)
+            self.complete_snapshot(manifest)
+        self.record_freshness(manifest, rank, result)
         result.seconds = time.monotonic() - start
         self.metrics.dumps.labels(self.mode.value).inc()
         self.metrics.version.set(manifest.version)
         return result
-
-    @staticmethod
-    def _check(table: str, spec: TableSpec, batch: ShardRows, version: int, where: str) -> None:
-        """Raise :class:`~deltarec.errors.InvalidRowError` unless ``batch`` can be written."""
-        versions = np.full(len(batch), version, np.int64)
-        args = (batch.keys, batch.embedding, batch.ops, versions)
-        check_batch(table, spec.dtype, spec.dim, *args, where, spec.kind)
 
     def _checked_while_written(
         self,
@@ -241,175 +252,9 @@ class DumpPublisher:
         table, spec = todo[0]
         if memory is not None and table in memory:
             return None  # in memory the first pass reads nothing: keep it
-        left = self._part_rows(manifest, rank, table, memory) - (
-            done[table].rows if table in done else 0
-        )
-        return table if left <= self._batch_rows(spec) else None
-
-    def _marks(self, generation: int, seq: int, rank: int) -> dict[str, ProgressMark]:
-        marks = self._call(
-            lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
-        )
-        assert isinstance(marks, list)
-        return {m.table: m for m in marks if m.seq == seq and m.rank == rank}
-
-    def _todo(
-        self,
-        manifest: Manifest,
-        info: GenerationInfo,
-        rank: int,
-        done: dict[str, ProgressMark],
-        result: PartResult,
-    ) -> list[tuple[str, TableSpec]]:
-        todo = []
-        for table in sorted(manifest.tables):
-            spec = info.tables.get(table)
-            if spec is None:
-                raise BadInputError(
-                    f"dump {manifest.seq} of generation {manifest.generation} lists table "
-                    f"{table!r}, which GENERATION.json does not declare"
-                )
-            mark = done.get(table)
-            if mark is not None and mark.complete:
-                result.skipped_rows += mark.rows
-                continue
-            if mark is not None:
-                result.skipped_rows += mark.rows
-            todo.append((table, spec))
-            result.tables.append(table)
-        return todo
-
-    def _batch_rows(self, spec: TableSpec) -> int:
-        """Rows per store transaction: ``batch_bytes`` of rows, at most MAX_TRANSACTION_ROWS."""
-        return min(_rows_in(self.batch_bytes, spec), MAX_TRANSACTION_ROWS)
-
-    @staticmethod
-    def _read_rows(spec: TableSpec) -> int:
-        """Rows per read chunk."""
-        return _rows_in(READ_BYTES, spec)
-
-    def _check_rows(
-        self,
-        manifest: Manifest,
-        rank: int,
-        table: str,
-        spec: TableSpec,
-        where: str,
-        memory: Mapping[str, ShardRows] | None = None,
-    ) -> None:
-        """Check the rank's rows of ``table`` (shard checksums, then every chunk), keep none.
-
-        Rows in memory are checked in read chunks too, so the temporaries stay bounded.
-        """
-        chunk = self._read_rows(spec)
-        for _ in self._rows(manifest, rank, table, spec, memory, 0, True, chunk, where):
-            pass  # each chunk is checked as it is read
-
-    def _rows(
-        self,
-        manifest: Manifest,
-        rank: int,
-        table: str,
-        spec: TableSpec,
-        memory: Mapping[str, ShardRows] | None,
-        skip: int,
-        verify: bool = False,
-        memory_rows: int | None = None,
-        check: str | None = None,
-    ) -> Iterator[ShardRows]:
-        """The rank's rows of ``table`` in chunks, without the first ``skip`` rows.
-
-        Rows in memory come as views (no copies) of ``memory_rows`` rows each (default: one
-        transaction for a SQL store, which sorts a transaction's rows at once; a read chunk for
-        any other, which encodes and sends each batch whole, as it does the artifacts' read
-        chunks); rows from the artifacts in read chunks. ``verify`` checks each shard's sha256
-        before reading it (the first pass does). ``check`` (where the rows come from, for the
-        message): every chunk is checked (:meth:`_check`) before it comes, those from the
-        artifacts on the reading thread.
-        """
-        if memory is not None and table in memory:
-            data = memory[table]
-            size = memory_rows or self._batch_rows(spec)
-            if not self.store.capabilities.whole_writes:
-                size = min(size, self._read_rows(spec))
-            chunks = (data.slice(start, start + size) for start in range(skip, len(data), size))
-            yield from _checked(chunks, table, spec, manifest.version, check)
-            return
-        reader = self._reader(manifest, rank, table, spec, skip, verify, check=check)
-        try:
-            yield from reader
-        finally:
-            reader.close()
-
-    def _reader(
-        self,
-        manifest: Manifest,
-        rank: int,
-        table: str,
-        spec: TableSpec,
-        skip: int,
-        verify: bool,
-        later: list[Callable[[], None]] | None = None,
-        check: str | None = None,
-    ) -> ReadAhead[ShardRows]:
-        """The rank's rows of ``table`` from the artifacts, read ahead from now on (a thread).
-
-        As :meth:`_rows` without rows in memory; the caller closes it. ``later`` (with
-        ``verify``): each shard's sha256 is checked after its rows are read, and its wait is
-        appended to ``later`` (see :func:`~deltarec.artifacts.shards.iter_shard`): only for rows
-        that all go into one transaction, committed after the waits. ``check``: every chunk
-        is checked on the reading thread too (a bad row is raised where its chunk would have
-        come).
-        """
-        size = min(self._read_rows(spec), self._batch_rows(spec))
-        dump_dir = self.root.dump_dir(self.run, manifest.generation, manifest.seq)
-        rows = self._shard_rows(manifest, rank, spec, table, dump_dir, size, skip, verify, later)
-        return ReadAhead(_checked(rows, table, spec, manifest.version, check), name="publish-read")
-
-    def _shard_rows(
-        self,
-        manifest: Manifest,
-        rank: int,
-        spec: TableSpec,
-        table: str,
-        dump_dir: str,
-        size: int,
-        skip: int,
-        verify: bool,
-        later: list[Callable[[], None]] | None = None,
-    ) -> Iterator[ShardRows]:
-        """The rank's rows of ``table`` from its shards, after the first ``skip``.
-
-        In chunks of about ``size`` rows; runs on :func:`read_ahead`'s thread (see :meth:`_rows`).
-        """
-        for shard in manifest.shards_of(table):
-            if shard.rank != rank:
-                continue
-            seen = 0
-            for batch in iter_shard(
-                self.root,
-                dump_dir,
-                shard,
-                spec.dtype,
-                batch_rows=size,
-                verify=verify,
-                bounded_memory=True,
-                verify_later=later,
-            ):
-                n = len(batch)
-                if seen + n <= skip:
-                    seen += n
-                    continue
-                cut = max(0, skip - seen)
-                seen += n
-                yield batch.slice(cut, n) if cut else batch
-
-    def _part_rows(
-        self, manifest: Manifest, rank: int, table: str, memory: Mapping[str, ShardRows] | None
-    ) -> int:
-        if memory is not None and table in memory:
-            return len(memory[table])
-        return sum(s.rows for s in manifest.shards_of(table) if s.rank == rank)
+        part = TablePart(self.root, manifest, rank, table, spec, memory)
+        left = part.rows - (done[table].rows if table in done else 0)
+        return table if left <= self.transaction_rows(spec) else None
 
     def _publish_table(
         self,
@@ -430,16 +275,18 @@ class DumpPublisher:
         stage = manifest.generation if self.mode is PublishMode.STAGED else None
         if memory is not None and table in memory:
             skip = 0  # rows in memory are replayed whole: their order need not match the shard
-        total = self._part_rows(manifest, rank, table, memory)
+        part = TablePart(self.root, manifest, rank, table, spec, memory)
+        total = part.rows
+        whole = self.store.capabilities.whole_writes
 
         def rows_from(start: int) -> Iterator[ShardRows]:
-            verify = check is not None
-            return self._rows(manifest, rank, table, spec, memory, start, verify, check=check)
+            size = self.transaction_rows(spec)
+            return part_chunks(part, start, size, whole, check is not None, check=check)
 
-        reader = _PartReader(rows_from, ShardRows.empty(spec.dtype, spec.dim))
+        reader = PartReader(rows_from, ShardRows.empty(spec.dtype, spec.dim))
         done = min(skip, total)
         while True:  # batch_bytes may change between transactions (a read budget's throttle)
-            end = min(total, done + self._batch_rows(spec))
+            end = min(total, done + self.transaction_rows(spec))
             mark = ProgressMark(
                 self.run,
                 manifest.generation,
@@ -467,7 +314,7 @@ class DumpPublisher:
     def _write(
         self,
         manifest: Manifest,
-        reader: _PartReader,
+        reader: PartReader,
         mark: ProgressMark,
         start: int,
         stage: int | None,
@@ -479,7 +326,7 @@ class DumpPublisher:
                 versions = np.full(len(rows), manifest.version, np.int64)
                 yield RowBatch(rows.keys, rows.embedding, rows.ops, versions)
 
-        self._call(
+        self.call(
             lambda: self.store.write_batches(
                 mark.table, batches(), mark=mark, staging_generation=stage
             ),
@@ -487,10 +334,11 @@ class DumpPublisher:
             f"{manifest.generation} dump {manifest.seq} rank {mark.rank})",
         )
 
-    def _finish_snapshot(self, manifest: Manifest) -> None:
+    def complete_snapshot(self, manifest: Manifest) -> None:
+        """Complete a snapshot dump's tables whose parts are all in (:func:`finish_snapshot`)."""
         stage = manifest.generation if self.mode is PublishMode.STAGED else None
         for table in sorted(manifest.tables):
-            complete = self._call(
+            complete = self.call(
                 functools.partial(
                     finish_snapshot,
                     self.store,
@@ -505,7 +353,7 @@ class DumpPublisher:
             )
             log.debug("snapshot %s of %s complete: %s", manifest.seq, table, complete)
 
-    def _record_freshness(self, manifest: Manifest, rank: int, result: PartResult) -> None:
+    def record_freshness(self, manifest: Manifest, rank: int, result: PartResult) -> None:
         """Record when the part became readable, counted from the dump's training step.
 
         The registry's record starts at MANIFEST.json's ``taken_at`` (the moment the dump was
@@ -518,7 +366,7 @@ class DumpPublisher:
         start = parse_time(str(taken)) if taken else committed
         visible = time.time()
         record = FreshnessRecord(self.run, manifest.generation, manifest.seq, rank, start, visible)
-        self._call(lambda: self.registry.record_freshness(record), "record freshness")
+        self.call(lambda: self.registry.record_freshness(record), "record freshness")
         result.lag_s = visible - committed
         result.freshness_s = record.lag_s
         self.metrics.observe_visible(record.lag_s, visible - committed)
@@ -526,7 +374,7 @@ class DumpPublisher:
     # ---- after the fact ------------------------------------------------------------------
     def pending(self, generation: int, ranks: list[int] | None = None) -> list[tuple[int, int]]:
         """``(seq, rank)`` parts of committed dumps the store does not hold completely yet."""
-        marks = self._call(
+        marks = self.call(
             lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
         )
         assert isinstance(marks, list)
@@ -542,7 +390,7 @@ class DumpPublisher:
 
     def _untouched(self, generation: int, seqs: list[int]) -> set[int]:
         """The dumps of ``seqs`` the store holds no mark of (no part begun)."""
-        marks = self._call(
+        marks = self.call(
             lambda: self.registry.progress(self.run, generation), f"read progress of {generation}"
         )
         assert isinstance(marks, list)
@@ -602,52 +450,5 @@ class DumpPublisher:
                 if on_part is not None:
                     on_part(part)
             if manifest.kind is DumpKind.SNAPSHOT:
-                self._finish_snapshot(manifest)
+                self.complete_snapshot(manifest)
         return results
-
-
-def _checked(
-    chunks: Iterator[ShardRows], table: str, spec: TableSpec, version: int, where: str | None
-) -> Iterator[ShardRows]:
-    """``chunks``, each checked by :meth:`DumpPublisher._check` before it comes.
-
-    ``where`` names the rows' origin in the message; None: the chunks come unchecked.
-    """
-    for batch in chunks:
-        if where is not None:
-            DumpPublisher._check(table, spec, batch, version, where)
-        yield batch
-
-
-class _PartReader:
-    """One rank's rows of one table, read forward once across its transactions.
-
-    :meth:`take` continues where the previous one stopped; after a write that failed part-way
-    (its rows were read but not committed) it reopens the rows at the transaction's start.
-    """
-
-    def __init__(self, open_at: Callable[[int], Iterator[ShardRows]], empty: ShardRows) -> None:
-        self._open_at = open_at
-        self._empty = empty
-        self._rows: Iterator[ShardRows] = iter(())
-        self._position = -1
-        self._carry: ShardRows | None = None
-
-    def take(self, start: int, count: int) -> Iterator[ShardRows]:
-        """Rows ``start .. start + count`` in chunks (one empty chunk when ``count`` is 0)."""
-        if self._position != start:
-            self._rows, self._position, self._carry = self._open_at(start), start, None
-        left, sent = count, False
-        while left > 0:
-            chunk = self._carry if self._carry is not None else next(self._rows, None)
-            self._carry = None
-            if chunk is None:
-                break
-            if len(chunk) > left:
-                chunk, self._carry = chunk.slice(0, left), chunk.slice(left, len(chunk))
-            self._position += len(chunk)
-            left -= len(chunk)
-            sent = True
-            yield chunk
-        if not sent:
-            yield self._empty

@@ -32,6 +32,8 @@ from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, TableSpec
 from deltarec.errors import BadInputError
 from deltarec.faults import failpoint
+from deltarec.publish.parts import part_rows, tables_left
+from deltarec.publish.rows import TablePart, read_ahead
 from deltarec.publish.types import PartResult, PublishMode
 from deltarec.stores.types import ProgressMark, RowBatch
 
@@ -58,29 +60,27 @@ def publish_parts_together(
     start = time.monotonic()
     g, s = manifest.generation, manifest.seq
     pub.prepare(g)
-    if any(pub._marks(g, s, rank) for rank in ranks):
+    if any(pub.marks(g, s, rank) for rank in ranks):
         return None  # a part was started: each resumes after its own mark
     info = pub.generation_info(g)
 
     results = {rank: PartResult(g, s, rank) for rank in ranks}
     tables: list[tuple[str, TableSpec]] = []
     for rank in ranks:
-        tables = pub._todo(manifest, info, rank, {}, results[rank])
+        tables = tables_left(manifest, info, {}, results[rank])
     for table, spec in tables:
-        if sum(pub._part_rows(manifest, r, table, None) for r in ranks) > pub._batch_rows(spec):
+        if sum(part_rows(manifest, r, table) for r in ranks) > pub.transaction_rows(spec):
             return None
-    pub._call(  # one writer per run: never publish a superseded generation
-        lambda: pub.registry.check_writer(pub.run, g), f"check generation {g} is the newest"
-    )
+    pub.fence(g)  # one writer per run: never publish a superseded generation
     where = f"run {pub.run!r} generation {g} dump {s} rank"
     for table, spec in tables[1:]:  # the first table's rows are checked while written
         for rank in ranks:
-            pub._check_rows(manifest, rank, table, spec, f"{where} {rank}")
+            pub.check_part(TablePart(pub.root, manifest, rank, table, spec), f"{where} {rank}")
     for table, spec in tables:
         _write_table(pub, manifest, ranks, table, spec, check=table == tables[0][0])
         nbytes = codec.row_bytes(spec.dtype, spec.dim)
         for rank in ranks:
-            n = pub._part_rows(manifest, rank, table, None)
+            n = part_rows(manifest, rank, table)
             results[rank].rows += n
             results[rank].bytes += n * nbytes
             pub.metrics.rows.labels(table, pub.mode.value).inc(n)
@@ -88,10 +88,10 @@ def publish_parts_together(
             if pub.after_batch is not None:
                 pub.after_batch(_mark(pub, manifest, table, rank, n), n)
     if manifest.kind is DumpKind.SNAPSHOT:
-        pub._finish_snapshot(manifest)
+        pub.complete_snapshot(manifest)
     seconds = time.monotonic() - start
     for rank in ranks:
-        pub._record_freshness(manifest, rank, results[rank])
+        pub.record_freshness(manifest, rank, results[rank])
         results[rank].seconds = seconds
         pub.metrics.dumps.labels(pub.mode.value).inc()
     pub.metrics.version.set(manifest.version)
@@ -115,9 +115,7 @@ def _write_table(
     """One transaction: every rank's rows of ``table`` (``check``: checked as read) and marks."""
     store = pub.store
     stage = manifest.generation if pub.mode is PublishMode.STAGED else None
-    marks = [
-        _mark(pub, manifest, table, r, pub._part_rows(manifest, r, table, None)) for r in ranks
-    ]
+    marks = [_mark(pub, manifest, table, r, part_rows(manifest, r, table)) for r in ranks]
 
     def batches() -> Iterator[RowBatch]:
         where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
@@ -128,9 +126,15 @@ def _write_table(
         # store applies them; the store waits for it before it commits (a bad shard: nothing is
         # committed). Rows are checked as read, on the readers' threads (a bad row raises where
         # its chunk would come).
+        size = pub.transaction_rows(spec)
         readers = [
-            pub._reader(
-                manifest, rank, table, spec, 0, check, later, f"{where} {rank}" if check else None
+            read_ahead(
+                TablePart(pub.root, manifest, rank, table, spec),
+                0,
+                size,
+                check,
+                later,
+                f"{where} {rank}" if check else None,
             )
             for rank in ranks
         ]
@@ -156,7 +160,7 @@ def _write_table(
             wait()
 
     later: list[Callable[[], None]] = []
-    pub._call(
+    pub.call(
         write,
         f"write the parts of ranks {ranks} of {table!r} (generation {manifest.generation} "
         f"dump {manifest.seq})",
