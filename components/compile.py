@@ -2,9 +2,10 @@
 
     python components/compile.py STEP [OUTPUT.yaml]     # default OUTPUT: STEP.yaml
 
-STEP is one of the twelve steps: ``params``, ``provision``, ``train``, ``train_launcher``,
+STEP is one of the fifteen steps: ``params``, ``provision``, ``train``, ``train_launcher``,
 ``verify_plan``, ``verify_partition``, ``verify``, ``promote``, ``verify_failed``,
-``rollback``, ``compact``, ``gc`` (``deltarec.orchestrate.components.COMPONENTS``); the
+``rollback``, ``compact_plan``, ``compact_partition``, ``compact_commit``, ``compact``, ``gc``
+(``deltarec.orchestrate.components.COMPONENTS``); the
 folder of the same name beside this file documents it (README.md). The
 definitions live in :mod:`deltarec.orchestrate.components`, so the installed ``deltarec
 pipeline compile --components DIR`` writes the same YAML, and Python code takes a component

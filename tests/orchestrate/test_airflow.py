@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from deltarec.artifacts import codec
+from deltarec.artifacts import ArtifactRoot, codec
+from deltarec.artifacts.base import list_bases, read_base
 from deltarec.cli import main
 from deltarec.orchestrate.images import TOOLS_IMAGE, TRAINER_IMAGE
 from deltarec.orchestrate.params import PipelineParams
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("airflow") is None, reason="the airflow extra is not installed"
 )
 
-STEPS = {"params", "provision", "train_route", "train", "train_launcher", "verify_plan",
-         "verify_partition", "verify", "branch", "promote", "verify_failed"}  # fmt: skip
+STEPS = {"params", "provision", "train_route", "train", "train_launcher", "compact_plan",
+         "compact_items", "compact_partition", "compact", "verify_plan", "verify_partition",
+         "verify", "branch", "promote", "gc", "verify_failed"}  # fmt: skip
 
 
 def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(tmp_path):
@@ -41,7 +43,8 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
     assert set(tasks) == STEPS
     pods = {t: v for t, v in tasks.items() if v["operator"] == "KubernetesPodOperator"}
     assert set(pods) == STEPS - {
-        "params", "branch", "train_route", "verify_plan", "verify_partition"
+        "params", "branch", "train_route", "verify_plan", "verify_partition", "compact_items",
+        "compact_partition",
     }  # fmt: skip
     # one node: the train pod on the trainer image with gpus_per_node GPUs; several: its own
     # launcher pod on the tools image, with no GPU, picked by train_route
@@ -70,8 +73,18 @@ def test_compiled_dag_file_parses_in_a_dagbag_with_pods_on_the_pipeline_images(t
     assert "xcom_pull(task_ids='train')" in record and "task_ids='train_launcher'" in record
     assert "{{ run_id }}" in pods["train"]["arguments"]
     assert tasks["branch"]["upstream"] == ["verify"]
-    assert tasks["verify_plan"]["upstream"] == ["params", "train", "train_launcher"]
-    assert tasks["verify_plan"]["trigger_rule"] == "none_failed_min_one_success"  # one skipped
+    # compaction between train and verify: a plan pod, a mapped pod a partition, one commit
+    assert tasks["compact_plan"]["upstream"] == ["train", "train_launcher"]
+    assert tasks["compact_plan"]["trigger_rule"] == "none_failed_min_one_success"  # one skipped
+    assert "task_ids='train_launcher'" in " ".join(pods["compact_plan"]["arguments"])
+    cmapped = tasks["compact_partition"]
+    assert cmapped["operator"] == "MappedOperator" and cmapped["upstream"] == ["compact_items"]
+    assert tasks["compact"]["upstream"] == ["compact_partition", "compact_plan"]
+    assert tasks["compact"]["trigger_rule"] == "none_failed"  # no partition: mapped is skipped
+    assert "xcom_pull(task_ids='compact_plan')" in " ".join(pods["compact"]["arguments"])
+    assert tasks["verify_plan"]["upstream"] == ["compact", "params"]
+    assert tasks["verify_plan"]["trigger_rule"] == "none_failed_min_one_success"
+    assert tasks["gc"]["upstream"] == ["promote"] and pods["gc"]["arguments"][0] == "gc"
     assert tasks["promote"]["upstream"] == tasks["verify_failed"]["upstream"] == ["branch"]
     assert tasks["provision"]["upstream"] == ["params"]
 
@@ -105,6 +118,7 @@ def test_airflow_local_run_of_a_run_that_does_not_serve_fails_and_leaves_serving
         "--run", "lt", "--artifacts", str(tmp_path / "art"), "--store", store, "--steps", "10",
         "--sample", "0", "--ranks-per-node", "1", "--entry-point", "lossy_team:main",
         "--tables", '{"m.t": {"dim": 4}}', "--webhook-url", webhook.url,
+        "--compact-min-dumps", "1", "--compact-partition-rows", "5",
     ]  # fmt: skip
     # generation 1 through the DAG's own task functions (in this process): promoted
     conf = dict(
@@ -136,6 +150,11 @@ def test_airflow_local_run_of_a_run_that_does_not_serve_fails_and_leaves_serving
     assert failed["generation"]["generation"] == 2 and "verify_failed" in failed["failure"]
     assert failed["metrics"]["keys_checked"] == 20.0 and failed["metrics"]["passed"] == 0.0
     assert failed["report"].endswith("lt/gen-000002/verify-report-000001.html")
+    # compacted before verify by 4 mapped partitions of 5 keys; verify read from that base
+    root = ArtifactRoot(str(tmp_path / "art"))
+    assert list_bases(root, "lt") == [(2, 1)] and read_base(root, "lt", 2, 1).rows == {"m.t": 20}
+    assert len(read_base(root, "lt", 2, 1).parts) == 1
+    assert capsys.readouterr().out.count("Executing task 'compact_partition'") == 4
     (summary,) = webhook.received
     assert (summary["action"], summary["rolled_back_to"]) == ("serving-unchanged", None)
     assert summary["serving_before"]["tables"] == {"m.t": "other"}

@@ -14,7 +14,8 @@ from deltarec.orchestrate.params import PipelineParams
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = [
     "provision", "train", "train_launcher", "verify_plan", "verify_partition", "verify",
-    "promote", "verify_failed", "rollback", "compact", "gc",
+    "promote", "verify_failed", "rollback", "compact_plan", "compact_partition", "compact_commit",
+    "compact", "gc",
 ]  # fmt: skip
 PARAMS = [
     "--run",
@@ -89,8 +90,8 @@ def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_p
     tasks = spec["root"]["dag"]["tasks"]
     comps = spec["components"]
     assert set(tasks) == {
-        "params", "provision", "condition-branches-1", "verify-plan", "for-loop-4", "verify",
-        "condition-5", "condition-6",
+        "params", "provision", "condition-branches-1", "compact-plan", "condition-branches-4",
+        "verify-plan", "for-loop-8", "verify", "condition-9", "condition-11",
     }  # fmt: skip
     checked = tasks["params"]["inputs"]["parameters"]
     assert set(checked) == set(PipelineParams.names())
@@ -113,25 +114,43 @@ def test_pipeline_compiles_by_default_to_deltarec_pipeline_yaml_in_the_cwd(tmp_p
     assert accel["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus_per_node']}}"
     assert "resources" not in executors["exec-train-launcher"]["container"]
     assert executors["exec-train-launcher"]["container"]["image"] == TOOLS_IMAGE
+    # compaction after train: a fan-out and its commit, or one task; verify reads its result
+    assert tasks["compact-plan"]["dependentTasks"] == ["condition-branches-1", "params"]
+    compaction = comps["comp-condition-branches-4"]["dag"]["tasks"]
+    assert compaction["condition-6"]["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--compact-plan-decision'] == 'fan-out'"
+    )
+    fan_out = comps["comp-condition-6"]["dag"]["tasks"]
+    assert fan_out["compact-commit"]["dependentTasks"] == ["for-loop-5"]
+    assert list(comps["comp-for-loop-5"]["dag"]["tasks"]) == ["compact-partition"]
+    assert list(comps["comp-condition-7"]["dag"]["tasks"]) == ["compact"]
+    base = tasks["verify-plan"]["inputs"]["parameters"]["base"]["taskOutputParameter"]
+    assert base["producerTask"] == "condition-branches-4"  # after the compaction, either way
     # verify fans out over the plan's partitions; the gate collects them
-    loop = tasks["for-loop-4"]
+    loop = tasks["for-loop-8"]
     items = loop["parameterIterator"]["items"]
     assert items == {"inputParameter": "pipelinechannel--verify-plan-Output"}
-    assert list(comps["comp-for-loop-4"]["dag"]["tasks"]) == ["verify-partition"]
+    assert list(comps["comp-for-loop-8"]["dag"]["tasks"]) == ["verify-partition"]
     gate = tasks["verify"]["inputs"]["parameters"]
     assert gate["partitions"]["taskOutputParameter"] == {
         "outputParameterKey": "pipelinechannel--verify-partition-Output",
-        "producerTask": "for-loop-4",
+        "producerTask": "for-loop-8",
     }
     assert gate["generation"]["taskOutputParameter"]["producerTask"] == "condition-branches-1"
-    assert tasks["condition-5"]["triggerPolicy"]["condition"] == (
+    assert tasks["condition-9"]["triggerPolicy"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--verify-Output'] == 'PASS'"
     )
-    assert list(comps["comp-condition-5"]["dag"]["tasks"]) == ["promote"]
-    assert tasks["condition-6"]["triggerPolicy"]["condition"] == (
+    promoted = comps["comp-condition-9"]["dag"]["tasks"]  # promote, then gc unless it is off
+    assert sorted(promoted) == ["condition-10", "promote"]
+    assert promoted["condition-10"]["dependentTasks"] == ["promote"]
+    assert promoted["condition-10"]["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--gc_mode'] != 'off'"
+    )
+    assert list(comps["comp-condition-10"]["dag"]["tasks"]) == ["gc"]
+    assert tasks["condition-11"]["triggerPolicy"]["condition"] == (
         "inputs.parameter_values['pipelinechannel--verify-Output'] == 'FAIL'"
     )
-    failed = comps["comp-condition-6"]["dag"]["tasks"]["verify-failed"]
+    failed = comps["comp-condition-11"]["dag"]["tasks"]["verify-failed"]
     assert failed["inputs"]["artifacts"]["report"]["componentInputArtifact"]
     assert all(t["cachingOptions"] == {} for t in tasks.values() if "cachingOptions" in t)
 
@@ -156,8 +175,9 @@ def test_pipeline_yaml_mounts_secrets_by_name_only(tmp_path):
     docs = list(yaml.safe_load_all(out.read_text()))
     platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert set(platform) == {
-        "exec-provision", "exec-train", "exec-train-launcher", "exec-verify-plan",
-        "exec-verify-partition", "exec-verify", "exec-promote", "exec-verify-failed",
+        "exec-provision", "exec-train", "exec-train-launcher", "exec-compact-plan",
+        "exec-compact-partition", "exec-compact-commit", "exec-compact", "exec-verify-plan",
+        "exec-verify-partition", "exec-verify", "exec-promote", "exec-gc", "exec-verify-failed",
     }  # fmt: skip
     env = platform["exec-train"]["secretAsEnv"]
     assert [s["secretName"] for s in env] == ["pg-cred", "cloud"]

@@ -1,10 +1,17 @@
 """The deltarec pipeline as an Airflow 3 DAG: the same steps and images as the Kubeflow one.
 
-params -> provision -> train (or train_launcher) -> verify_plan -> verify_partition x N
-    (dynamic task mapping) -> verify (the gate) -> branch -> promote (PASS) | verify_failed (FAIL)
+params -> provision -> train (or train_launcher) -> compact_plan -> compact_partition x M
+    (dynamic task mapping; none unless a table is large) -> compact -> verify_plan ->
+    verify_partition x N (dynamic task mapping) -> verify (the gate) -> branch ->
+    promote -> gc (PASS) | verify_failed (FAIL)
 
 * ``params`` validates the run's ``dag_run.conf`` / DAG params (:class:`PipelineParams`'s
   fields, the DAG's ``params``) and pushes them as one JSON object; every later task pulls it.
+* ``compact_plan`` decides whether and how the trained generation is compacted
+  (``compact_min_dumps``, ``compact_partition_rows``); ``compact_partition`` is mapped over its
+  partitions (zero of them: skipped), and ``compact`` (trigger rule ``none_failed``) compacts
+  in one task or commits the fan-out's base, before verify. ``gc`` runs after promote
+  (``gc_mode``, ``gc_keep_promotions``).
 * ``train`` pushes the :class:`GenerationRecord`; ``verify_plan`` the partitions
   (``verify_partitions``), over which ``verify_partition`` is mapped (``.expand``); ``verify``
   combines their documents into the :class:`VerifyOutcome` (XCom, as the KFP pipeline passes
@@ -178,8 +185,18 @@ def _local_tasks(checked: Any) -> dict[str, Any]:
 
     provision = local("provision", airflow_task.provision)(checked)
     train = local("train", _train_local)(checked)
+    cplan = local("compact_plan", airflow_task.compact_plan)(checked, train)
+    cparts = (
+        task(task_id="compact_partition")(_announced("compact_partition", _compact_partition))
+        .partial(conf=checked)
+        .expand(item=task(task_id="compact_items")(compact_items)(cplan))
+    )
+    compacted = task(task_id="compact", trigger_rule="none_failed")(
+        _announced("compact", airflow_task.compact)
+    )(checked, cplan)
+    cparts >> compacted
     plan = local("verify_plan", airflow_task.verify_plan)(checked)
-    train >> plan
+    compacted >> plan
     parts = (
         task(task_id="verify_partition")(_announced("verify_partition", _verify_partition))
         .partial(conf=checked, generation=train)
@@ -187,11 +204,21 @@ def _local_tasks(checked: Any) -> dict[str, Any]:
     )
     verify = local("verify", _verify_gate)(checked, train, parts)
     promote = local("promote", airflow_task.promote)(checked, train)
+    promote >> local("gc", airflow_task.gc)(checked)
     failed = local("verify_failed", airflow_task.verify_failed)(checked, verify)
     return {
         "provision": provision, "train": train, "verify": verify, "promote": promote,
         "verify_failed": failed,
     }  # fmt: skip
+
+
+def compact_items(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The partitions a compaction plan fans out over (none unless it says ``fan-out``)."""
+    return list(plan.get("items") or [])
+
+
+def _compact_partition(conf: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    return airflow_task.compact_partition(conf, item)
 
 
 def _verify_partition(
@@ -288,12 +315,40 @@ def _pod_tasks(
     routed = route(checked)
     routed >> [train, launcher]
 
+    cplan = pod(
+        "compact_plan", TOOLS_IMAGE, upstream="train", trigger_rule="none_failed_min_one_success"
+    )
+    [train, launcher] >> cplan
+
+    @task(task_id="compact_items")
+    def items(plan: dict[str, Any]) -> list[list[str]]:
+        return [["--item", json.dumps(i)] for i in compact_items(plan)]
+
+    cparts = KubernetesPodOperator.partial(
+        task_id="compact_partition",
+        name="deltarec-compact-partition",
+        namespace=namespace,
+        image=TOOLS_IMAGE,
+        cmds=[
+            *("python", "-m", "deltarec.orchestrate.airflow_task", "compact_partition"),
+            *("--params", _PARAMS_XCOM),
+        ],
+        env_vars=env_vars,
+        service_account_name=service_account,
+        automount_service_account_token=False,
+        do_xcom_push=True,
+        get_logs=True,
+        on_finish_action="delete_pod",
+    ).expand(arguments=items(cplan.output))
+    compacted = pod("compact", TOOLS_IMAGE, upstream="compact_plan", trigger_rule="none_failed")
+    [cplan, cparts] >> compacted
+
     @task(task_id="verify_plan", trigger_rule="none_failed_min_one_success")
     def plan(conf: dict[str, Any]) -> list[list[str]]:
         return [["--partition", p] for p in airflow_task.verify_plan(conf)]
 
     partitions = plan(checked)
-    [train, launcher] >> partitions
+    compacted >> partitions
     parts = KubernetesPodOperator.partial(
         task_id="verify_partition",
         name="deltarec-verify-partition",
@@ -323,11 +378,13 @@ def _pod_tasks(
     parts >> gate
     provision = pod("provision", TOOLS_IMAGE)
     provision >> routed
+    promote = pod("promote", TOOLS_IMAGE, upstream="train")
+    promote >> pod("gc", TOOLS_IMAGE)
     return {
         "provision": provision,
         "train": [train, launcher],
         "verify": gate,
-        "promote": pod("promote", TOOLS_IMAGE, upstream="train"),
+        "promote": promote,
         "verify_failed": pod("verify_failed", TOOLS_IMAGE, upstream="verify"),
     }
 

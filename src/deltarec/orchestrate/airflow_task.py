@@ -86,6 +86,30 @@ def verify_gate(
     return steps.verify_gate(p, record, docs, report_path=report_uri(record)).to_json()
 
 
+def compact_plan(conf: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`steps.compact_plan`: whether and how the generation is compacted (its items)."""
+    record = GenerationRecord.from_metadata(dict(generation), "the train task's XCom")
+    return steps.compact_plan(_params(conf), record)
+
+
+def compact_partition(conf: Mapping[str, Any], item: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`steps.compact_part`: one partition (tables and key range) of the planned base."""
+    return steps.compact_part(_params(conf), dict(item))
+
+
+def compact(conf: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`steps.compact_apply`: nothing, a compaction in this task, or the fan-out's commit."""
+    return steps.compact_apply(_params(conf), dict(plan))
+
+
+def gc(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`steps.retain`: retention after promote; prints every path and its reason."""
+    out = steps.retain(_params(conf))
+    for row in out.get("paths", []):
+        print(json.dumps(row))
+    return {k: v for k, v in out.items() if k != "paths"}
+
+
 def choose(outcome: Mapping[str, Any]) -> str:
     """The branch after verify: ``promote`` on PASS, ``verify_failed`` on FAIL."""
     return "promote" if steps.VerifyOutcome.from_json(outcome).passed else "verify_failed"
@@ -118,14 +142,16 @@ def rollback(conf: Mapping[str, Any], to_generation: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The pod's entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m deltarec.orchestrate.airflow_task")
-    parser.add_argument("step", choices=["provision", "train", "verify", "verify_partition",
-                                         "verify_gate", "promote", "verify_failed"])  # fmt: skip
+    parser.add_argument("step", choices=["provision", "train", "compact_plan", "compact_partition",
+                                         "compact", "verify", "verify_partition", "verify_gate",
+                                         "promote", "verify_failed", "gc"])  # fmt: skip
     parser.add_argument("--params", required=True, help="the run's parameters (JSON)")
     parser.add_argument("--input", default="null", help="the upstream task's XCom (JSON)")
     parser.add_argument("--job-id", default="", help="the DAG run's id (train)")
     parser.add_argument("--secrets", default="", help="Secret names for the multi-node job's pods")
     parser.add_argument("--partition", default="0/1", help="the partition I/N (verify_partition)")
     parser.add_argument("--partitions", default="[]", help="the partitions' XCom (verify_gate)")
+    parser.add_argument("--item", default="{}", help="a compaction partition (compact_partition)")
     parser.add_argument("--xcom", default=XCOM_PATH, help="where the result is written")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     conf = json.loads(args.params)
@@ -134,6 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: Any = provision(conf)
     elif args.step == "train":
         result = train(conf, args.job_id, args.secrets.split(","))
+    elif args.step == "compact_plan":
+        result = compact_plan(conf, upstream)
+    elif args.step == "compact_partition":
+        result = compact_partition(conf, json.loads(args.item))
+    elif args.step == "compact":
+        result = compact(conf, upstream)
+    elif args.step == "gc":
+        result = gc(conf)
     elif args.step == "verify":
         result = verify(conf, upstream)
     elif args.step == "verify_partition":

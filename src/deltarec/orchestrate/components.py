@@ -19,7 +19,7 @@ component functions at definition time.
 
 import functools
 import linecache
-from typing import Any
+from typing import Any, NamedTuple
 
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Input, Metrics, Output
@@ -107,7 +107,7 @@ def train_launcher(
 
 
 @dsl.component(base_image=TOOLS_IMAGE)
-def verify_plan(params: dict, generation: dict) -> list:
+def verify_plan(params: dict, generation: dict, base: str = "") -> list:
     """The fan-out of verify: one work item per partition (``verify_partitions`` of them).
 
     Each item carries all its task needs (``params``, ``generation``, ``partition`` ``I/N``),
@@ -116,9 +116,14 @@ def verify_plan(params: dict, generation: dict) -> list:
     Args:
         params: the pipeline's parameters (``PipelineParams`` fields).
         generation: the train step's generation record.
+        base: what the compaction before verify did (JSON; logged): verify runs after it, so
+            it reads from the newest base.
     """
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import PipelineParams
+
+    if base:
+        print(f"compaction before verify: {base}")
 
     p = PipelineParams.from_arguments(params)
     record = steps.record_of(generation).to_metadata()
@@ -230,36 +235,113 @@ def rollback(params: dict, to_generation: int) -> int:
 
 
 @dsl.component(base_image=TOOLS_IMAGE)
-def compact(params: dict) -> int:
-    """Fold the run's newest generation into a base (SPEC §3a); returns the dumps it read.
+def compact_plan(params: dict, generation: dict) -> NamedTuple(  # type: ignore[valid-type]
+    "Outputs", [("decision", str), ("items", list), ("plan", str)]
+):  # the functional form: KFP reads the outputs from it, the step's container evaluates it
+    """Whether and how the trained generation is compacted: ``skip``, ``one-step`` or ``fan-out``.
+
+    Reads manifests and BASE.json only. ``items`` (a fan-out's partitions, each with the
+    ``params``, so the loop body takes the item alone) is empty unless ``decision`` is
+    ``fan-out``; ``plan`` is the whole decision as JSON (for ``compact`` or ``compact_commit``).
 
     Args:
         params: the pipeline's parameters (``PipelineParams`` fields).
+        generation: the train step's generation record.
     """
+    import json
+    from collections import namedtuple
+
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import PipelineParams
 
-    return int(steps.compact_run(PipelineParams.from_arguments(params))["dumps_read"])
+    p = PipelineParams.from_arguments(params)
+    plan = steps.compact_plan(p, steps.record_of(generation))
+    print(f"compaction: {plan['decision']} ({plan['reason']})")
+    items = [{"params": p.arguments(), **item} for item in plan["items"]]
+    outputs = namedtuple("Outputs", ["decision", "items", "plan"])  # type: ignore[name-match]
+    return outputs(plan["decision"], items, json.dumps({**plan, "items": []}))
 
 
 @dsl.component(base_image=TOOLS_IMAGE)
-def gc(params: dict, keep_promotions: int = 3, dry_run: bool = False) -> int:
-    """Delete the run's dumps and bases a base covers and nothing needs; returns how many.
+def compact_partition(item: dict) -> str:
+    """Write one partition (tables and key range) of the planned base; no BASE.json.
 
     Args:
-        params: the pipeline's parameters (``PipelineParams`` fields).
-        keep_promotions: rollback targets kept (the store's newest promotions).
-        dry_run: decide and print, delete nothing.
+        item: a work item of ``compact_plan`` (``params``, ``generation``, ``through_seq``,
+            ``tables``, ``key_range``).
     """
     import json
 
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import PipelineParams
 
-    out = steps.gc_run(PipelineParams.from_arguments(params), keep_promotions, dry_run)
-    for row in out["paths"]:
+    work = json.loads(item) if isinstance(item, str) else item
+    params = PipelineParams.from_arguments(work["params"])
+    return json.dumps(steps.compact_part(params, work))
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def compact_commit(params: dict, plan: str, partitions: list) -> str:
+    """Commit the fanned-out base (BASE.json) once every partition is in place; its summary.
+
+    Fails naming the missing parts otherwise: the previous state stays valid, and a re-run
+    completes it.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+        plan: ``compact_plan``'s plan (JSON).
+        partitions: every partition's result (collected from the fan-out).
+    """
+    import json
+
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    print(f"{len(partitions)} partitions done")
+    out = steps.compact_apply(PipelineParams.from_arguments(params), json.loads(plan))
+    return json.dumps(out)
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def compact(params: dict, plan: str = "") -> str:
+    """Compact in one task: ``compact_plan``'s ``skip`` or ``one-step`` plan; its summary (JSON).
+
+    Without a plan (compiled on its own), folds the run's newest generation through its newest
+    dump into a base (SPEC §3a).
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+        plan: ``compact_plan``'s plan (JSON); empty: compact the newest generation.
+    """
+    import json
+
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    p = PipelineParams.from_arguments(params)
+    out = steps.compact_apply(p, json.loads(plan)) if plan else steps.compact_run(p)
+    return json.dumps(out)
+
+
+@dsl.component(base_image=TOOLS_IMAGE)
+def gc(params: dict) -> int:
+    """Retention after promote (``gc_mode``, ``gc_keep_promotions``); returns what it deleted.
+
+    Prints every dump and base of the run with what was done and why.
+
+    Args:
+        params: the pipeline's parameters (``PipelineParams`` fields).
+    """
+    import json
+
+    from deltarec.orchestrate import steps
+    from deltarec.orchestrate.params import PipelineParams
+
+    out = steps.retain(PipelineParams.from_arguments(params))
+    for row in out.get("paths", []):
         print(json.dumps(row))
-    return int(out["deleted"])
+    print(f"retention {out['mode']}: deleted {out.get('deleted', 0)}")
+    return int(out.get("deleted", 0))
 
 
 COMPONENTS = {
@@ -273,6 +355,9 @@ COMPONENTS = {
     "promote": promote,
     "verify_failed": verify_failed,
     "rollback": rollback,
+    "compact_plan": compact_plan,
+    "compact_partition": compact_partition,
+    "compact_commit": compact_commit,
     "compact": compact,
     "gc": gc,
 }

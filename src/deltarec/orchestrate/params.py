@@ -70,6 +70,20 @@ class PipelineParams(BaseModel):
     verify_partitions: int = Field(1, ge=1, le=1024)
     """Verify fans out over this many partitions (a key range of every table each), combined
     by one gate."""
+    compact_min_dumps: int = Field(50, ge=0)
+    """Compact the trained generation (after train, before verify) when at least this many
+    committed dumps follow the newest base of its lineage (SPEC §3a, docs/history.md); 0: the
+    pipeline never compacts."""
+    compact_partition_rows: int = Field(4_000_000, ge=0)
+    """A table with more rows than this (an estimate from the manifests) is compacted by
+    several tasks in parallel, a key range of about this many rows each, then committed by
+    one; 0: never fan out."""
+    gc_mode: Literal["delete", "dry-run", "off"] = "delete"
+    """Retention after promote (``deltarec gc``): ``delete`` deletes the dumps and bases a
+    newer base covers and nothing needs, ``dry-run`` only lists them with the reasons, ``off``
+    skips the step."""
+    gc_keep_promotions: int = Field(3, ge=0)
+    """Retention keeps what the store's newest N promotions (rollback targets) read."""
     checkpoint_dir: str = ""
     """The trainer's checkpoint directory (``--workdir``); empty keeps the trainer's default."""
     train_extra_args: str = ""

@@ -1,4 +1,6 @@
-"""The deltarec pipeline: provision -> train -> verify -> promote (PASS) or verify_failed (FAIL).
+"""The deltarec pipeline: provision -> train -> compact -> verify -> promote -> gc, or FAIL.
+
+On a failed verify, verify_failed runs instead of promote and gc.
 
 :func:`build_pipeline` assembles the components of :mod:`deltarec.orchestrate.components`
 with the Kubernetes Secrets whose keys the steps receive as environment variables
@@ -40,7 +42,8 @@ def pipeline_signature(return_annotation: Any) -> inspect.Signature:
 def build_pipeline(secrets: Sequence[SecretEnv] | None = None, *, accelerators: bool = True) -> Any:
     """The pipeline function (a KFP ``GraphComponent``), ready to compile or run locally.
 
-    provision -> train -> verify -> (PASS) promote | (FAIL) verify_failed, which drops the
+    provision -> train -> compact_plan -> (fan-out) compact_partition x N -> compact_commit |
+    (else) compact -> verify -> (PASS) promote -> gc | (FAIL) verify_failed, which drops the
     staging views or rolls serving back, calls the webhook and ends the run failed. The
     pipeline's parameters are :class:`PipelineParams`'s fields; every component receives them
     together as one ``params`` struct.
@@ -73,6 +76,22 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None, *, accelerators: 
             kubernetes.use_secret_as_env(task, s.name, dict(s.key_to_env), optional=s.optional)
         return task
 
+    def compaction(params: Any, generation: Any) -> Any:
+        """compact_plan, then a fan-out and its commit, or one compact task (SPEC §3a)."""
+        cplan = with_secrets(c.compact_plan(params=params, generation=generation), "compact-plan")
+        with dsl.If(cplan.outputs["decision"] == "fan-out", name="compact-fan-out"):
+            with dsl.ParallelFor(cplan.outputs["items"], name="compact-partitions") as item:
+                part = with_secrets(c.compact_partition(item=item), "compact-partition")
+            commit = with_secrets(
+                c.compact_commit(
+                    params=params, plan=cplan.outputs["plan"], partitions=dsl.Collected(part.output)
+                ),
+                "compact-commit",
+            )
+        with dsl.Else(name="compact-in-one-task"):
+            one = with_secrets(c.compact(params=params, plan=cplan.outputs["plan"]), "compact")
+        return dsl.OneOf(commit.output, one.output)
+
     def deltarec_pipeline(*values: Any) -> Outputs:
         args = dict(zip(names, values, strict=True))
         checked = c.params_component()(**args)
@@ -101,7 +120,10 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None, *, accelerators: 
                 launcher, LAUNCHER_TOKEN_SECRET, LAUNCHER_TOKEN_DIR, optional=True
             )
         generation = dsl.OneOf(train.outputs["Output"], launcher.outputs["Output"])
-        plan = with_secrets(c.verify_plan(params=params, generation=generation), "verify-plan")
+        base = compaction(params, generation)
+        plan = with_secrets(
+            c.verify_plan(params=params, generation=generation, base=base), "verify-plan"
+        )
         with dsl.ParallelFor(plan.output, name="verify-partitions") as item:
             part = with_secrets(c.verify_partition(item=item), "verify-partition")
         verify = with_secrets(
@@ -109,7 +131,9 @@ def build_pipeline(secrets: Sequence[SecretEnv] | None = None, *, accelerators: 
             "verify",
         )
         with dsl.If(verify.outputs["Output"] == "PASS", name="verified"):
-            with_secrets(c.promote(params=params, generation=generation), "promote")
+            promoted = with_secrets(c.promote(params=params, generation=generation), "promote")
+            with dsl.If(args["gc_mode"] != "off", name="retention"):
+                with_secrets(c.gc(params=params).after(promoted), "gc")
         with dsl.If(verify.outputs["Output"] == "FAIL", name="verify-failed"):
             with_secrets(
                 c.verify_failed(params=params, report=verify.outputs["report"]), "verify-failed"

@@ -45,7 +45,14 @@ from deltarec.orchestrate.failure import (
     call_webhook,
     on_verify_failed,
 )
-from deltarec.orchestrate.history_steps import compact_run, gc_run
+from deltarec.orchestrate.history_steps import (
+    compact_apply,
+    compact_part,
+    compact_plan,
+    compact_run,
+    gc_run,
+    retain,
+)
 from deltarec.orchestrate.params import PipelineParams, table_specs
 from deltarec.orchestrate.train_step import (
     generation_record,
@@ -86,6 +93,9 @@ __all__ = [
     "VerifyFailedError",
     "VerifyOutcome",
     "call_webhook",
+    "compact_apply",
+    "compact_part",
+    "compact_plan",
     "compact_run",
     "declared_tables",
     "gc_run",
@@ -99,6 +109,7 @@ __all__ = [
     "read_outcome",
     "read_record",
     "record_of",
+    "retain",
     "rollback",
     "run_process",
     "torchrun_command",
