@@ -44,6 +44,7 @@ from deltarec.publish.backlog import backlog_group, publish_group
 from deltarec.publish.frombase import start_from_base
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.parts import (
+    checked_while_written,
     default_batch_bytes,
     marks_of_part,
     tables_left,
@@ -214,16 +215,16 @@ class DumpPublisher:
         done = self.marks(g, s, rank)
         todo = tables_left(manifest, info, done, result)
         where = f"run {self.run!r} generation {g} dump {s} rank {rank}"
-        inline = self._checked_while_written(manifest, rank, todo, done, rows)
+        parts = [TablePart(self.root, manifest, rank, table, spec, rows) for table, spec in todo]
+        whole = self.store.capabilities.whole_writes
+        inline = checked_while_written(parts, done, whole, self.transaction_rows)
         ahead = frozenset() if checked is None else checked.result()
-        for table, spec in todo:
-            if table == inline or table in ahead:
-                continue
-            self.check_part(TablePart(self.root, manifest, rank, table, spec, rows), where)
-        for table, spec in todo:
-            skip = done[table].rows if table in done else 0
-            check = where if table == inline else None
-            self._publish_table(manifest, rank, table, spec, rows, skip, result, check)
+        for part in parts:
+            if part.table != inline and part.table not in ahead:
+                self.check_part(part, where)
+        for part in parts:
+            skip = done[part.table].rows if part.table in done else 0
+            self._publish_table(part, skip, result, where if part.table == inline else None)
         if manifest.kind is DumpKind.SNAPSHOT:
             self.complete_snapshot(manifest)
         self.record_freshness(manifest, rank, result)
@@ -232,50 +233,18 @@ class DumpPublisher:
         self.metrics.version.set(manifest.version)
         return result
 
-    def _checked_while_written(
-        self,
-        manifest: Manifest,
-        rank: int,
-        todo: list[tuple[str, TableSpec]],
-        done: dict[str, ProgressMark],
-        memory: Mapping[str, ShardRows] | None,
-    ) -> str | None:
-        """The table whose rows are checked as they are written instead of read twice, if any.
-
-        That is the first table written, when its rows come from the artifacts, what is left
-        of its part goes in one transaction, and the store applies a transaction whole or not
-        at all (the SQL stores): a bad row then aborts that transaction, and the other tables
-        were checked before it began, so nothing of the part is applied either way.
-        """
-        if not todo or not self.store.capabilities.whole_writes:
-            return None
-        table, spec = todo[0]
-        if memory is not None and table in memory:
-            return None  # in memory the first pass reads nothing: keep it
-        part = TablePart(self.root, manifest, rank, table, spec, memory)
-        left = part.rows - (done[table].rows if table in done else 0)
-        return table if left <= self.transaction_rows(spec) else None
-
     def _publish_table(
-        self,
-        manifest: Manifest,
-        rank: int,
-        table: str,
-        spec: TableSpec,
-        memory: Mapping[str, ShardRows] | None,
-        skip: int,
-        result: PartResult,
-        check: str | None = None,
+        self, part: TablePart, skip: int, result: PartResult, check: str | None = None
     ) -> None:
-        """Write the rank's rows of ``table`` after the first ``skip``, a transaction at a time.
+        """Write the part's rows after the first ``skip``, a transaction at a time.
 
         With ``check`` (where the rows come from, for the message), each shard's sha256 and
-        every row are checked as they are read (see :meth:`_checked_while_written`).
+        every row are checked as they are read (see :func:`~.parts.checked_while_written`).
         """
+        manifest, table, spec = part.manifest, part.table, part.spec
         stage = manifest.generation if self.mode is PublishMode.STAGED else None
-        if memory is not None and table in memory:
+        if part.in_memory:
             skip = 0  # rows in memory are replayed whole: their order need not match the shard
-        part = TablePart(self.root, manifest, rank, table, spec, memory)
         total = part.rows
         whole = self.store.capabilities.whole_writes
 
@@ -292,7 +261,7 @@ class DumpPublisher:
                 manifest.generation,
                 manifest.seq,
                 table,
-                rank,
+                part.rank,
                 end,
                 end == total,
                 stage or 0,
