@@ -11,10 +11,12 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 from tests._helpers.artifacts import Lineage, sqlite_url_in
 
 from deltarec.artifacts import ArtifactRoot, DType, check_shard, read_shard
+from deltarec.artifacts.wholeshard import read_whole_shard
 from deltarec.cli import main
 from deltarec.errors import ArtifactError, ChecksumError, InvalidIdentifierError
 from deltarec.ids import validate_table_id
@@ -101,7 +103,11 @@ def test_a_shard_that_is_a_link_is_not_read(tmp_path, target):
         os.chmod(target, 0o600)
     os.replace(path, path + ".orig")
     os.symlink(target, path)
-    for read in (check_shard, lambda r, d, s: read_shard(r, d, s, DType.FLOAT32)):
+    for read in (
+        check_shard,
+        lambda r, d, s: read_shard(r, d, s, DType.FLOAT32),
+        lambda r, d, s: read_whole_shard(r, d, s, DType.FLOAT32),
+    ):
         with pytest.raises(ArtifactError, match="not a regular file"):
             read(lin.root, ddir, shard)
 
@@ -114,6 +120,8 @@ def test_a_shard_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(path)
     with pytest.raises(ArtifactError, match="not a regular file"):
         check_shard(lin.root, ddir, shard)
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        read_whole_shard(lin.root, ddir, shard, DType.FLOAT32)
 
 
 def test_a_table_folder_linked_to_another_runs_dump_is_not_read(tmp_path):
@@ -127,6 +135,8 @@ def test_a_table_folder_linked_to_another_runs_dump_is_not_read(tmp_path):
     os.symlink(os.path.join(odir, lin.T_EMB), table_dir)
     with pytest.raises(ArtifactError, match="outside its directory"):
         read_shard(lin.root, ddir, shard, DType.FLOAT32)
+    with pytest.raises(ArtifactError, match="outside its directory"):
+        read_whole_shard(lin.root, ddir, shard, DType.FLOAT32)
 
 
 def test_a_shard_not_matching_its_manifest_is_reported_without_its_real_digest(tmp_path):
@@ -137,10 +147,24 @@ def test_a_shard_not_matching_its_manifest_is_reported_without_its_real_digest(t
     with open(path, "wb") as f:
         f.write(data)
     real = hashlib.sha256(data).hexdigest()
-    with pytest.raises(ChecksumError) as e:
-        check_shard(lin.root, ddir, shard)
-    assert real not in str(e.value) and "1234" not in str(e.value)
-    assert shard.sha256 in str(e.value)
+    for read in (check_shard, lambda r, d, s: read_whole_shard(r, d, s, DType.FLOAT32)):
+        with pytest.raises(ChecksumError) as e:
+            read(lin.root, ddir, shard)
+        assert real not in str(e.value) and "1234" not in str(e.value)
+        assert shard.sha256 in str(e.value)
+
+
+def test_a_shard_read_whole_is_decoded_from_the_bytes_checked_and_refused_when_longer(tmp_path):
+    lin, g, ddir = _lineage(tmp_path)
+    shard = _emb_shard(lin, g)
+    whole = read_whole_shard(lin.root, ddir, shard, DType.FLOAT32)
+    streamed = read_shard(lin.root, ddir, shard, DType.FLOAT32)
+    np.testing.assert_array_equal(whole.keys, streamed.keys)
+    np.testing.assert_array_equal(whole.embedding, streamed.embedding)
+    with open(os.path.join(ddir, shard.path), "ab") as f:
+        f.write(b"\0")  # one byte more than the manifest says: refused, not read past it
+    with pytest.raises(ChecksumError, match=shard.sha256):
+        read_whole_shard(lin.root, ddir, shard, DType.FLOAT32)
 
 
 def test_publish_and_verify_refuse_a_manifest_pointing_outside_its_dump(tmp_path, capsys):

@@ -12,7 +12,7 @@ import pytest
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, TableSpec
 from deltarec.errors import ChecksumError, InvalidRowError
-from deltarec.publish import DumpPublisher
+from deltarec.publish import DumpPublisher, heldparts
 from deltarec.stores import open_store
 from deltarec.stores.sql.sqlite import SqliteStore
 from deltarec.stores.types import ProgressMark
@@ -80,13 +80,19 @@ def test_the_parts_of_each_table_go_in_one_transaction_with_both_marks(tmp_path,
     store.close()
 
 
-def test_a_bad_row_in_the_second_rank_applies_nothing_of_either_part(tmp_path, writes):
+@pytest.mark.parametrize("held", [True, False], ids=["read-whole", "streamed"])
+def test_a_bad_row_in_the_second_rank_applies_nothing_of_either_part(
+    tmp_path, writes, monkeypatch, held
+):
+    if not held:  # parts too large to hold: streamed, the first table checked while written
+        monkeypatch.setattr(heldparts, "HELD_BYTES", 0)
     root, _, parts = _snapshot(tmp_path, bad=(1, 250))
     store = _store(tmp_path)
     with pytest.raises(InvalidRowError, match=r"sparse\.ebc\.item_id.*dump 0 rank 1") as err:
         DumpPublisher(store, root, "r").publish_generation(1)
     assert err.value.key == int(parts[U][1].keys[250])
-    assert writes == [(U, [(0, 300, True), (1, 300, True)])]  # the first table, aborted
+    # held: every row checked before the first write; streamed: the first table's write aborted
+    assert writes == ([] if held else [(U, [(0, 300, True), (1, 300, True)])])
     for table in TABLES:
         assert not store.read(table, parts[table][0].keys).found.any()
     assert store.progress("r", 1) == []
@@ -130,9 +136,12 @@ def test_parts_too_large_for_one_transaction_together_go_part_by_part(tmp_path, 
     store.close()
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["read-whole", "streamed"])
 def test_a_shard_not_matching_its_sha256_applies_nothing_though_checked_after_its_rows_are_read(
-    tmp_path,
+    tmp_path, monkeypatch, held
 ):
+    if not held:  # streamed: the sha256 checked after the rows are read, before the commit
+        monkeypatch.setattr(heldparts, "HELD_BYTES", 0)
     root, manifest, parts = _snapshot(tmp_path)
     other = ArtifactRoot(str(tmp_path / "other"))
     info = new_generation(other, "r", TABLES, world_size=2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -346,7 +347,23 @@ class Manifest:
 
     def shards_of(self, table: str) -> list[ShardInfo]:
         """The shards of one table, by rank."""
-        return sorted((s for s in self.shards if s.table == table), key=lambda s: s.rank)
+        return [s for shards in self._by_table.get(table, {}).values() for s in shards]
+
+    def shards_of_rank(self, table: str, rank: int) -> list[ShardInfo]:
+        """The shards of one table written by one rank."""
+        return list(self._by_table.get(table, {}).get(rank, ()))
+
+    @functools.cached_property
+    def _by_table(self) -> dict[str, dict[int, list[ShardInfo]]]:
+        """The shards by table and rank (ranks ascending), built once.
+
+        A dump of hundreds of ranks has thousands of shards, and its readers ask per table
+        and rank.
+        """
+        index: dict[str, dict[int, list[ShardInfo]]] = {}
+        for s in sorted(self.shards, key=lambda s: (s.table, s.rank)):
+            index.setdefault(s.table, {}).setdefault(s.rank, []).append(s)
+        return index
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object written as MANIFEST.json."""

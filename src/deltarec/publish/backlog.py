@@ -20,8 +20,7 @@ happen in order).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +28,9 @@ import numpy as np
 from deltarec.artifacts import codec
 from deltarec.artifacts.shards import ShardRows, iter_shard
 from deltarec.artifacts.types import DumpKind, Manifest, ShardInfo, TableSpec
+from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, read_whole_shard
 from deltarec.faults import failpoint
+from deltarec.publish.heldparts import on_readers
 from deltarec.publish.types import PartResult, PublishMode
 from deltarec.stores.rows import check_batch
 from deltarec.stores.types import ProgressMark, RowBatch
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 
 GROUP_ROWS = 1 << 20
 """The most rows (before the newest-per-key reduction) one group of dumps reads at once."""
-READERS = 4
-"""Threads reading a group's shards."""
 
 
 def backlog_group(
@@ -149,7 +148,7 @@ def _marks(pub: DumpPublisher, group: list[Manifest], table: str, stage: int) ->
         if table not in m.tables:
             continue
         for rank in range(m.world_size):
-            done = sum(s.rows for s in m.shards_of(table) if s.rank == rank)
+            done = sum(s.rows for s in m.shards_of_rank(table, rank))
             marks.append(ProgressMark(pub.run, m.generation, m.seq, table, rank, done, True, stage))
     last = [k for k in marks if (k.seq, k.rank) == (group[-1].seq, 0)]
     return [k for k in marks if k not in last] + last
@@ -161,8 +160,12 @@ def _read_checked(
     """One shard's rows (its sha256 checked first), every chunk checked, with its versions."""
     dump_dir = pub.root.dump_dir(m.run, m.generation, m.seq)
     where = pub.root.url(dump_dir)
+    if shard.bytes <= WHOLE_SHARD_BYTES:  # one open and one read: bytes checked, then decoded
+        chunks: Iterable[ShardRows] = [read_whole_shard(pub.root, dump_dir, shard, spec.dtype)]
+    else:
+        chunks = iter_shard(pub.root, dump_dir, shard, spec.dtype, batch_rows=GROUP_ROWS)
     out = []
-    for rows in iter_shard(pub.root, dump_dir, shard, spec.dtype, batch_rows=GROUP_ROWS):
+    for rows in chunks:
         v = np.full(len(rows), m.version, np.int64)
         args = (rows.keys, rows.embedding, rows.ops, v)
         check_batch(shard.table, spec.dtype, spec.dim, *args, where, spec.kind)
@@ -175,15 +178,15 @@ def _newest_rows(
 ) -> tuple[RowBatch, dict[tuple[int, int], int]]:
     """The newest row per key of ``table`` over ``group``, checked; rows read per (seq, rank).
 
-    Shards are read on ``READERS`` threads (Arrow's decoding and the sha256 leave the
-    interpreter), their rows joined in dump order.
+    Shards are read on a few threads (:func:`~deltarec.publish.heldparts.on_readers`), their
+    rows joined in dump order.
     """
     per_rank: dict[tuple[int, int], int] = {}
     jobs = [(m, shard) for m in group for shard in m.shards_of(table)]
     for m, shard in jobs:
         per_rank[(m.seq, shard.rank)] = per_rank.get((m.seq, shard.rank), 0) + shard.rows
-    with ThreadPoolExecutor(READERS, thread_name_prefix="deltarec-backlog") as pool:
-        read = list(pool.map(lambda job: _read_checked(pub, job[0], job[1], spec), jobs))
+    nbytes = sum(shard.bytes for _, shard in jobs)
+    read = on_readers(lambda job: _read_checked(pub, job[0], job[1], spec), jobs, nbytes)
     chunks = [c for shard_chunks in read for c in shard_chunks]
     if not chunks:
         empty = ShardRows.empty(spec.dtype, spec.dim)

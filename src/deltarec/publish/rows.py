@@ -139,9 +139,7 @@ def _shard_rows(
     """
     manifest = part.manifest
     dump_dir = part.root.dump_dir(manifest.run, manifest.generation, manifest.seq)
-    for shard in manifest.shards_of(part.table):
-        if shard.rank != part.rank:
-            continue
+    for shard in manifest.shards_of_rank(part.table, part.rank):
         seen = 0
         for batch in iter_shard(
             part.root,

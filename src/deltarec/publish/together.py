@@ -32,6 +32,7 @@ from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DumpKind, Manifest, TableSpec
 from deltarec.errors import BadInputError
 from deltarec.faults import failpoint
+from deltarec.publish.heldparts import read_parts
 from deltarec.publish.parts import part_rows, tables_left
 from deltarec.publish.rows import TablePart, read_ahead
 from deltarec.publish.types import PartResult, PublishMode
@@ -60,7 +61,9 @@ def publish_parts_together(
     start = time.monotonic()
     g, s = manifest.generation, manifest.seq
     pub.prepare(g)
-    if any(pub.marks(g, s, rank) for rank in ranks):
+    marks = pub.call(lambda: pub.registry.progress(pub.run, g), f"read progress of {g}")
+    assert isinstance(marks, list)
+    if any(m.seq == s and m.rank in ranks for m in marks):
         return None  # a part was started: each resumes after its own mark
     info = pub.generation_info(g)
 
@@ -72,12 +75,14 @@ def publish_parts_together(
         if sum(part_rows(manifest, r, table) for r in ranks) > pub.transaction_rows(spec):
             return None
     pub.fence(g)  # one writer per run: never publish a superseded generation
+    held = read_parts(pub, manifest, ranks, tables)  # small parts: read once, all checked
     where = f"run {pub.run!r} generation {g} dump {s} rank"
-    for table, spec in tables[1:]:  # the first table's rows are checked while written
+    for table, spec in tables[1:] if held is None else ():  # the first: checked while written
         for rank in ranks:
             pub.check_part(TablePart(pub.root, manifest, rank, table, spec), f"{where} {rank}")
     for table, spec in tables:
-        _write_table(pub, manifest, ranks, table, spec, check=table == tables[0][0])
+        rows = None if held is None else held.pop(table)
+        _write_table(pub, manifest, ranks, table, spec, table == tables[0][0], rows)
         nbytes = codec.row_bytes(spec.dtype, spec.dim)
         for rank in ranks:
             n = part_rows(manifest, rank, table)
@@ -104,6 +109,17 @@ def _mark(pub: DumpPublisher, manifest: Manifest, table: str, rank: int, rows: i
     return ProgressMark(pub.run, manifest.generation, manifest.seq, table, rank, rows, True, stage)
 
 
+def _held_batches(held: list[ShardRows], version: int, spec: TableSpec) -> Iterator[RowBatch]:
+    """``held`` rows as one batch, in rank order.
+
+    The store sorts it once, a key in two parts applied as part after part would; empty if
+    none (the parts still get their marks).
+    """
+    rows = [r for r in held if len(r)]
+    r = ShardRows.concat(rows) if rows else ShardRows.empty(spec.dtype, spec.dim)
+    yield RowBatch(r.keys, r.embedding, r.ops, np.full(len(r), version, np.int64))
+
+
 def _write_table(
     pub: DumpPublisher,
     manifest: Manifest,
@@ -111,13 +127,20 @@ def _write_table(
     table: str,
     spec: TableSpec,
     check: bool,
+    held: list[ShardRows] | None = None,
 ) -> None:
-    """One transaction: every rank's rows of ``table`` (``check``: checked as read) and marks."""
+    """One transaction: every rank's rows of ``table`` (``check``: checked as read) and marks.
+
+    ``held``: the rows, read and checked already (:mod:`deltarec.publish.heldparts`).
+    """
     store = pub.store
     stage = manifest.generation if pub.mode is PublishMode.STAGED else None
     marks = [_mark(pub, manifest, table, r, part_rows(manifest, r, table)) for r in ranks]
 
     def batches() -> Iterator[RowBatch]:
+        if held is not None:
+            yield from _held_batches(held, manifest.version, spec)
+            return
         where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
         sent = False
         # Every rank's reader starts now: the next rank's sha256 and first chunks are read
