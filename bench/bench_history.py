@@ -14,6 +14,13 @@ credentials and endpoint through ``AWS_*`` variables as a user would give them) 
 command's S3 requests are counted (s3fs's calls, by this process).
 
     python bench/bench_history.py [--dumps 50 500] [--s3] [--workdir DIR] [--json PATH]
+
+``--backlog`` and ``--shards`` time the costs that must follow the table (the backlog publish
+against one dump of the same keys; 5,120 shards against 40), each pair in this process
+(``bench/history_costs.py``):
+
+    python bench/bench_history.py --backlog --dumps 50 500 --repeat 5 --workdir DIR
+    python bench/bench_history.py --shards 256 2 --repeat 3 --workdir DIR
 """
 
 from __future__ import annotations
@@ -177,7 +184,13 @@ def main_() -> None:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--s3", action="store_true", help="the artifact root on SeaweedFS")
+    ap.add_argument("--backlog", action="store_true", help="backlog vs one dump, pair by pair")
+    ap.add_argument("--shards", type=int, nargs=2, metavar=("MANY", "FEW"), default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="pairs timed (--backlog, --shards)")
     args = ap.parse_args()
+    if args.backlog or args.shards:
+        _costs(args)
+        return
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-history-"))
     work.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
@@ -210,6 +223,27 @@ def main_() -> None:
     }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def _costs(args: argparse.Namespace) -> None:
+    import history_costs
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-history-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        if args.backlog:
+            for d in args.dumps:
+                results.append(history_costs.backlog(work, d, args.repeat))
+                print(json.dumps(results[-1]), flush=True)
+        if args.shards:
+            results.append(history_costs.shards(work, *args.shards, args.repeat))
+            print(json.dumps(results[-1]), flush=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
