@@ -36,6 +36,7 @@ from deltarec.artifacts.lineage import keys_published_after
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, GenerationInfo, Manifest, Parent, TableSpec
 from deltarec.dump.cadence import Cadence
+from deltarec.dump.claim import GenerationClaim
 from deltarec.dump.compactor import BackgroundCompactor, compactor_for
 from deltarec.dump.config import DumperConfig
 from deltarec.dump.encode import warm_up_encoding
@@ -279,32 +280,9 @@ class Dumper:
         assert self._train_x is not None
         outcome: tuple[str, Any]
         if self._train_x.rank == 0:
-            try:
-                # the lease first: only the run's one writer may clean up and allocate
-                self.lease = RunLease.acquire(self.root, self.config.run, self.config.lease_ttl_s)
-                removed = self.root.clean_incomplete(self.config.run)
-                if removed:
-                    log.info("removed %d incomplete dump directories: %s", len(removed), removed)
-                info = GenerationInfo(
-                    run=self.config.run,
-                    generation=1,
-                    world_size=self._train_x.world_size,
-                    tables=tables,
-                    parent=parent,
-                )
-                claimed = self.root.allocate_generation(info)
-                self.lease.set_generation(claimed.generation)
-                self.lease.start_renewing()
-                if self.on_generation is not None:
-                    self.on_generation(claimed)
-                outcome = ("ok", claimed.to_json())
-            except LeaseHeldError as e:
-                outcome = ("held", str(e))
-            except Exception as e:
-                outcome = ("error", f"{type(e).__name__}: {e}")
-            if outcome[0] != "ok" and self.lease is not None:
-                self.lease.release()
-                self.lease = None
+            world, on_generation = self._train_x.world_size, self.on_generation
+            claim = GenerationClaim(self.root, self.config, world, tables, parent, on_generation)
+            outcome = claim.run(lambda lease: setattr(self, "lease", lease))
         else:
             outcome = ("ok", None)
         outcome = self._train_x.broadcast(outcome, src=0)
