@@ -101,6 +101,15 @@ STORE_FACE = {"base", "types", "config", "errors", "naming", "rows", "provision"
 and configs, naming, row checks, provisioning and ``open_store``. Backends are reached through
 ``open_store`` and their :class:`~deltarec.stores.Capabilities`, never by module or class."""
 
+STORE_TOP = STORE_FACE | {"__init__", "urlneeds", "whoserves", "runviews"}
+"""The modules at the top of ``stores/``: the face and what every backend shares. A backend's
+modules live in its folder (:data:`BACKEND_FOLDERS`)."""
+
+BACKEND_FOLDERS = {"sql", "redis", "featurestore", "replica"}
+"""One folder per backend (the SQL stores share one)."""
+
+MAX_MODULE_LINES = 600
+
 
 def _store_modules(path: Path) -> set[str]:
     """The ``deltarec.stores.X`` modules a module imports (``X``; ``""`` for the face)."""
@@ -198,3 +207,135 @@ def test_no_module_cycle_function_level_imports_included():
         if start not in state:
             visit(start, [start])
     assert not cycles, "module import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_top_of_stores_is_the_face_and_every_backend_has_its_folder():
+    stores = SRC / "stores"
+    top = {p.stem for p in stores.glob("*.py")}
+    folders = {p.name for p in stores.iterdir() if (p / "__init__.py").is_file()}
+    assert top <= STORE_TOP, f"backend modules at the top of stores/: {sorted(top - STORE_TOP)}"
+    assert folders == BACKEND_FOLDERS
+
+
+def test_every_backend_class_is_in_a_backend_folder_of_stores():
+    from deltarec.stores.backends import STORE_CLASSES
+
+    for kind, path in STORE_CLASSES.items():
+        module, _, cls = path.rpartition(".")
+        parts = module.split(".")
+        assert parts[:2] == ["deltarec", "stores"] and parts[2] in BACKEND_FOLDERS, (kind, path)
+        file = SRC.joinpath(*parts[1:]).with_suffix(".py")
+        classes = {
+            n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.ClassDef)
+        }
+        assert cls in classes, f"{path}: no class {cls} in {file}"
+
+
+def test_no_module_under_src_is_over_600_lines():
+    sizes = {
+        p.relative_to(SRC).as_posix(): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")
+    }
+    over = {rel: n for rel, n in sorted(sizes.items()) if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+def _module_names() -> dict[str, Path]:
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        name = "deltarec." + path.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
+        mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _private_calls_into_modules(path: Path, mods: dict[str, Path]) -> list[str]:
+    """``module._private(...)`` calls of ``path`` whose ``module`` is another deltarec module."""
+    tree = ast.parse(path.read_text(), str(path))
+    bound: dict[str, str] = {}  # local name -> the deltarec module it names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in mods:
+                    bound[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in mods:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        attr = node.func.attr
+        target = ast.unparse(node.func.value)
+        module = bound.get(target, target if target in mods else None)
+        if module and attr.startswith("_") and not attr.startswith("__"):
+            out.append(f"{node.lineno}: {module}.{attr}(...)")
+    return out
+
+
+def test_no_module_calls_another_modules_private_function():
+    mods = _module_names()
+    found = [
+        f"{path.relative_to(SRC).as_posix()}:{call}"
+        for path in sorted(SRC.rglob("*.py"))
+        for call in _private_calls_into_modules(path, mods)
+    ]
+    assert not found, "private functions called from another module:\n" + "\n".join(found)
+
+
+def test_the_private_call_check_finds_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from deltarec.publish import publisher\nimport deltarec.stores.naming as n\n"
+        "publisher._hidden()\nn._quote('x')\npublisher.public()\n"
+    )
+    calls = _private_calls_into_modules(module, _module_names())
+    assert calls == [
+        "3: deltarec.publish.publisher._hidden(...)",
+        "4: deltarec.stores.naming._quote(...)",
+    ]
+
+
+def _private_methods_by_folder() -> dict[str, set[str]]:
+    """Private method name -> the folders (``publish``, ``stores/sql``) whose classes define it."""
+    out: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        folder = path.parent.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    name = getattr(item, "name", "")
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                        name.startswith("_") and not name.startswith("__")
+                    ):
+                        out.setdefault(name, set()).add(folder)
+    return out
+
+
+SIDE_REGISTRY_FRIENDS = {"_tx", "_exec", "_rows", "_lock_run", "_write_mark"}
+"""The SQL registry's transaction helpers that the FeatureStore backend calls on its side
+registry (a SQL store that holds FeatureStore's control plane): the one place a folder calls
+another's private methods."""
+
+
+def test_private_methods_are_called_only_from_their_own_folder():
+    """``obj._method(...)`` only where a class of the same folder defines ``_method``: no
+    module is another package's friend (the publisher's collaborators use its public methods).
+    """
+    defined = _private_methods_by_folder()
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        folder = path.parent.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            attr, owner = node.func.attr, node.func.value
+            if ast.unparse(owner) in ("self", "cls", "super()") or attr not in defined:
+                continue
+            if folder in defined[attr]:
+                continue
+            if folder == "stores/featurestore" and attr in SIDE_REGISTRY_FRIENDS:
+                continue
+            found.append(
+                f"{path.relative_to(SRC).as_posix()}:{node.lineno} {ast.unparse(node.func)}"
+            )
+    assert not found, "private methods called from another folder:\n" + "\n".join(found)

@@ -18,7 +18,7 @@ def _claim(tmp_path, on_generation=None) -> tuple[ArtifactRoot, GenerationClaim]
 
 
 def test_a_claim_holds_the_lease_and_allocates_the_next_generation(tmp_path):
-    root, claim = _claim(tmp_path)
+    _, claim = _claim(tmp_path)
     kept: list[RunLease | None] = []
     status, info = claim.run(kept.append)
     assert status == "ok" and info["generation"] == 1 and info["world_size"] == 2

@@ -59,7 +59,7 @@ def probe_target(store: Store, table: str) -> ProbeTarget | None:
     if store.kind == "sqlite" and config is not None and config.path != ":memory:":
         return ProbeTarget("sqlite", {"path": config.path}, quote(view_name(table, config.prefix)))
     if store.kind == "postgres" and config is not None:
-        params = store._params()  # type: ignore[attr-defined]  # the store's own server
+        params = store.connect_params()  # type: ignore[attr-defined]  # the store's own server
         params["application_name"] = "deltarec-probe"
         name = f"{quote(config.schema_name)}.{quote(view_name(table, config.prefix))}"
         return ProbeTarget("postgres", params, name)

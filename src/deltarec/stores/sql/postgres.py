@@ -106,8 +106,8 @@ class PostgresStore(RelationalStore):
         return f"postgresql://{where}?schema={c.schema_name}&prefix={c.prefix}"
 
     # ---- connection ----------------------------------------------------------------------
-    def _params(self) -> dict[str, Any]:
-        """``psycopg.connect``'s arguments for this store's server."""
+    def connect_params(self) -> dict[str, Any]:
+        """``psycopg.connect``'s arguments for this store's server (also a probe reader's)."""
         c = self.config
         params: dict[str, Any] = {
             "host": c.host,
@@ -128,7 +128,7 @@ class PostgresStore(RelationalStore):
             return self._conn
         c = self.config
         with _ERRORS.map_errors(self.describe()):
-            conn = psycopg.connect(autocommit=True, **self._params())
+            conn = psycopg.connect(autocommit=True, **self.connect_params())
             schema = quote(c.schema_name)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             conn.execute(f"SET search_path TO {schema}")
@@ -433,7 +433,7 @@ class PostgresStore(RelationalStore):
         view = self._view(table)
         records = _page_records(view, self.layout)
         with _ERRORS.map_errors(self.describe()):
-            conn = psycopg.connect(autocommit=True, **self._params())
+            conn = psycopg.connect(autocommit=True, **self.connect_params())
         try:
             with _ERRORS.map_errors(self.describe()):
                 conn.execute(f"SET search_path TO {quote(self.config.schema_name)}")
