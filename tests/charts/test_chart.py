@@ -296,7 +296,8 @@ def test_the_scheduled_gc_is_off_by_default_and_runs_deltarec_gc_for_the_chart_r
         kind == "CronJob" and name.endswith("-gc") for kind, name in objects(render(VALUES))
     )
     values = {**VALUES, "gcCronJob": {"enabled": True, "schedule": "17 3 * * *",
-                                      "keepPromotions": 5, "dryRun": True}}  # fmt: skip
+                                      "keepPromotions": 5, "dryRun": True,
+                                      "checkpoints": ["2:1200", "3:400"]}}  # fmt: skip
     objs = objects(render(values))
     cron = objs[("CronJob", "dr-deltarec-gc")]
     assert cron["spec"]["schedule"] == "17 3 * * *"
@@ -304,6 +305,14 @@ def test_the_scheduled_gc_is_off_by_default_and_runs_deltarec_gc_for_the_chart_r
     assert c["command"] == ["deltarec"]
     assert c["args"] == [
         "gc", "--artifacts", "$(DELTAREC_ARTIFACT_ROOT)", "--run", "$(DELTAREC_RUN)",
-        "--store", "$(DELTAREC_STORE_URL)", "--keep-promotions", "5", "--dry-run",
+        "--store", "$(DELTAREC_STORE_URL)", "--keep-promotions", "5",
+        "--checkpoint", "2:1200", "--checkpoint", "3:400", "--dry-run",
     ]  # fmt: skip
     assert c["envFrom"] == [{"configMapRef": {"name": "dr-deltarec-config"}}]
+
+
+def test_a_gc_checkpoint_that_is_not_generation_colon_step_is_refused():
+    values = {**VALUES, "gcCronJob": {"enabled": True, "schedule": "17 3 * * *",
+                                      "checkpoints": ["3-400"]}}  # fmt: skip
+    with pytest.raises(helm.HelmError, match="checkpoints"):
+        render(values)
