@@ -19,6 +19,7 @@ def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, cap
     result, _ = run_pipeline_locally(
         tmp_path, capsys, "--run", "e2e", "--artifacts", str(tmp_path / "art"),
         "--store", store, "--steps", "30", "--dump-every-steps", "10", "--sample", "0",
+        "--compact-min-dumps", "1", "--compact-partition-rows", "100",
     )  # fmt: skip
     gen = result["generation"]
     assert result["verdict"] == "PASS" and result["promoted"] == gen["generation"] == 1
@@ -35,6 +36,15 @@ def test_pipeline_run_local_trains_publishes_verifies_and_promotes(tmp_path, cap
     with open_store(store) as s:
         pointer = s.get_serving("e2e")
     assert (pointer.generation, pointer.seq) == (1, gen["last_seq"])
+    # compacted before verify by a fan-out (the tables hold over 100 rows), committed; gc after
+    # promote deleted every dump the base covers but the newest
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.base import list_bases
+
+    root = ArtifactRoot(str(tmp_path / "art"))
+    assert list_bases(root, "e2e") == [(1, gen["last_seq"])]
+    assert root.committed_seqs("e2e", 1) == [gen["last_seq"]]
+    assert any(p.name.startswith("compact-partition") for p in (tmp_path / "kfp").rglob("*"))
     # a later pipeline run's provision step provisions the newest generation's tables (idempotent)
     from deltarec.orchestrate import steps
     from deltarec.orchestrate.params import parse_params
