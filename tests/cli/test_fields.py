@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from deltarec.cli import build_parser
 from deltarec.cli.cmd_train import _flags
@@ -20,6 +20,8 @@ class Colour(Enum):
 
 
 class Base(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)  # as every flag's model sets
+
     size: int | None = Field(default=None, ge=1)
     """Rows per batch; None: as many as fit."""
 

@@ -11,10 +11,8 @@ that is on.
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import re
-import textwrap
 import types
 from enum import Enum
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
@@ -26,25 +24,14 @@ from pydantic.fields import FieldInfo
 def field_docs(model: type[BaseModel]) -> dict[str, str]:
     """The docstring of each field of ``model`` (the string literal after its annotation).
 
-    Read from the source of ``model`` and its bases, as pydantic's ``use_attribute_docstrings``
-    does, so models that do not set that option document their flags too.
+    Pydantic reads them into each field's ``description`` (``use_attribute_docstrings``, set
+    on every model whose fields are flags); a field without one is left out.
     """
-    docs: dict[str, str] = {}
-    for cls in reversed(model.__mro__):
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
-            continue
-        (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
-        assert isinstance(node, ast.ClassDef)
-        for stmt, after in zip(node.body, node.body[1:], strict=False):
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
-    return docs
+    return {
+        name: inspect.cleandoc(info.description)
+        for name, info in model.model_fields.items()
+        if info.description
+    }
 
 
 _ROLE = re.compile(r":[a-z]+:`(~?)([^`]*)`")

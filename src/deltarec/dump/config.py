@@ -19,7 +19,7 @@ class DumperConfig(BaseModel):
     restore's republish dump and the final dump are written.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     artifacts: str = Field(min_length=1)
     """Artifact root: a local path or any fsspec URI (``s3://bucket/prefix``, ...)."""

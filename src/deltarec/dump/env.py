@@ -32,7 +32,7 @@ ENV_PREFIX = "DELTAREC_"
 class TrainSettings(BaseModel):
     """Dump, publish and store settings of one training run (the ``DELTAREC_*`` variables)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     artifacts: str = Field(min_length=1)
     """Artifact root (local path or fsspec URI)."""

@@ -32,7 +32,7 @@ ShardingName = Literal["table_wise", "row_wise", "column_wise", "data_parallel",
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class TableConfig(_Strict):

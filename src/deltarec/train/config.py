@@ -12,7 +12,7 @@ from deltarec.model.config import DataConfig, ModelConfig
 class TrainConfig(BaseModel):
     """One training run of the example model (the same on every rank)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     model: ModelConfig = ModelConfig()
     """The example model: its tables, their dims and sharding, and the ZCH table
