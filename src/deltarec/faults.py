@@ -12,8 +12,9 @@ that the test sees the process held exactly there and kills the whole process tr
 
 **Slow points** make a store slow instead of stopping it: ``DELTAREC_SLOW=POINT:MS`` makes
 :func:`slowdown` of ``POINT`` return ``MS`` milliseconds per megabyte, which the code there spends
-where a real slow store would (Redis: on the server, inside the write's ``MULTI``/``EXEC``, so
-every reader waits for it). The read-latency budget's tests use it (:data:`SLOW_POINTS`).
+where a real slow store would (Redis: on the server, after each script of the write, inside
+its ``MULTI``/``EXEC`` or pipeline, so every reader waits for it). The read-latency budget's
+tests use it (:data:`SLOW_POINTS`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ yet."""
 
 SLOW_ENV = "DELTAREC_SLOW"
 SLOW_POINTS = ("redis.exec",)
-"""The slow points: ``redis.exec``, each write transaction of the Redis store."""
+"""The slow points: ``redis.exec``, each write transaction of the Redis store (each unit of a
+paced write: every script of it)."""
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}

@@ -49,7 +49,8 @@ class Capabilities:
     writes_block_reads: bool = False
     """While the server applies one write (a transaction, a script) no read is served: Redis
     runs one command or ``MULTI``/``EXEC`` at a time. A read-latency budget then bounds how long
-    each write may take (:mod:`deltarec.publish.budget`)."""
+    the server runs any one part of a write (:mod:`deltarec.publish.budget`; Redis writes a
+    batch as a pipeline of small units then, :mod:`deltarec.stores.redis.paced`)."""
     whole_writes: bool = False
     """A write (one ``write``/``write_batches`` call) applies whole or not at all, and a bad row
     aborts it: the publisher may then check a table's rows while writing them instead of reading
