@@ -54,32 +54,38 @@ def _check_everything_landed(store, manifest, data, marks) -> None:  # type: ign
 
 
 # ---- the policy ------------------------------------------------------------------------------
-def test_probes_over_the_target_raise_the_pause_by_the_excess_and_shrink_sql_transactions():
+def test_probes_over_the_target_raise_the_pause_by_the_excess_up_to_its_longest():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
-    start = policy.bytes
     judge = budget_module.JUDGE
-    pause = policy.step(1000, start, 0.08, [0.0015] * judge)  # 1.5 times the budget
+    pause = policy.step(1000, 1 << 20, 0.08, [0.0015] * judge)  # 1.5 times the budget
     assert pause == pytest.approx(budget_module.MIN_DUTY * 1.5 * 0.08)
-    assert policy.bytes == int(start / 1.5)
-    policy.step(1000, start, 0.08, [0.1] * judge)  # far over: at most MAX_STEP a judgement
+    policy.step(1000, 1 << 20, 0.08, [0.1] * judge)  # far over: at most MAX_STEP a judgement
     assert policy.duty == pytest.approx(budget_module.MIN_DUTY * 1.5 * budget_module.MAX_STEP)
     for _ in range(20):
-        pause = policy.step(1000, start, 0.04, [0.1] * judge)
-    assert policy.bytes == budget_module.MIN_UNBLOCKED_BYTES
+        pause = policy.step(1000, 1 << 20, 0.04, [0.1] * judge)
     assert pause == pytest.approx(budget_module.MAX_DUTY * 0.04)
-    assert policy.step(1000, start, 1.0, [0.1] * judge) == budget_module.MAX_PAUSE_S
+    assert policy.step(1000, 1 << 20, 1.0, [0.1] * judge) == budget_module.MAX_PAUSE_S
 
 
-def test_probes_under_the_target_grow_the_transactions_back_and_drop_the_pause():
+def test_probes_under_the_target_drop_the_pause_once_the_slow_ones_left_the_window():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
-    policy.step(1000, policy.bytes, 0.01, [0.005] * budget_module.JUDGE)
-    small = policy.bytes
-    assert policy.step(1000, small, 0.01, [0.0002] * budget_module.JUDGE) > 0.0  # in the window
-    assert policy.bytes == small  # the window's p99 over, the new probes' under: held
+    policy.step(1000, 1 << 20, 0.01, [0.005] * budget_module.JUDGE)
+    duty = policy.duty
+    assert policy.step(1000, 1 << 20, 0.01, [0.0002] * budget_module.JUDGE) > 0.0
+    assert policy.duty == duty  # the window's p99 over, the new probes' under: held
     for _ in range(budget_module.WINDOW // budget_module.JUDGE):
-        pause = policy.step(1000, policy.bytes, 0.01, [0.0002] * budget_module.JUDGE)
+        pause = policy.step(1000, 1 << 20, 0.01, [0.0002] * budget_module.JUDGE)
     assert pause == 0.0 and policy.duty == 0.0  # fallen below MIN_DUTY
-    assert policy.bytes >= int(small * budget_module.GROW) + 1
+
+
+def test_sql_transactions_take_a_quarter_second_at_the_rate_measured():
+    policy = ReadBudget(0.001, max_bytes=256 << 20, blocking=False)
+    assert policy.bytes == budget_module.START_BYTES
+    policy.step(10_000, 10_000 * UNIT, 0.1, [])  # 100k rows a second
+    assert policy.bytes == pytest.approx(budget_module.TXN_S * 100_000 * UNIT, abs=2)
+    slow = ReadBudget(0.001, max_bytes=256 << 20, blocking=False)
+    slow.step(10, 10 * UNIT, 1.0, [])  # 10 rows a second: the floor
+    assert slow.bytes == budget_module.MIN_UNBLOCKED_BYTES
 
 
 def test_one_slow_probe_among_a_window_moves_nothing():
@@ -101,9 +107,8 @@ def test_reads_slowed_with_nothing_written_raise_the_target_not_the_pauses():
 
 def test_too_few_probes_change_nothing():
     policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
-    start = policy.bytes
-    assert policy.step(1000, start, 0.01, [0.5] * (budget_module.JUDGE - 1)) == 0.0
-    assert policy.bytes == start and policy.last_p99_s is None
+    assert policy.step(1000, 1 << 20, 0.01, [0.5] * (budget_module.JUDGE - 1)) == 0.0
+    assert policy.duty == 0.0 and policy.last_p99_s is None
 
 
 def test_a_blocking_stores_units_hold_the_server_within_their_share_by_its_time_per_row():
@@ -184,11 +189,12 @@ def test_a_slowed_redis_gets_small_units_probed_reads_and_loses_nothing(
     store.close()
 
 
-def test_an_unattainable_budget_shrinks_postgres_transactions_pauses_and_loses_nothing(
+def test_an_unattainable_budget_pauses_postgres_transactions_and_loses_nothing(
     tmp_path, postgres_server, monkeypatch
 ):
     monkeypatch.setattr(budget_module, "START_BYTES", 64 << 10)
     monkeypatch.setattr(budget_module, "MIN_UNBLOCKED_BYTES", 8 << 10)
+    monkeypatch.setattr(budget_module, "TXN_S", 1e-6)  # the smallest transactions: many
     monkeypatch.setattr(budget_module, "JUDGE", 1)  # judged on every probe: however fast it runs
     monkeypatch.setattr(budget_module, "MAX_PAUSE_S", 0.02)  # the test stays short
     monkeypatch.setattr(budget_module, "MIN_QUIET", 10**9)  # no noise raises the target
@@ -204,7 +210,7 @@ def test_an_unattainable_budget_shrinks_postgres_transactions_pauses_and_loses_n
     _check_everything_landed(store, manifest, data, marks)
     sizes = np.diff([0] + [m.rows for m in marks]) * UNIT
     assert sizes[0] > 32 << 10  # started at START_BYTES ...
-    assert report.smallest_batch_bytes == 8 << 10  # ... and halved down to the floor
+    assert report.smallest_batch_bytes == 8 << 10  # ... then sized by the rate: the floor
     assert sizes[-2] <= 8 << 10
     assert report.held_back_s > 0
     assert metrics.value("deltarec_publish_held_back_seconds_total") == pytest.approx(

@@ -28,10 +28,11 @@ pipeline's ``read_p99_ms``) the publisher
    units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
    interleave with, :mod:`deltarec.stores.redis.paced`) gets that many rows a unit and
    transactions of :data:`UNIT_TXN_BYTES`; any other gets transactions that small;
-5. into any other store, starts from :data:`START_BYTES` transactions; over the target they
-   shrink by the excess (down to :data:`MIN_UNBLOCKED_BYTES`) and, while it pauses, to at most
-   :data:`MAX_TXN_S` of writing at the rate measured, so the pauses come often; under
-   :data:`SLACK` they grow by :data:`GROW` up to the store's default size;
+5. into any other store, starts from :data:`START_BYTES` transactions, then sizes each to
+   :data:`TXN_S` of writing at the rate of the last :data:`TIMED` (their median; at least
+   :data:`MIN_UNBLOCKED_BYTES`, at most the store's default size): the pauses come that often,
+   and a transaction stays large enough that its own cost is small beside its rows' (smaller
+   ones do not slow a reader less, they only cost more work per row);
 6. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
    ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
    background publisher also leaves its report beside the generation
@@ -73,14 +74,13 @@ QUIET = 256
 """Probes made while nothing was written that the noise's p99 is taken over."""
 MIN_QUIET = 32
 """Fewer quiet probes than this tell no noise (the target is then the budget)."""
-BASELINE_PROBES = 48
-"""Quiet probes the throttle waits for before the second write (the noise before any pause)."""
+BASELINE_PROBES = 100
+"""Quiet probes the throttle waits for before the second write (the noise before any pause;
+about half a second, counted as held back)."""
 SLACK = 0.75
-"""Under this fraction of the target the pauses shrink and the transactions grow."""
-GROW = 1.5
-"""How much a transaction into a store that does not block its reads grows under the target."""
+"""Under this fraction of the target the pauses shrink."""
 MAX_STEP = 2.0
-"""The most one judgement multiplies the pause or divides a transaction by."""
+"""The most one judgement multiplies the pause by."""
 MIN_BYTES = 4 << 10
 """The smallest transaction into a store whose writes block its reads and that has no units."""
 MIN_UNBLOCKED_BYTES = 256 << 10
@@ -88,9 +88,9 @@ MIN_UNBLOCKED_BYTES = 256 << 10
 store spends more on each transaction than on its rows."""
 START_BYTES = 4 << 20
 """The first transaction into a store whose writes do not block its reads."""
-MAX_TXN_S = 0.1
-"""While it pauses, a transaction into such a store takes at most this long at the rate
-measured: a pause after each tenth of a second, not after seconds of writing."""
+TXN_S = 0.25
+"""What a transaction into such a store takes at the rate measured: a judgement and a pause
+after each quarter of a second, not after seconds of writing."""
 UNIT_TXN_BYTES = 4 << 20
 """A transaction into a store with units (each a progress mark and a judgement)."""
 UNIT_SHARE = 0.5
@@ -160,7 +160,6 @@ class ReadBudget:
         self._fresh = 0
         self._per_row: collections.deque[float] = collections.deque(maxlen=TIMED)
         self._row_bytes = 0.0
-        self._rows_per_s = 0.0
 
     def noise_s(self) -> float | None:
         """The p99 of the probes made while nothing was written (None: too few yet)."""
@@ -192,7 +191,6 @@ class ReadBudget:
         """
         if rows > 0 and write_s > 0:
             self._row_bytes = nbytes / rows
-            self._rows_per_s = rows / write_s
             self._per_row.append((write_s if held_s is None else held_s) / rows)
         self._quiet.extend(quiet)
         self._during.extend(during)
@@ -201,9 +199,9 @@ class ReadBudget:
             self._judge()
         if self.blocking:
             self._size_blocking()
-        elif self.duty > 0 and self._rows_per_s > 0:
-            quick = int(self._rows_per_s * MAX_TXN_S * self._row_bytes)
-            self.bytes = max(MIN_UNBLOCKED_BYTES, min(self.bytes, quick))
+        elif self._per_row:
+            timed = int(TXN_S / max(1e-9, statistics.median(self._per_row)) * self._row_bytes)
+            self.bytes = max(MIN_UNBLOCKED_BYTES, min(self.max_bytes, timed))
         self.smallest = min(self.smallest, self.bytes)
         if self.unit_rows is not None:
             self.smallest_unit = min(self.smallest_unit or self.unit_rows, self.unit_rows)
@@ -223,14 +221,10 @@ class ReadBudget:
         ratio = min(p99, fresh) / target
         if ratio > 1:
             self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
-            if not self.blocking:
-                self.bytes = max(MIN_UNBLOCKED_BYTES, int(self.bytes / min(MAX_STEP, ratio)))
         elif p99 < SLACK * target:
             self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
             if self.duty < MIN_DUTY:
                 self.duty = 0.0
-            if not self.blocking:
-                self.bytes = min(self.max_bytes, int(self.bytes * GROW) + 1)
 
     def _size_blocking(self) -> None:
         """A unit (or transaction) the server runs within its share of the target."""
@@ -358,7 +352,7 @@ class Throttle:
         """Start the probe on the serving name of the first table written (once).
 
         Then wait for :data:`BASELINE_PROBES` reads, nothing written meanwhile: the noise
-        before any pause (not counted as held back).
+        before any pause (counted as held back).
         """
         if self._probed:
             return
@@ -371,8 +365,11 @@ class Throttle:
             )
             return
         self._probe = Probe(target, self.probe_interval_s)
+        started = time.monotonic()
         self._probe.wait_first(PROBE_START_S, BASELINE_PROBES)
         self._since = time.monotonic()  # the reads so far were made with nothing written
+        self.report.held_back_s += self._since - started
+        self.publisher.metrics.held_back.inc(self._since - started)
 
     def close(self) -> BudgetReport:
         """Stop the probe, restore the publisher, and say what the budget did (idempotent)."""
