@@ -311,12 +311,6 @@ def _private_methods_by_folder() -> dict[str, set[str]]:
     return out
 
 
-SIDE_REGISTRY_FRIENDS = {"_tx", "_exec", "_rows", "_lock_run", "_write_mark"}
-"""The SQL registry's transaction helpers that the FeatureStore backend calls on its side
-registry (a SQL store that holds FeatureStore's control plane): the one place a folder calls
-another's private methods."""
-
-
 def test_private_methods_are_called_only_from_their_own_folder():
     """``obj._method(...)`` only where a class of the same folder defines ``_method``: no
     module is another package's friend (the publisher's collaborators use its public methods).
@@ -332,8 +326,6 @@ def test_private_methods_are_called_only_from_their_own_folder():
             if ast.unparse(owner) in ("self", "cls", "super()") or attr not in defined:
                 continue
             if folder in defined[attr]:
-                continue
-            if folder == "stores/featurestore" and attr in SIDE_REGISTRY_FRIENDS:
                 continue
             found.append(
                 f"{path.relative_to(SRC).as_posix()}:{node.lineno} {ast.unparse(node.func)}"

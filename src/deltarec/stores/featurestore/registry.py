@@ -76,15 +76,15 @@ def assign_version(side: Any, run: str, first: str, assign: bool) -> str | None:
     Raises:
         ConfigError: ``<first>@<run>`` is held by another run (names it).
     """
-    with side._tx(write=assign) as cur:
+    with side.transaction(write=assign) as cur:
         owned = {
             str(r): str(v)
-            for r, v in side._rows(cur, "SELECT run, version FROM deltarec_featurestore_versions")
+            for r, v in side.query(cur, "SELECT run, version FROM deltarec_featurestore_versions")
         }
         if run in owned or not assign:
             return owned.get(run)
         if first not in owned.values():
-            oldest = side._rows(
+            oldest = side.query(
                 cur,
                 "SELECT run FROM deltarec_generations ORDER BY registered_at, generation LIMIT 1",
             )
@@ -105,7 +105,7 @@ def assign_version(side: Any, run: str, first: str, assign: bool) -> str | None:
 
 
 def _insert(side: Any, cur: Any, run: str, version: str) -> None:
-    side._exec(
+    side.execute(
         cur,
         "INSERT INTO deltarec_featurestore_versions (run, version, assigned_at) VALUES (?, ?, ?)",
         (run, version, time.time()),
@@ -114,8 +114,8 @@ def _insert(side: Any, cur: Any, run: str, version: str) -> None:
 
 def recorded_names(side: Any, run: str) -> dict[str, str]:
     """Table id -> the ``embedding_name`` recorded for ``run``'s tables."""
-    with side._tx(write=False) as cur:
-        rows = side._rows(
+    with side.transaction(write=False) as cur:
+        rows = side.query(
             cur,
             "SELECT table_id, embedding_name FROM deltarec_featurestore_tables WHERE run = ?",
             (run,),
@@ -129,9 +129,9 @@ def record_names(side: Any, run: str, names: dict[str, str], where: str) -> None
     Raises:
         ConfigError: a table is already recorded under another name (names both).
     """
-    with side._tx() as cur:
+    with side.transaction() as cur:
         for table, name in names.items():
-            have = side._rows(
+            have = side.query(
                 cur,
                 "SELECT embedding_name FROM deltarec_featurestore_tables "
                 "WHERE run = ? AND table_id = ?",
@@ -143,7 +143,7 @@ def record_names(side: Any, run: str, names: dict[str, str], where: str) -> None
                     f"{have[0][0]!r}, but its spec names it {name!r}"
                 )
             if not have:
-                side._exec(
+                side.execute(
                     cur,
                     "INSERT INTO deltarec_featurestore_tables (run, table_id, embedding_name) "
                     "VALUES (?, ?, ?)",
@@ -157,7 +157,7 @@ def check_newest(side: Any, cur: Any, run: str, generation: int) -> None:
     Raises:
         StaleGenerationError: names both generations.
     """
-    (newest,) = side._rows(
+    (newest,) = side.query(
         cur, "SELECT MAX(generation) FROM deltarec_generations WHERE run = ?", (run,)
     )[0]
     if newest is not None and int(newest) > generation:

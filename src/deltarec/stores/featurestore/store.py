@@ -180,9 +180,9 @@ class FeatureStoreStore(Store):
                     f"{self.describe()}: the registry {side.describe()} must be a sqlite:// or "
                     "postgresql:// store (its transactions fence the writers)"
                 )
-            with side._tx() as cur:
+            with side.transaction() as cur:
                 for ddl in SIDE_DDL:
-                    side._exec(cur, ddl)
+                    side.execute(cur, ddl)
             self._side_store = side
         return self._side_store
 
@@ -367,14 +367,14 @@ class FeatureStoreStore(Store):
         """One registry transaction around a write: the fence first, the mark last."""
         side = self._side
         self._fence_generation = _generation_of(first, mark)
-        with self._lock, side._tx() as cur:
-            side._lock_run(cur, run, shared=True)
+        with self._lock, side.transaction() as cur:
+            side.lock_run(cur, run, shared=True)
             self._fence_cursor = cur
             if self._fence_generation is not None:
                 check_newest(side, cur, run, self._fence_generation)
             yield
             if mark is not None:
-                side._write_mark(cur, mark, 0)
+                side.write_mark(cur, mark, 0)
 
     def _check_generation(self, run: str, versions: np.ndarray, mark: ProgressMark | None) -> None:
         """Rows of a later batch may name a newer generation than the first: fence it too."""

@@ -62,6 +62,36 @@ class SqlRegistry(Registry):
     def describe(self) -> str:
         """The store's URL without credentials."""
 
+    # ---- for a store that keeps its control plane here (PAI FeatureStore's side registry) --
+    def transaction(self, write: bool = True) -> AbstractContextManager[Any]:
+        """A transaction of the registry's database; yields its cursor.
+
+        Commits on exit, rolls back on an error. For a store whose control plane lives here
+        (:mod:`deltarec.stores.featurestore`): its own tables, its fence and its marks go in
+        one transaction with the registry's.
+        """
+        return self._tx(write)
+
+    def execute(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run one statement in transaction ``cur`` (``?`` placeholders, any dialect)."""
+        return self._exec(cur, sql, params)
+
+    def query(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one query in transaction ``cur`` and fetch its rows."""
+        return self._rows(cur, sql, params)
+
+    def lock_run(self, cur: Any, run: str, shared: bool) -> None:
+        """Order a fence check in ``cur`` against a concurrent registration of ``run``."""
+        self._lock_run(cur, run, shared)
+
+    def write_mark(self, cur: Any, mark: ProgressMark, stage: int = 0) -> None:
+        """Write ``mark`` in transaction ``cur``, fenced (see :meth:`record_progress`).
+
+        Raises:
+            StaleGenerationError: a newer generation of the mark's run is registered.
+        """
+        self._write_mark(cur, mark, stage)
+
     def snapshot(self, run: str, generation: int, seq: int, table: str) -> SnapshotRecord | None:
         """See :meth:`Registry.snapshot`."""
         with self._tx(write=False) as cur:
