@@ -13,6 +13,7 @@ fsync). A dump directory without MANIFEST.json is incomplete: readers ignore it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import posixpath
@@ -58,6 +59,18 @@ def _confined_relpath(relpath: str) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _real_dir(directory: str) -> str:
+    """``directory`` resolved, with a trailing separator: what an opened file must lie under.
+
+    Cached: a dump of hundreds of ranks lists thousands of shards in one directory, and
+    resolving it walks every component (an ``lstat`` each). The check stays on the opened file:
+    a directory swapped for a link after it was resolved leaves its files' real paths outside
+    the cached one, so they are refused, as they would be if it were resolved again.
+    """
+    return os.path.realpath(directory).rstrip(os.sep) + os.sep
+
+
 @contextlib.contextmanager
 def _local_regular(directory: str, relpath: str, where: str) -> Iterator[str]:
     """Open a local file for reading only if it is a regular file inside ``directory``.
@@ -83,7 +96,7 @@ def _local_regular(directory: str, relpath: str, where: str) -> Iterator[str]:
         proc = f"/proc/self/fd/{fd}"
         if os.path.exists(proc):
             real = os.readlink(proc)
-            inside = os.path.realpath(directory).rstrip(os.sep) + os.sep
+            inside = _real_dir(directory)
             if not real.startswith(inside):
                 raise ArtifactError(where, "resolves outside its directory; it is not read")
             yield proc

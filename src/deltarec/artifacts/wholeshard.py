@@ -27,16 +27,13 @@ WHOLE_SHARD_BYTES = 64 << 20
 """Shards up to this size are read whole by the callers that hold their rows anyway."""
 
 
-def read_whole_shard(
-    root: ArtifactRoot, dump_dir: str, shard: ShardInfo, dtype: DType
-) -> ShardRows:
-    """The rows of one shard, its bytes checked against the manifest before they are decoded.
+def checked_bytes(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> bytes:
+    """The shard's bytes, read once, if their size and sha256 are the manifest's.
 
     Raises:
-        ArtifactError: the shard is missing, not a regular file inside ``dump_dir``, or not
-            readable parquet.
-        ChecksumError: its size or sha256 differs from the manifest's, or it holds another
-            number of rows.
+        ArtifactError: the shard is missing or not a regular file inside ``dump_dir``.
+        ChecksumError: its size or sha256 differs (the message names the manifest's figures
+            only, as :func:`~deltarec.artifacts.shards.check_shard`'s does).
     """
     path = posixpath.join(dump_dir, shard.path)
     try:
@@ -53,6 +50,22 @@ def read_whole_shard(
             root.url(path),
             f"content does not match the manifest's sha256 {shard.sha256} ({shard.bytes} bytes)",
         )
+    return data
+
+
+def read_whole_shard(
+    root: ArtifactRoot, dump_dir: str, shard: ShardInfo, dtype: DType
+) -> ShardRows:
+    """The rows of one shard, its bytes checked against the manifest before they are decoded.
+
+    Raises:
+        ArtifactError: the shard is missing, not a regular file inside ``dump_dir``, or not
+            readable parquet.
+        ChecksumError: its size or sha256 differs from the manifest's, or it holds another
+            number of rows.
+    """
+    path = posixpath.join(dump_dir, shard.path)
+    data = checked_bytes(root, dump_dir, shard)
     try:
         # no pre-buffering and no threads: on a small in-memory file Arrow's I/O and decoding
         # pools cost more than the decoding (~0.5 ms a 2,000-row shard, 2.5-4.4 ms with them)

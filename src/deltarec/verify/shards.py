@@ -8,11 +8,13 @@ point's values under a newer version, compared by value.
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltarec.artifacts.lineage import ShardRef
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import check_shard
+from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, checked_bytes
 from deltarec.errors import ArtifactError
 from deltarec.ids import split_version
 from deltarec.verify.types import ShardFailure
@@ -35,13 +37,24 @@ def check_shards(root: ArtifactRoot, refs: list[ShardRef]) -> tuple[int, list[Sh
 
 
 def _shard_problem(root: ArtifactRoot, ref: ShardRef) -> str | None:
+    """What is wrong with one shard (sha256 and size, then its row count), or None.
+
+    A small shard is read once: its footer is parsed from the bytes just checked (a dump of
+    hundreds of ranks has thousands of shards, and each open costs more than its bytes).
+    """
+    small = ref.shard.bytes <= WHOLE_SHARD_BYTES
     try:
-        check_shard(root, ref.dump_dir, ref.shard)
+        data = checked_bytes(root, ref.dump_dir, ref.shard) if small else None
+        if data is None:
+            check_shard(root, ref.dump_dir, ref.shard)
     except ArtifactError as e:
         return e.problem
     try:
-        with root.open_listed(ref.dump_dir, ref.shard.path) as f:
-            rows = pq.ParquetFile(f).metadata.num_rows
+        if data is not None:
+            rows = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).metadata.num_rows
+        else:
+            with root.open_listed(ref.dump_dir, ref.shard.path) as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
     except Exception as e:  # any parquet failure is this shard's problem
         return f"unreadable parquet: {e}"
     if rows != ref.shard.rows:
