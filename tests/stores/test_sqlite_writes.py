@@ -7,6 +7,7 @@ one at a time, each its own transaction.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import numpy as np
@@ -14,11 +15,12 @@ import pytest
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
-from deltarec.errors import InvalidRowError
+from deltarec.errors import InvalidRowError, StoreError
 from deltarec.ids import make_version
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import ProgressMark, RowBatch, open_store
 from deltarec.stores.sql import spill as spillmod
+from deltarec.stores.sql import sqlite as sqlite_module
 
 T = "sparse.ebc.user_id"
 DIM = 4
@@ -258,3 +260,21 @@ def test_the_read_back_thread_stops_when_its_reader_leaves_early(small_reads):
         with reader as chunks:
             next(iter(chunks))
         assert reader._job.done()  # its kept thread left the spill's rows
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_its_connection_closed(tmp_path, monkeypatch):
+    opened: list[sqlite3.Connection] = []
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(real(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(sqlite_module.sqlite3, "connect", connect)
+    path = tmp_path / "not.db"
+    path.write_bytes(b"this is not an SQLite database file, just text" * 100)
+    with pytest.raises(StoreError, match=r"not\.db"):
+        open_store(f"sqlite:///{path}")
+    assert len(opened) == 1
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        opened[0].execute("SELECT 1")

@@ -80,6 +80,17 @@ class SqliteStore(RelationalStore):
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 path, timeout=config.timeout_s, isolation_level=None, check_same_thread=False
             )
+        try:
+            self._open(path)
+        except BaseException:
+            self.close()  # a refused open leaves no connection (nor file lock) behind
+            raise
+
+    def _open(self, path: str) -> None:
+        """Set the new connection up and create the registry (see :meth:`__init__`)."""
+        assert self._conn is not None
+        config = self.config
+        with _ERRORS.map_errors(f"sqlite store {path!r}: cannot open"):
             self._conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # a new file only
             # Switching to WAL needs the file to itself and may answer "locked" at once, without
             # waiting: only the file's first opener switches (WAL is kept in the file).
