@@ -1,6 +1,9 @@
 """The fault campaign: a publishing 2-rank ``deltarec train`` killed (``kill -9`` of its whole
 process tree) at its worst moments, its store server stopped mid-publish, and a second trainer
 started on its run - and at the end the store equals the model's final tables, key by key.
+Then ``deltarec compact`` (in one step and fanned out) and ``deltarec gc`` are killed at their
+fault points on the finished run and re-run, and every reader still sees exactly the model's
+tables (tests/_helpers/history_faults.py).
 
 ``make test`` runs the short campaign (marker ``faults``); the long one (``faults_long``) runs
 on demand (``pytest -m faults_long tests/reliability`` or ``DELTAREC_FAULTS_LONG=1``) and
@@ -18,9 +21,10 @@ from pathlib import Path
 
 import pytest
 from tests._helpers.campaign import Campaign, Trainer
+from tests._helpers.history_faults import compaction_and_gc_killed
 
 from deltarec.artifacts import ArtifactRoot, parse_time
-from deltarec.faults import POINTS
+from deltarec.faults import COMPACT_POINTS, GC_POINTS, POINTS
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
 
@@ -76,6 +80,8 @@ def test_a_trainer_killed_at_its_worst_moments_restarts_and_the_store_equals_the
     _kill_at(c, "publish.batch@4")  # a dump half in the store
     _finish(c)
     assert len(ArtifactRoot(str(c.artifacts)).list_generations(c.run)) == 3
+    # a fan-out's partition killed mid-part, then gc killed between a manifest and its folder
+    compaction_and_gc_killed(c, [("partition", "compact.part@2"), ("gc", "gc.delete@2")])
 
 
 def _outage(c: Campaign, server, seconds: float) -> Trainer:
@@ -125,6 +131,8 @@ def test_long_campaign_kills_at_every_moment_and_at_random_times(tmp_path):
             break
         assert c.kill(trainer, "random") < ORPHAN_LIMIT_S
     checked, lost = _finish(c)
+    history = compaction_and_gc_killed(c, HISTORY_KILLS)
+    assert {p.split()[1].split("@")[0] for p in history} == {*COMPACT_POINTS, *GC_POINTS}
     _report(
         "kills",
         {
@@ -136,8 +144,19 @@ def test_long_campaign_kills_at_every_moment_and_at_random_times(tmp_path):
             "restored_from": _restores(c),
             "keys_checked": checked,
             "keys_lost": lost,
+            "compaction_and_gc_kills": history,
         },
     )
+
+
+HISTORY_KILLS = [
+    ("compact", "compact.part@2"),
+    ("partition", "compact.partition@1"),
+    ("compact", "compact.base_json"),
+    ("partition", "compact.part@3"),
+    ("gc", "gc.delete@2"),
+]
+"""The long campaign's kills of compaction and gc: every fault point of both, each re-run."""
 
 
 @pytest.mark.faults_long
