@@ -153,3 +153,21 @@ def test_the_cli_partition_needs_the_dump_it_folds(tmp_path, capsys):
     assert main([*argv, "--tables", PLAIN]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tables"] == {PLAIN: "written"} and out["key_range"] == "0/1"
+
+
+def test_a_commit_killed_before_base_json_leaves_no_base_and_a_second_commit_writes_it(tmp_path):
+    h, g, s = _history(tmp_path)
+    where = ["--artifacts", h.root.uri, "--run", RUN, "--through-seq", str(s), "--part-rows", "15"]
+    assert main(["compact", *where, "--key-range", "0/1"]) == 0
+    env = {**os.environ, "DELTAREC_FAULT": "compact.base_json",
+           "DELTAREC_FAULT_DIR": str(tmp_path / "faults")}  # fmt: skip
+    proc = subprocess.Popen(_cli(*where, "--commit"), env=env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "faults").exists() or not os.listdir(tmp_path / "faults"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list_bases(h.root, RUN) == [] and expected_state(h.root, RUN, g).base is None
+    assert main(["compact", *where, "--commit"]) == 0
+    _same(h.state, _read_base_independently(h.root, h.root.base_dir(RUN, g, s))[1])
