@@ -8,7 +8,7 @@ are reduced to the newest row per key (each row keeps its own dump's version, so
 upsert applies exactly what dump-by-dump publishing would leave), and written as one write per
 table: into SQLite one key-ordered pass (rows of several versions share its statements) with
 every dump's progress mark in the same transaction; into PostgreSQL and Redis one write with
-the last dump's mark, the other dumps' marks recorded right after it.
+the last dump's mark, the other dumps' marks recorded right after it (one transaction).
 
 Shards are read on a few threads, each checked against its sha256 before its rows are used and
 every row checked before anything is written. A crash between a write and the other marks
@@ -110,11 +110,10 @@ def publish_group(
                 ),
                 f"write {what}",
             )
-            for mark in marks[:-1]:
-                pub.call(
-                    lambda k=mark: pub.registry.record_progress(k),  # type: ignore[misc]
-                    f"mark dump {mark.seq} of {table!r} rank {mark.rank}",
-                )
+            pub.call(  # the other dumps' marks in one transaction
+                lambda k=marks[:-1]: pub.registry.record_progress_many(k),  # type: ignore[misc]
+                f"mark {what}",
+            )
         failpoint("publish.batch")
         n = len(batch.keys)
         pub.metrics.rows.labels(table, pub.mode.value).inc(n)

@@ -371,6 +371,14 @@ class Registry(abc.ABC):
         ``atomic_marks`` commits it with its rows in ``write`` instead.
         """
 
+    def record_progress_many(self, marks: Sequence[ProgressMark]) -> None:
+        """Record several marks on their own, together where the store can (one transaction).
+
+        The default records them one by one, in order.
+        """
+        for mark in marks:
+            self.record_progress(mark)
+
     @abc.abstractmethod
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
         """Every progress mark of one generation (latest per dump, table and rank)."""

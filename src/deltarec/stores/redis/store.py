@@ -38,7 +38,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -474,6 +474,19 @@ class RedisStore(RedisRegistry, RunViews, RedisReads, Store):
     def record_progress(self, mark: ProgressMark) -> None:
         """See :meth:`Registry.record_progress`."""
         self._execute_fenced(lambda pipe: self._mark(pipe, mark, mark.staging_generation), mark)
+
+    def record_progress_many(self, marks: Sequence[ProgressMark]) -> None:
+        """See :meth:`Registry.record_progress_many`: one ``MULTI``/``EXEC`` per generation."""
+        by_generation: dict[int, list[ProgressMark]] = {}
+        for mark in marks:
+            by_generation.setdefault(mark.generation, []).append(mark)
+        for group in by_generation.values():
+
+            def queue(pipe: Any, group: list[ProgressMark] = group) -> None:
+                for mark in group:
+                    self._mark(pipe, mark, mark.staging_generation)
+
+            self._execute_fenced(queue, group[-1])
 
     def _steps(self, script: Any, keys: list[str], args: list[Any]) -> int:
         """Run a cursor script (:data:`LUA_SWEEP`, :data:`LUA_MERGE`) until its ``HSCAN`` ends.

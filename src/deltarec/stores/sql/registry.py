@@ -189,6 +189,14 @@ class SqlRegistry(Registry):
         with self._tx() as cur:
             self._write_mark(cur, mark, mark.staging_generation)
 
+    def record_progress_many(self, marks: Sequence[ProgressMark]) -> None:
+        """See :meth:`Registry.record_progress_many`: one transaction (one commit)."""
+        if not marks:
+            return
+        with self._tx() as cur:
+            for mark in marks:
+                self._write_mark(cur, mark, mark.staging_generation)
+
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
         """See :meth:`Registry.progress`."""
         with self._tx(write=False) as cur:
