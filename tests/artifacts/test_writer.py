@@ -132,3 +132,17 @@ def test_a_manifest_from_shards_lists_them_by_table_and_rank_and_sums_each_table
     assert m.version == (2 << 32) | 3
     assert m.to_json()["taken_at"] == "2026-12-02T10:00:00.000000Z"
     assert Manifest.from_json(m.to_json(), "MANIFEST.json") == m
+
+
+def test_a_manifests_shards_of_a_table_and_of_one_rank_come_by_rank_from_any_listing_order():
+    def shard(table: str, rank: int) -> ShardInfo:
+        return ShardInfo(f"{table}/rank-{rank:05d}.parquet", table, rank, 1, 10, "0" * 64)
+
+    listed = [shard(B, 3), shard(A, 2), shard(B, 0), shard(B, 1)]
+    obj = Manifest.from_shards("run", 1, 1, DumpKind.DELTA, 1, 1, 4, listed).to_json()
+    obj["shards"].reverse()  # a manifest written by another writer, in another order
+    m = Manifest.from_json(obj, "MANIFEST.json")
+    assert m.shards_of(B) == [shard(B, 0), shard(B, 1), shard(B, 3)]
+    assert m.shards_of_rank(B, 1) == [shard(B, 1)] and m.shards_of_rank(A, 2) == [shard(A, 2)]
+    assert m.shards_of_rank(B, 2) == [] and m.shards_of_rank("sparse.none", 0) == []
+    assert m.shards_of("sparse.none") == []
