@@ -51,3 +51,34 @@ def test_branch_follows_the_verdict_and_bad_xcom_is_named(tmp_path):
         airflow_task.choose({"verdict": "PASS"})
     with pytest.raises(BadInputError, match="train task's XCom"):
         airflow_task.promote(conf(tmp_path), {"run": "r"})
+
+
+def test_pod_entries_plan_fan_out_commit_and_collect_a_runs_history(tmp_path):
+    """compact_plan -> compact_partition (each item) -> compact -> gc, as the pods run them."""
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.base import list_bases
+
+    write_generation(tmp_path / "art", "r", [(5, {"m.t": 30}), (10, {"m.t": 30})])
+    root = ArtifactRoot(str(tmp_path / "art"))
+    record = steps.generation_record(root, "r", 1).to_metadata()
+    c = json.dumps(conf(tmp_path, compact_min_dumps="2", compact_partition_rows="25"))
+    steps.provision(PipelineParams.from_arguments(json.loads(c)))
+
+    def pod(step, *argv):
+        xcom = tmp_path / f"{step}.json"
+        assert airflow_task.main([step, "--params", c, *argv, "--xcom", str(xcom)]) == 0
+        return json.loads(xcom.read_text())
+
+    plan = pod("compact_plan", "--input", json.dumps(record))
+    assert plan["decision"] == "fan-out" and [i["key_range"] for i in plan["items"]] == [
+        "0/3",
+        "1/3",
+        "2/3",
+    ]  # fmt: skip  (60 rows over 25 a task)
+    for item in plan["items"]:
+        assert pod("compact_partition", "--item", json.dumps(item))["tables"] == {"m.t": "written"}
+    base = pod("compact", "--input", json.dumps(plan))
+    assert base["written"] and base["rows"] == 60 and list_bases(root, "r") == [(1, 2)]
+    done = pod("gc")
+    assert done["mode"] == "delete" and done["deleted"] == 1 and "paths" not in done
+    assert root.committed_seqs("r", 1) == [2]
