@@ -33,6 +33,7 @@ usage: .venv/bin/python bench/bench_readers.py [--rows 2000000] [--dim 64] [--cl
            [--rate 1000] [--keys-per-read 1] [--stores sqlite,postgres,redis]
            [--budget-x 2] [--repeat 1] [--before 5] [--after 5] [--json PATH]
            [--fresh-dumps N] [--fresh-rows 50000] [--fresh-every 2] [--skip-publish]
+           [--no-aof-rewrite]
 """
 
 from __future__ import annotations
@@ -345,12 +346,18 @@ def namespace(kind: str, server: Any, work: str, n: int):  # type: ignore[no-unt
 
 
 @contextlib.contextmanager
-def server_for(kind: str):  # type: ignore[no-untyped-def]
+def server_for(kind: str, no_aof_rewrite: bool = False):  # type: ignore[no-untyped-def]
     if kind == "postgres":
         with PostgresServer() as pg:
             yield pg
     elif kind == "redis":
         with RedisServer() as rd:
+            if no_aof_rewrite:  # the server's own fork out of the figures (see --no-aof-rewrite)
+                import redis
+
+                redis.Redis(host="127.0.0.1", port=rd.port).config_set(
+                    "auto-aof-rewrite-percentage", 0
+                )
             yield rd
     else:
         yield None
@@ -410,6 +417,12 @@ def main() -> None:
     p.add_argument("--fresh-rows", type=int, default=50_000)
     p.add_argument("--fresh-every", type=float, default=2.0)
     p.add_argument("--skip-publish", action="store_true", help="only the freshness trials")
+    p.add_argument(
+        "--no-aof-rewrite",
+        action="store_true",
+        help="Redis never rewrites its append-only file by itself (auto-aof-rewrite-percentage "
+        "0): no fork of the whole data set (tens of ms, every client waiting) lands in a trial",
+    )
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -430,7 +443,7 @@ def main() -> None:
         print(f"artifacts written in {time.time() - t:.1f} s")
         n = 0
         for kind in args.stores.split(","):
-            with server_for(kind) as server:
+            with server_for(kind, args.no_aof_rewrite) as server:
                 runs: list[dict[str, Any]] = []
                 n += 1
                 with namespace(kind, server, work, n) as (url, target):
