@@ -121,8 +121,9 @@ def compact_partition(
         raise BadInputError(f"part_rows must be at least 1, got {part_rows}")
     if (generation, through_seq) in list_bases(root, run):
         return PartitionResult(generation, through_seq, key_range, {}, True)
-    state = expected_state(root, run, generation, through_seq)
-    wanted = sorted(state.tables if tables is None else set(tables))
+    only = None if tables is None else set(tables)
+    state = expected_state(root, run, generation, through_seq, only=only)
+    wanted = sorted(state.tables if only is None else only)
     unknown = [t for t in wanted if t not in state.tables]
     if unknown:
         raise BadInputError(f"run {run!r} generation {generation} has no table {unknown}")

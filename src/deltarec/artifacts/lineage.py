@@ -16,6 +16,7 @@ embeddings are read on demand by :meth:`ExpectedTable.load`.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,12 +150,19 @@ def cutoffs(root: ArtifactRoot, run: str, generation: int) -> list[tuple[int, in
 
 
 def expected_state(
-    root: ArtifactRoot, run: str, generation: int, through_seq: int | None = None
+    root: ArtifactRoot,
+    run: str,
+    generation: int,
+    through_seq: int | None = None,
+    *,
+    only: Collection[str] | None = None,
 ) -> ExpectedState:
     """The expected serving state of ``generation`` through dump ``through_seq`` (all if None).
 
     The replay starts from the newest committed base that fits (SPEC §3a,
-    :func:`~deltarec.artifacts.base.usable_base`) and reads only the dumps after it.
+    :func:`~deltarec.artifacts.base.usable_base`) and reads only the dumps after it. With
+    ``only``, the rows of those tables alone are read (a compaction partition's): the other
+    tables are in the result with their spec but no record.
 
     Raises:
         BadInputError: if ``through_seq`` names no committed dump of the generation.
@@ -177,7 +185,7 @@ def expected_state(
     refs: list[ShardRef] = []
     manifests: list[Manifest] = []
     if base is not None:
-        _add_base(root, base, accs, refs)
+        _add_base(root, base, accs, refs, only)
         specs = {**base.tables, **specs}
     last_folded = base.generation if base else None
     for gen, cutoff in chain:
@@ -194,7 +202,7 @@ def expected_state(
             if cutoff is not None and m.first_step > cutoff:
                 break
             manifests.append(m)
-            _add_dump(root, m, cutoff, accs, refs)
+            _add_dump(root, m, cutoff, accs, refs, only)
         if gen != generation:
             specs = {**root.read_generation(run, gen).tables, **specs}
     tables: dict[str, ExpectedTable] = {}
@@ -246,11 +254,17 @@ def _check_replayable(
 
 
 def _add_base(
-    root: ArtifactRoot, base: BaseInfo, accs: dict[str, _Accumulator], refs: list[ShardRef]
+    root: ArtifactRoot,
+    base: BaseInfo,
+    accs: dict[str, _Accumulator],
+    refs: list[ShardRef],
+    only: Collection[str] | None = None,
 ) -> None:
     """Every part of ``base`` as records (each row keeps the version of the dump that wrote it)."""
     base_dir = root.base_dir(base.run, base.generation, base.through_seq)
     for part in base.parts:
+        if only is not None and part.table not in only:
+            continue
         ref = ShardRef(base_dir, part_shard(part), base.through_version)
         cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP, codec.VERSION])
         refs.append(ref)
@@ -265,11 +279,14 @@ def _add_dump(
     cutoff: int | None,
     accs: dict[str, _Accumulator],
     refs: list[ShardRef],
+    only: Collection[str] | None = None,
 ) -> None:
     """The records of one dump; of a parent, only rows read at or before ``cutoff``."""
     dump_dir = root.dump_dir(m.run, m.generation, m.seq)
     include_all = cutoff is None or m.last_step <= cutoff
     for table in m.tables:
+        if only is not None and table not in only:
+            continue
         acc = accs.setdefault(table, _Accumulator())
         if m.kind is DumpKind.SNAPSHOT and include_all:
             acc.snapshot_version = m.version
