@@ -86,14 +86,18 @@ def test_paced_deletes_and_older_rows_go_through_the_guard_as_a_transaction_woul
     np.testing.assert_array_equal(a.versions, b.versions)
 
 
-def test_paced_rows_into_a_staging_view_become_live_at_the_merge(pair):
+def test_paced_rows_into_a_staging_view_become_live_at_the_merge_in_unit_sized_steps(
+    pair, redis_server
+):
     paced, _ = pair
     paced.provision({T: TableSpec(dim=4)}, staging_generation=2)
-    emb, batches = _batches(np.arange(200), V2)
+    emb, batches = _batches(np.arange(1000), V2)
     paced.write_batches(T, batches, staging_generation=2)
-    assert not paced.read(T, np.arange(200)).found.any()
+    assert not paced.read(T, np.arange(1000)).found.any()
+    scripts = _stats(redis_server, "evalsha")
     paced.merge_staging("r", 2)
-    np.testing.assert_array_equal(paced.read(T, np.arange(200)).embedding, emb)
+    assert _stats(redis_server, "evalsha") - scripts >= 1000 // 64  # steps of about 64 fields
+    np.testing.assert_array_equal(paced.read(T, np.arange(1000)).embedding, emb)
 
 
 def test_a_paced_write_whose_mark_fails_is_written_again_whole_and_marked_once(pair, monkeypatch):

@@ -491,13 +491,15 @@ class RedisStore(RedisRegistry, RunViews, RedisReads, Store):
     def _steps(self, script: Any, keys: list[str], args: list[Any]) -> int:
         """Run a cursor script (:data:`LUA_SWEEP`, :data:`LUA_MERGE`) until its ``HSCAN`` ends.
 
-        ``args`` come before the cursor and the count. Returns the sum of its counts.
+        ``args`` come before the cursor and the count. Returns the sum of its counts. A step
+        takes :attr:`unit_rows` fields where a read budget set them (each step holds the server).
         """
         cursor: Any = 0
         total = 0
+        step = self.unit_rows or _SWEEP_STEP
         while True:
             with _ERRORS.map_errors(self.describe()):
-                cursor, count = script(keys=keys, args=[*args, cursor, _SWEEP_STEP])
+                cursor, count = script(keys=keys, args=[*args, cursor, step])
             total += int(count)
             if int(cursor) == 0:
                 return total
