@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests._helpers.layers import imported_names
+
 import deltarec
 
 LAYERS = [
@@ -47,21 +49,10 @@ def _rank(package: str) -> int:
     raise AssertionError(f"package deltarec.{package} is in no layer of tests/test_layers.py")
 
 
-def _imported_names(path: Path) -> list[str]:
-    """Every absolute module name a module imports, at module level or inside a function."""
-    names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-        elif isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-    return names
-
-
 def _imports(path: Path) -> set[str]:
     """The deltarec packages a module imports (``deltarec.X...`` -> ``X``)."""
     out = set()
-    for name in _imported_names(path):
+    for name in imported_names(path):
         parts = name.split(".")
         if parts[0] == "deltarec":
             out.add(parts[1] if len(parts) > 1 else "__init__")
@@ -114,7 +105,7 @@ MAX_MODULE_LINES = 600
 def _store_modules(path: Path) -> set[str]:
     """The ``deltarec.stores.X`` modules a module imports (``X``; ``""`` for the face)."""
     out = set()
-    for name in _imported_names(path):
+    for name in imported_names(path):
         parts = name.split(".")
         if parts[:2] == ["deltarec", "stores"]:
             out.add(parts[2] if len(parts) > 2 else "")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ast
 import inspect
 from pathlib import Path
 
 import torch
 from tests._helpers.dump import HandTables
+from tests._helpers.layers import imported_names
 
 from deltarec.artifacts import TableKind, TableSpec
 from deltarec.dump import Dumper, DumperConfig, dumper
@@ -16,23 +16,12 @@ from deltarec.tracking.types import TableSource, TouchedRows
 TRACKING = Path(dumper.__file__).resolve().parents[1] / "tracking"
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return out
-
-
 def test_the_tracking_layer_imports_nothing_from_the_dumper():
     files = sorted(TRACKING.glob("*.py"))
     assert len(files) >= 8
     offenders = {
         f.name: sorted(
-            m for m in _imports(f) if m == "deltarec.dump" or m.startswith("deltarec.dump.")
+            m for m in imported_names(f) if m == "deltarec.dump" or m.startswith("deltarec.dump.")
         )
         for f in files
     }
