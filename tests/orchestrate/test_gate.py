@@ -65,6 +65,12 @@ def test_passed_verify_promotes_the_generation_train_produced(tmp_path, fake_ste
     assert result.metrics["freshness_p50_s"] == 1.0 and result.metrics["passed"] == 1.0
     (line,) = fake_steps.read_text().splitlines()
     assert line == f"gate 1 2 sqlite:///{tmp_path / 'store.db'}"
+    from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts.base import list_bases
+
+    # 2 dumps, fewer than compact_min_dumps (50): the compact task skipped, gc found nothing
+    root = ArtifactRoot(str(tmp_path / "art"))
+    assert list_bases(root, "gate") == [] and root.committed_seqs("gate", 1) == [1, 2]
 
 
 def test_a_large_table_is_compacted_by_a_fan_out_before_verify_and_gc_follows_promote(
@@ -88,16 +94,3 @@ def test_a_large_table_is_compacted_by_a_fan_out_before_verify_and_gc_follows_pr
     assert any(t.startswith("compact-partition") for t in tasks), tasks
     # gc ran after promote: dump 1 is covered by the base and nothing needs it
     assert root.committed_seqs("gate", 1) == [2]
-
-
-def test_a_short_generation_skips_compaction_in_one_task_and_gc_can_be_off(
-    tmp_path, fake_steps, monkeypatch
-):
-    from deltarec.artifacts import ArtifactRoot
-    from deltarec.artifacts.base import list_bases
-
-    monkeypatch.setenv("FAKE_VERDICT", "PASS")
-    result = run_local(params(tmp_path, gc_mode="off"), pipeline_root=str(tmp_path / "kfp"))
-    assert result.verdict == "PASS" and result.promoted == 1
-    root = ArtifactRoot(str(tmp_path / "art"))
-    assert list_bases(root, "gate") == [] and root.committed_seqs("gate", 1) == [1, 2]
