@@ -162,6 +162,7 @@ def one(dumps: int, work: Path, s3_uri: str | None = None) -> dict[str, object]:
     backlog_rate = rows / before["publish"]
     return {
         "dumps": dumps,
+        "artifacts": art,
         "write_s": round(written, 2),
         "root": "s3" if s3_uri else "local",
         "before": before,
@@ -178,6 +179,18 @@ def one(dumps: int, work: Path, s3_uri: str | None = None) -> dict[str, object]:
     }
 
 
+def _rounds(results: list[dict], work: Path, rounds: int) -> dict[int, dict[str, list[float]]]:
+    """The commands after compaction again, ``rounds`` times over every D in turn (each into a
+    fresh store), so that D = 5,000 and D = 50 are timed alternately under the same load."""
+    out: dict[int, dict[str, list[float]]] = {r["dumps"]: {} for r in results}
+    for i in range(rounds):
+        for r in results if i % 2 == 0 else results[::-1]:
+            db = work / f"d{r['dumps']}-round{i}-{len(results)}.db"
+            for name, value in _commands(r["artifacts"], f"sqlite:///{db}").items():
+                out[r["dumps"]].setdefault(name, []).append(value)
+    return out
+
+
 def main_() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dumps", type=int, nargs="+", default=[50, 500])
@@ -187,6 +200,9 @@ def main_() -> None:
     ap.add_argument("--backlog", action="store_true", help="backlog vs one dump, pair by pair")
     ap.add_argument("--shards", type=int, nargs=2, metavar=("MANY", "FEW"), default=None)
     ap.add_argument("--repeat", type=int, default=3, help="pairs timed (--backlog, --shards)")
+    ap.add_argument(
+        "--rounds", type=int, default=0, help="after compact + gc: rounds over every D, alternating"
+    )
     args = ap.parse_args()
     if args.backlog or args.shards:
         _costs(args)
@@ -196,13 +212,14 @@ def main_() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    results = []
+    results: list[dict] = []
+    rounds: dict[int, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         s3 = None
         if args.s3:
             from deltarec.testing.servers import SeaweedServer
 
-            s3 = stack.enter_context(SeaweedServer())
+            s3 = stack.enter_context(SeaweedServer(volume_max=1000))  # 32 GB: D = 5,000 fits
             os.environ.update(
                 AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_ENDPOINT_URL=s3.endpoint
             )
@@ -212,6 +229,9 @@ def main_() -> None:
                 r = one(d, work, s3.fresh_uri()[0] if s3 is not None else None)
                 print(json.dumps(r), flush=True)
                 results.append(r)
+            rounds = _rounds(results, work, args.rounds)
+            if rounds:
+                print(json.dumps({"rounds": rounds}), flush=True)
         finally:
             if args.workdir is None:
                 shutil.rmtree(work, ignore_errors=True)
@@ -220,6 +240,7 @@ def main_() -> None:
         "commit": commit,
         "cpus": os.cpu_count(),
         "results": results,
+        "rounds": rounds,
     }
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -375,7 +375,12 @@ class SeaweedServer(_ChildProcessServer):
             uri, opts = s3.fresh_uri()  # "s3://deltarec/<prefix>", s3fs storage options
     """
 
-    def __init__(self) -> None:
+    def __init__(self, volume_max: int = 64, volume_size_mb: int = 32) -> None:
+        """A server that holds at most ``volume_max`` volumes of ``volume_size_mb`` MB each.
+
+        64 volumes of 32 MB suit the tests; a benchmark of thousands of dumps asks for more.
+        """
+        self.volumes = (volume_max, volume_size_mb)
         self.binary = weed_binary()
         self.base = tempfile.mkdtemp(prefix="deltarec-weed-")
         self.port = free_port()
@@ -407,8 +412,8 @@ class SeaweedServer(_ChildProcessServer):
             f"-master.port.grpc={ports['master.grpc']}",
             f"-volume.port={ports['volume']}",
             f"-volume.port.grpc={ports['volume.grpc']}",
-            "-volume.max=64",
-            "-master.volumeSizeLimitMB=32",
+            f"-volume.max={self.volumes[0]}",
+            f"-master.volumeSizeLimitMB={self.volumes[1]}",
             "-filer",
             f"-filer.port={ports['filer']}",
             f"-filer.port.grpc={ports['filer.grpc']}",
