@@ -36,6 +36,8 @@ def test_every_nth_committed_dump_is_compacted_in_the_background(tmp_path):
             c.committed(h.root.read_manifest(RUN, info.generation, seq))
         time.sleep(0.3)
         assert c.compactions == 1 and c.failures == 0
+        ((start, end),) = c.spans  # the one compaction's wall time, nothing running now
+        assert end > start and c.running_since is None
     finally:
         c.close()
     assert list_bases(h.root, RUN) == [(info.generation, 2)]

@@ -15,6 +15,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from deltarec.artifacts.types import Manifest
@@ -56,6 +57,10 @@ class BackgroundCompactor:
         self.every = every
         self.compactions = 0
         self.failures = 0
+        self.spans: list[tuple[float, float]] = []
+        """``(start, end)`` of each compaction that completed, ``time.perf_counter`` seconds."""
+        self.running_since: float | None = None
+        """When the compaction now running started (``time.perf_counter``), else None."""
         self._committed = 0
         self._want: int | None = None
         self._cond = threading.Condition()
@@ -86,6 +91,7 @@ class BackgroundCompactor:
 
     def _run(self, seq: int) -> None:
         args = {**self._args, "generation": self.generation, "seq": seq}
+        started = time.perf_counter()
         try:
             with self._cond:
                 if self._stop:
@@ -97,12 +103,15 @@ class BackgroundCompactor:
                     stderr=subprocess.PIPE,
                     text=True,
                 )
+                self.running_since = started
             out, err = self._proc.communicate(json.dumps(args))
             code = self._proc.returncode
         except OSError as e:
             out, err, code = "", str(e), -1
+        self.running_since = None
         if code == 0:
             self.compactions += 1
+            self.spans.append((started, time.perf_counter()))
             log.info(
                 "compacted generation %d through dump %d: %s", self.generation, seq, out.strip()
             )

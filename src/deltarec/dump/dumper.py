@@ -468,6 +468,11 @@ class Dumper:
             return  # checkpoint taken before the dumper started: a fresh lineage
         self._restored = dict(state)
 
+    @property
+    def compactor(self) -> BackgroundCompactor | None:
+        """Rank 0's background compactor (``compact_every_dumps``), else None."""
+        return self._compactor
+
     # ---- internals -----------------------------------------------------------------------
     def _require_started(self) -> None:
         if self.generation is None or self._closed:
