@@ -221,6 +221,25 @@ def test_an_unattainable_budget_pauses_postgres_transactions_and_loses_nothing(
     store.close()
 
 
+def test_probes_between_two_dumps_count_as_noise_not_as_writing(tmp_path, redis_server):
+    import time
+
+    root, manifest, data = _dump(tmp_path, 500, seed=5)
+    store = open_store(f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:", run="r")
+    pub = DumpPublisher(store, root, "r")
+    throttle = Throttle(pub, 50.0)
+    pub.publish_dump(manifest, 0)  # the probe starts, then its baseline
+    time.sleep(0.5)  # no write: what the probe reads now is the machine's noise
+    second = write_dump(root, root.read_generation("r", 1), 2, {T: {0: data.slice(0, 100)}})
+    pub.publish_dump(second, 0)  # a second write: a few milliseconds
+    policy = throttle.policy
+    assert len(policy._quiet) >= budget_module.BASELINE_PROBES + 20  # baseline, then idle
+    assert len(policy._during) < 20
+    throttle.close()
+    assert "apply" not in vars(store)  # the store's own apply again
+    store.close()
+
+
 def test_the_trainers_background_publisher_publishes_under_its_budget(tmp_path, redis_server):
     from deltarec.publish import BackgroundPublisher
 

@@ -59,7 +59,7 @@ from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.errors import ConfigError
 from deltarec.publish.probe import Probe, probe_target
 from deltarec.stats import quantile
-from deltarec.stores.types import ProgressMark
+from deltarec.stores.types import ProgressMark, Write
 
 if TYPE_CHECKING:
     from deltarec.publish.publisher import BatchHook, DumpPublisher
@@ -277,8 +277,9 @@ class Throttle:
     """Holds a :class:`DumpPublisher` within a read-latency budget (see the module doc).
 
     Attaching sets the publisher's ``batch_bytes`` (and the store's ``unit_rows``, where it
-    has them) and wraps its ``after_batch`` hook (the hook it had is still called);
-    :meth:`close` stops the probe and restores them.
+    has them), wraps its ``after_batch`` hook (the hook it had is still called) and times the
+    store's ``apply`` (when each transaction's write starts: what comes before, such as the
+    time between two dumps, is no write); :meth:`close` stops the probe and restores them.
 
     Args:
         publisher: the publisher to throttle.
@@ -308,6 +309,11 @@ class Throttle:
         self._chained: BatchHook | None = publisher.after_batch
         publisher.after_batch = self.after_batch
         self._apply_sizes()
+        # when a transaction's write starts: the store's apply, timed (idle time between two
+        # dumps, or the publisher's own work before a write, is no write)
+        self._inner_apply = store.apply
+        self._write_start: float | None = None
+        store.apply = self._timed_apply  # type: ignore[method-assign]
         self._timing = hasattr(store, "server_timing")  # a store that can time its writes
         if self._timing:
             store.server_timing = True  # type: ignore[attr-defined]
@@ -323,13 +329,21 @@ class Throttle:
         if self._units:
             self.publisher.store.unit_rows = self.policy.unit_rows  # type: ignore[attr-defined]
 
+    def _timed_apply(self, write: Write) -> int:
+        if self._write_start is None:
+            self._write_start = time.monotonic()
+        return self._inner_apply(write)
+
     def after_batch(self, mark: ProgressMark, n: int) -> None:
         """The publisher's hook after each committed transaction: judge, resize, pause."""
-        write_s = time.monotonic() - self._since
-        self._start_probe(mark.table)
+        start = self._since if self._write_start is None else max(self._since, self._write_start)
+        self._write_start = None
+        write_s = time.monotonic() - start
+        if self._start_probe(mark.table):
+            start = self._since  # the baseline: every read so far was made after the write
         timed = self._probe.take() if self._probe is not None else []
-        during = [lat for at, lat in timed if at >= self._since]
-        quiet = [lat for at, lat in timed if at < self._since]
+        during = [lat for at, lat in timed if at >= start]
+        quiet = [lat for at, lat in timed if at < start]
         self._latencies += during + quiet
         spec = self.publisher.generation_info(mark.generation).tables[mark.table]
         unit = codec.row_bytes(spec.dtype, spec.dim) + ROW_OVERHEAD
@@ -348,14 +362,14 @@ class Throttle:
             self._chained(mark, n)
         self._since = time.monotonic()
 
-    def _start_probe(self, table: str) -> None:
-        """Start the probe on the serving name of the first table written (once).
+    def _start_probe(self, table: str) -> bool:
+        """Start the probe on the serving name of the first table written (once); whether now.
 
         Then wait for :data:`BASELINE_PROBES` reads, nothing written meanwhile: the noise
         before any pause (counted as held back).
         """
         if self._probed:
-            return
+            return False
         self._probed = True
         target = probe_target(self.publisher.store, table)
         if target is None:
@@ -363,13 +377,14 @@ class Throttle:
                 "read budget: %s cannot be probed; only the write-time cap applies",
                 self.publisher.store.describe(),
             )
-            return
+            return False
         self._probe = Probe(target, self.probe_interval_s)
         started = time.monotonic()
         self._probe.wait_first(PROBE_START_S, BASELINE_PROBES)
         self._since = time.monotonic()  # the reads so far were made with nothing written
         self.report.held_back_s += self._since - started
         self.publisher.metrics.held_back.inc(self._since - started)
+        return True
 
     def close(self) -> BudgetReport:
         """Stop the probe, restore the publisher, and say what the budget did (idempotent)."""
@@ -378,6 +393,7 @@ class Throttle:
             self._probe.close()
             self._probe = None
         if self.publisher.after_batch == self.after_batch:
+            vars(self.publisher.store).pop("apply", None)  # the store's own again
             self.publisher.after_batch = self._chained
             self.publisher.batch_bytes = self._default_bytes
             if self._units:
