@@ -58,6 +58,14 @@ def read_whole_shard(
 ) -> ShardRows:
     """The rows of one shard, its bytes checked against the manifest before they are decoded.
 
+    Raises: as :func:`read_whole_table`.
+    """
+    return ShardRows.from_arrow(read_whole_table(root, dump_dir, shard), dtype)
+
+
+def read_whole_table(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> pa.Table:
+    """One shard as an Arrow table, its bytes checked against the manifest before decoding.
+
     Raises:
         ArtifactError: the shard is missing, not a regular file inside ``dump_dir``, or not
             readable parquet.
@@ -77,4 +85,4 @@ def read_whole_shard(
         raise ChecksumError(
             root.url(path), f"holds {table.num_rows} rows, the manifest says {shard.rows}"
         )
-    return ShardRows.from_arrow(table, dtype)
+    return table

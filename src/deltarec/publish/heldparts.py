@@ -17,9 +17,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
+import pyarrow as pa
+
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import Manifest, ShardInfo, TableSpec
-from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, read_whole_shard
+from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, read_whole_table
+from deltarec.errors import InvalidRowError
 from deltarec.publish.rows import TablePart
 
 if TYPE_CHECKING:
@@ -76,14 +79,34 @@ def read_parts(
     dump_dir = pub.root.dump_dir(pub.run, manifest.generation, manifest.seq)
     where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
 
-    def read(job: tuple[str, TableSpec, ShardInfo]) -> ShardRows:
-        table, spec, shard = job
-        rows = read_whole_shard(pub.root, dump_dir, shard, spec.dtype)
-        part = TablePart(pub.root, manifest, shard.rank, table, spec)
-        part.check(rows, f"{where} {shard.rank}")
-        return rows
+    def read(job: tuple[str, TableSpec, ShardInfo]) -> pa.Table:
+        return read_whole_table(pub.root, dump_dir, job[2])
 
-    held: dict[str, list[ShardRows]] = {table: [] for table, _ in tables}
-    for (table, _, _), rows in zip(jobs, on_readers(read, jobs, sum(sizes)), strict=True):
-        held[table].append(rows)
+    shards: dict[str, list[tuple[ShardInfo, pa.Table]]] = {table: [] for table, _ in tables}
+    for (table, _, shard), got in zip(jobs, on_readers(read, jobs, sum(sizes)), strict=True):
+        shards[table].append((shard, got))
+    held: dict[str, list[ShardRows]] = {}
+    for table, spec in tables:
+        # one conversion and one check per table; a bad row is then found shard by shard, so
+        # that its message names the rank
+        parts = shards.pop(table)
+        rows = _rows(spec, [t for _, t in parts])
+        try:
+            TablePart(pub.root, manifest, 0, table, spec).check(rows, f"{where}s {ranks}")
+        except InvalidRowError:
+            for shard, got in parts:
+                part = TablePart(pub.root, manifest, shard.rank, table, spec)
+                part.check(ShardRows.from_arrow(got, spec.dtype), f"{where} {shard.rank}")
+            raise
+        held[table] = [rows]
     return held
+
+
+def _rows(spec: TableSpec, parts: list[pa.Table]) -> ShardRows:
+    """The rows of ``parts`` one after the other (none: an empty batch)."""
+    if not parts:
+        return ShardRows.empty(spec.dtype, spec.dim)
+    try:
+        return ShardRows.from_arrow(pa.concat_tables(parts), spec.dtype)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # shards of other schemas (column order...)
+        return ShardRows.concat([ShardRows.from_arrow(t, spec.dtype) for t in parts])
