@@ -222,3 +222,20 @@ def test_a_gc_cut_short_leaves_readers_working_and_a_rerun_finishes(tmp_path, h,
     _gc(h, [url], capsys=capsys)
     assert h.root.committed_seqs(RUN, 1) == [7] and h.root.list_incomplete_dumps(RUN, 1) == []
     assert _verify_all(tmp_path, h, url)
+
+
+def test_an_abandoned_incomplete_base_goes_once_a_later_base_supersedes_it(tmp_path, h, capsys):
+    from deltarec.artifacts.compact_parts import compact_partition
+
+    _eight(h)
+    url = _published(tmp_path, h)
+    compact_partition(h.root, RUN, 1, 4, key_range=(0, 2))  # a fan-out killed, never re-run
+    compact(h.root, RUN, through_seq=6)
+    compact_partition(h.root, RUN, 1, 7, key_range=(0, 2))  # one being written now
+    table = _gc(h, [url], "--dry-run", capsys=capsys)
+    assert table[("base", 1, 4)] == (True, "incomplete (no BASE.json) and superseded by " +
+                                     "base-000001-000006")  # fmt: skip
+    assert ("base", 1, 7) not in table  # newer than every committed base: it stays
+    _gc(h, [url], capsys=capsys)
+    assert h.root.base_dirs(RUN) == [(1, 6), (1, 7)]
+    assert _verify_all(tmp_path, h, url)

@@ -15,6 +15,9 @@ alone) covers it and nothing still needs it:
   publisher may still read them from the outbox);
 * for each generation, the base that covers most of it, so its chain stays whole.
 
+An incomplete base (no BASE.json) is deleted once a committed base of its generation through a
+later dump supersedes it; any other may be being written, and stays.
+
 Deletion removes MANIFEST.json (BASE.json) first, then the directory: a deletion cut short
 leaves an incomplete dump (base) that readers ignore, and a base still covers it.
 """
@@ -197,6 +200,25 @@ def _decisions(p: _Plan) -> list[Decision]:
         newest = max(p.keep_bases, default=b)
         reason = why or f"superseded by {base_name(*newest)}; no kept point reads it"
         out.append(Decision(path, "base", b[0], b[1], why is None, reason))
+    return out + _abandoned_bases(p)
+
+
+def _abandoned_bases(p: _Plan) -> list[Decision]:
+    """Incomplete bases (no BASE.json) of a generation a later committed base of it supersedes.
+
+    A compaction (or a fan-out's partitions) killed and never run again leaves one; a base
+    being written is of the newest point, so no committed base of its generation is newer.
+    Should one still be written, its commit finds its parts gone and refuses: nothing is lost.
+    """
+    out = []
+    for g, s in p.root.base_dirs(p.run):
+        if (g, s) in p.bases:
+            continue
+        newer = [b for b in p.bases if b[0] == g and b[1] > s]
+        if newer:
+            path = p.root.url(p.root.base_dir(p.run, g, s))
+            why = f"incomplete (no BASE.json) and superseded by {base_name(*max(newer))}"
+            out.append(Decision(path, "base", g, s, True, why))
     return out
 
 
