@@ -311,6 +311,21 @@ def test_the_scheduled_gc_is_off_by_default_and_runs_deltarec_gc_for_the_chart_r
     assert c["envFrom"] == [{"configMapRef": {"name": "dr-deltarec-config"}}]
 
 
+def test_the_scheduled_gc_reads_the_trainers_checkpoints_from_their_volume_claim():
+    values = {**VALUES, "gcCronJob": {"enabled": True, "schedule": "17 3 * * *",
+                                      "checkpointsFrom": {"claimName": "work",
+                                                          "path": "/runs/demo/"}}}  # fmt: skip
+    cron = objects(render(values))[("CronJob", "dr-deltarec-gc")]
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    at = c["args"].index("--checkpoints-from")
+    assert c["args"][at + 1] == "/var/lib/deltarec/workdir/runs/demo"
+    mount = {"name": "checkpoints", "mountPath": "/var/lib/deltarec/workdir", "readOnly": True}
+    assert mount in c["volumeMounts"]
+    claim = {"claimName": "work", "readOnly": True}
+    assert {"name": "checkpoints", "persistentVolumeClaim": claim} in pod["volumes"]
+
+
 def test_a_gc_checkpoint_that_is_not_generation_colon_step_is_refused():
     values = {**VALUES, "gcCronJob": {"enabled": True, "schedule": "17 3 * * *",
                                       "checkpoints": ["3-400"]}}  # fmt: skip

@@ -169,6 +169,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--store": F("str+", required=True),
         "--keep-promotions": F("int", 3),
         "--checkpoint": F("str+", []),
+        "--checkpoints-from": F("str+", []),
         "--dry-run": F("switch", False),
         "--json": F("switch", False),
     },

@@ -140,7 +140,7 @@ class _Code:
 
 def test_hook_state_round_trips_as_plain_data():
     state = {"version": 1, "run": "r", "generation": 3, "seq": 7, "step": 70, "x": None}
-    blob = checkpoint._pack_hooks([_Hook(state)])
+    blob = checkpoint._pack_hooks({checkpoint.hook_key(_Hook(), 0): state})
     restored = _Hook()
     checkpoint._unpack_hooks(blob, [restored], "/ck/step-70")
     assert restored.state == state

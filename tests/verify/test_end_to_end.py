@@ -8,6 +8,7 @@ back to generation 1 must then make the store equal generation 1's expected stat
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 
@@ -20,6 +21,7 @@ from deltarec.artifacts.lineage import expected_state
 from deltarec.promote import promote, rollback
 from deltarec.stores import open_store
 from deltarec.testing.multiprocess import run_on_ranks
+from deltarec.train.checkpoint_info import read_checkpoints
 from deltarec.verify import RowClass, VerifyOptions, verify, write_record
 
 pytestmark = pytest.mark.multiprocess
@@ -55,6 +57,16 @@ def test_train_verify_tamper_promote_train_again_and_roll_back(tmp_path):
     root = ArtifactRoot(str(tmp_path / "art"))
     assert run_on_ranks(_train, 2, args=(str(tmp_path), store_url, None)) == [STEPS, STEPS]
     assert root.list_generations(RUN) == [1]
+    # deltarec gc finds the checkpoints' generation: from the marker, and (a marker of older
+    # versions, without lineage) from rank 0's hook states; the restore below reads the latter.
+    workdir = f"{tmp_path}/work"
+    found = [(c.step, c.lineage) for c in read_checkpoints(workdir)]
+    assert found == [(CKPT, ((RUN, 1),)), (STEPS, ((RUN, 1),))]
+    marker = pathlib.Path(workdir, "checkpoints", f"step-{CKPT:08d}", "COMPLETE")
+    meta = json.loads(marker.read_text())
+    del meta["lineage"]
+    marker.write_text(json.dumps(meta))
+    assert [(c.step, c.lineage) for c in read_checkpoints(workdir)] == found
 
     with open_store(store_url, run=RUN) as store:
         first = verify(

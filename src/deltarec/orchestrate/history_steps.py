@@ -11,7 +11,7 @@ read) whether the trained generation is compacted (``compact_min_dumps``) and ho
 by a fan-out of :func:`compact_part` tasks (a table and key range each) that
 :func:`compact_apply` then commits. Verify runs after it, so verify and promote read from the
 new base. Retention (:func:`retain`) runs after promote with ``gc_mode`` and
-``gc_keep_promotions``.
+``gc_keep_promotions``, keeping every checkpoint under ``checkpoint_dir`` restorable.
 """
 
 from __future__ import annotations
@@ -163,20 +163,30 @@ def gc_run(
 ) -> dict[str, Any]:
     """Delete the run's dumps and bases a base covers and nothing needs (the pipeline's store).
 
+    With ``params.checkpoint_dir`` (the trainer's ``--workdir``), every complete checkpoint of
+    the run found there stays restorable; a checkpoint directory that cannot be read fails the
+    step before anything is deleted.
+
     Returns:
-        ``{"deleted", "kept", "dry_run", "paths": [{"path", "delete", "reason"}, ...]}``.
+        ``{"deleted", "kept", "dry_run", "checkpoints": [[generation, step], ...],
+        "paths": [{"path", "delete", "reason"}, ...]}``.
+
+    Raises:
+        CheckpointDirError: ``params.checkpoint_dir`` cannot be read (nothing deleted).
     """
     result = collect(
         params.artifact_root,
         params.run_name,
         [params.store_url],
         keep_promotions=keep_promotions,
+        checkpoint_dirs=[params.checkpoint_dir] if params.checkpoint_dir else [],
         dry_run=dry_run,
     )
     return {
         "deleted": result.deleted,
         "kept": sum(not d.delete for d in result.decisions),
         "dry_run": dry_run,
+        "checkpoints": [[g, s] for g, s in result.checkpoints],
         "paths": [
             {"path": d.path, "delete": d.delete, "reason": d.reason} for d in result.decisions
         ],

@@ -1,8 +1,10 @@
 """Training checkpoints with torch.distributed.checkpoint (DCP).
 
 Layout: ``<workdir>/checkpoints/step-<N:08d>/`` holds the DCP files, then ``COMPLETE``
-(JSON: step, world size, time), written by rank 0 last, after every rank's files are durable.
-A directory without ``COMPLETE`` is ignored and overwritten when that step is saved again.
+(JSON: step, world size, time, and ``lineage``: the run and generation rank 0's dumper was
+writing, read by ``deltarec gc`` through :mod:`deltarec.train.checkpoint_info`), written by
+rank 0 last, after every rank's files are durable. A directory without ``COMPLETE`` is
+ignored and overwritten when that step is saved again.
 
 The DCP state:
 
@@ -28,9 +30,7 @@ import io
 import json
 import logging
 import os
-import re
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +42,11 @@ import torch.distributed.checkpoint as dcp
 
 from deltarec.faults import failpoint
 from deltarec.model.sharding import ShardedModel
+from deltarec.train.checkpoint_info import COMPLETE, STEP_RE, complete_marker
 from deltarec.train.errors import CheckpointError
 from deltarec.train.hooks import TrainHook
 
 log = logging.getLogger(__name__)
-
-COMPLETE = "COMPLETE"
-_STEP_RE = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class CheckpointManager:
             return []
         steps = []
         for child in self.root.iterdir():
-            m = _STEP_RE.match(child.name)
+            m = STEP_RE.match(child.name)
             if m and (child / COMPLETE).is_file():
                 steps.append(int(m.group(1)))
         return sorted(steps)
@@ -121,11 +119,12 @@ class CheckpointManager:
         if dist.get_rank() == 0 and path.exists():
             shutil.rmtree(path)
         dist.barrier()
+        hook_states = {hook_key(h, i): h.state_dict() for i, h in enumerate(hooks)}
         state = {
             "model": model.dmp.state_dict(),
             "optim": model.optimizer.state_dict(),
             "progress": {k: torch.tensor(v) for k, v in progress.__dict__.items()},
-            "hooks": {_rank_key(): _pack_hooks(hooks)},
+            "hooks": {_rank_key(): _pack_hooks(hook_states)},
         }
         try:
             dcp.save(state, checkpoint_id=str(path))
@@ -134,7 +133,7 @@ class CheckpointManager:
         failpoint("checkpoint.save")
         dist.barrier()
         if dist.get_rank() == 0:
-            marker = {"step": progress.step, "world_size": progress.world_size, "time": time.time()}
+            marker = complete_marker(progress.step, progress.world_size, hook_states)
             _write_atomic(path / COMPLETE, json.dumps(marker))
         dist.barrier()
         return path
@@ -177,10 +176,10 @@ def _rank_key(rank: int | None = None) -> str:
     return f"rank-{dist.get_rank() if rank is None else rank:05d}"
 
 
-def _pack_hooks(hooks: Sequence[TrainHook]) -> torch.Tensor:
-    """Every hook's state, ``torch.save``-d into a uint8 tensor (a per-rank DCP entry)."""
+def _pack_hooks(hook_states: dict[str, Any]) -> torch.Tensor:
+    """Every hook's state (by hook key), ``torch.save``-d into a uint8 tensor (a DCP entry)."""
     buf = io.BytesIO()
-    torch.save({hook_key(h, i): h.state_dict() for i, h in enumerate(hooks)}, buf)
+    torch.save(hook_states, buf)
     return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
 
 
