@@ -11,9 +11,11 @@ bytes on disk before and after gc. Times are of the CLI's ``main`` in this proce
 
 With ``--s3`` the artifact root is on a throwaway SeaweedFS (``deltarec.testing.servers``,
 credentials and endpoint through ``AWS_*`` variables as a user would give them) and each
-command's S3 requests are counted (s3fs's calls, by this process).
+command's S3 requests are counted (s3fs's calls, by this process). ``--rounds N`` times the
+commands after compaction N more times over every D in turn, so that D = 5,000 and D = 50
+are compared under the same load.
 
-    python bench/bench_history.py [--dumps 50 500] [--s3] [--workdir DIR] [--json PATH]
+    python bench/bench_history.py [--dumps 50 500] [--s3] [--rounds N] [--workdir DIR] [--json PATH]
 
 ``--backlog`` and ``--shards`` time the costs that must follow the table (the backlog publish
 against one dump of the same keys; 5,120 shards against 40), each pair in this process
