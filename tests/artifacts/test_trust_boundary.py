@@ -7,7 +7,9 @@ digest of a file it could not read itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 
@@ -188,3 +190,50 @@ def test_publish_and_verify_refuse_a_manifest_pointing_outside_its_dump(tmp_path
         text = out.out + out.err
         assert "MANIFEST.json" in text and "may name only its own shards" in text, text
         assert "Traceback" not in text and "hunter2" not in text
+
+
+def _verify_all(lin: Lineage, tmp_path) -> tuple[int, str]:
+    """``verify --all`` of the lineage against a store it was never published to."""
+    store = sqlite_url_in(tmp_path)
+    common = ["--artifacts", lin.root.path, "--run", lin.run, "--store", store]
+    assert main(["provision", *common]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["verify", "--all", "--no-record", *common])
+    return code, out.getvalue()
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "secret"])
+def test_verify_reads_no_shard_that_is_a_link_and_names_it(tmp_path, target):
+    lin, g, ddir = _lineage(tmp_path)
+    shard = _emb_shard(lin, g)
+    path = os.path.join(ddir, shard.path)
+    if target == "secret":
+        target = str(tmp_path / "secret.txt")
+        with open(target, "w") as f:
+            f.write("password=hunter2\n")
+        os.chmod(target, 0o600)
+    os.replace(path, path + ".orig")
+    os.symlink(target, path)
+    code, text = _verify_all(lin, tmp_path)
+    assert code == 1 and "not a regular file" in text and shard.path in text, text
+    assert "Traceback" not in text and "hunter2" not in text
+
+
+def test_verify_decodes_no_shard_whose_bytes_differ_from_its_manifest(tmp_path):
+    # another rank's valid parquet in place of this shard: the digest refuses it before its
+    # keys are decoded, so none of its rows is taken for what the store must hold
+    lin, g, ddir = _lineage(tmp_path)
+    shard = _emb_shard(lin, g)
+    other = next(
+        s
+        for s in lin.root.read_manifest(lin.run, g, 1).shards
+        if s.path != shard.path and s.bytes != shard.bytes
+    )
+    with open(os.path.join(ddir, other.path), "rb") as f:
+        data = f.read()
+    with open(os.path.join(ddir, shard.path), "wb") as f:
+        f.write(data)
+    code, text = _verify_all(lin, tmp_path)
+    assert code == 1 and shard.sha256 in text and shard.path in text, text
+    assert hashlib.sha256(data).hexdigest() not in text and "Traceback" not in text

@@ -205,3 +205,28 @@ def test_the_first_table_s_scan_starts_before_the_expected_state_and_is_read_onc
             (60, "MISSING"),
             (777, "UNEXPECTED"),
         ]
+
+
+@pytest.mark.parametrize("sample", [None, 20])
+def test_verify_opens_each_small_shard_once_and_still_checks_every_shard(
+    lineage, sqlite_store, monkeypatch, sample
+):
+    from collections import Counter
+
+    from deltarec.artifacts import ArtifactRoot
+
+    g = base_generation(lineage, sqlite_store)
+    opened: Counter[str] = Counter()
+    real = ArtifactRoot.open_listed
+
+    def counting(self, dump_dir, path):
+        opened[f"{dump_dir}/{path}"] += 1
+        return real(self, dump_dir, path)
+
+    monkeypatch.setattr(ArtifactRoot, "open_listed", counting)
+    result = verify(
+        lineage.root, lineage.run, sqlite_store, generation=g, options=VerifyOptions(sample=sample)
+    )
+    assert result.passed, result.failure_summary()
+    assert result.shards_checked == 4 and len(opened) == 4
+    assert set(opened.values()) == {1}, opened

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DType, Op, ShardInfo, TableSpec
+from deltarec.artifacts.wholeshard import CheckedShards
 from deltarec.errors import ArtifactError
 
 
@@ -32,7 +33,17 @@ class ShardRef:
     version: int
 
 
-def _read_columns(root: ArtifactRoot, ref: ShardRef, columns: list[str]) -> dict[str, np.ndarray]:
+def _read_columns(
+    root: ArtifactRoot,
+    ref: ShardRef,
+    columns: list[str],
+    checked: CheckedShards | None = None,
+) -> dict[str, np.ndarray]:
+    """``columns`` of one shard; with ``checked``, a small one from its checked bytes."""
+    if checked is not None:
+        cols = checked.read(ref.dump_dir, ref.shard, columns)
+        if cols is not None:
+            return cols  # type: ignore[return-value]
     path = posixpath.join(ref.dump_dir, ref.shard.path)
     try:
         # ParquetFile, not read_table: read_table imports pyarrow.dataset (~0.1 s per process).
@@ -63,11 +74,17 @@ def _one_run(idx: np.ndarray) -> bool:
     )
 
 
-def _row_groups(root: ArtifactRoot, ref: ShardRef) -> tuple[contextlib.ExitStack, Any, list[int]]:
+def _row_groups(
+    root: ArtifactRoot, ref: ShardRef, checked: CheckedShards | None = None
+) -> tuple[contextlib.ExitStack, Any, list[int]]:
     """A shard opened for reading row groups: ``(what closes it, reader, first row of each)``.
 
-    Closing the returned stack closes the reader and the file.
+    Closing the returned stack closes the reader and the file. A shard ``checked`` still holds
+    is read from its checked bytes (the stack then closes nothing).
     """
+    held = checked.parsed(ref.dump_dir, ref.shard) if checked is not None else None
+    if held is not None:
+        return contextlib.ExitStack(), held, _starts(held.metadata)
     path = posixpath.join(ref.dump_dir, ref.shard.path)
     stack = contextlib.ExitStack()
     try:
@@ -92,8 +109,13 @@ def _row_groups(root: ArtifactRoot, ref: ShardRef) -> tuple[contextlib.ExitStack
         raise ArtifactError(
             root.url(path), f"holds {meta.num_rows} rows, the manifest says {ref.shard.rows}"
         )
+    return stack, reader, _starts(meta)
+
+
+def _starts(meta: Any) -> list[int]:
+    """The first row of each row group, and the row count last."""
     starts = np.cumsum([0] + [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
-    return stack, reader, starts.tolist()
+    return starts.tolist()  # type: ignore[no-any-return]
 
 
 def _fill_rows(
@@ -103,13 +125,14 @@ def _fill_rows(
     out: np.ndarray,
     dst: np.ndarray,
     dtype: DType,
+    checked: CheckedShards | None = None,
 ) -> None:
     """``out[dst] = embedding[rows]`` of one shard, reading only the row groups that hold rows.
 
     A run of consecutive rows into consecutive destinations (a whole snapshot shard) is block
     copied row group by row group; other rows are gathered per row group.
     """
-    opened, reader, starts = _row_groups(root, ref)
+    opened, reader, starts = _row_groups(root, ref, checked)
     path = root.url(posixpath.join(ref.dump_dir, ref.shard.path))
     run = _one_run(dst) and _one_run(rows)
     order = None if run else np.argsort(rows, kind="stable")
@@ -159,6 +182,7 @@ class ExpectedTable:
     _ref_idx: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, np.int32))
     _row_idx: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, np.int64))
     _root: ArtifactRoot | None = field(repr=False, default=None)
+    _checked: CheckedShards | None = field(repr=False, default=None)
 
     @property
     def present(self) -> np.ndarray:
@@ -216,7 +240,7 @@ class ExpectedTable:
         for r in np.unique(ref_idx[ref_idx >= 0]):
             sel = np.nonzero(ref_idx == r)[0]
             ref = self._refs[int(r)]
-            _fill_rows(self._root, ref, row_idx[sel], out, sel, self.spec.dtype)  # type: ignore[arg-type]
+            _fill_rows(self._root, ref, row_idx[sel], out, sel, self.spec.dtype, self._checked)  # type: ignore[arg-type]
         return out
 
     def load_in_shard_order(self) -> tuple[np.ndarray, np.ndarray]:
@@ -247,7 +271,7 @@ class ExpectedTable:
                 at[sel] = start + np.searchsorted(used, mine)
             dst = np.arange(start, start + len(used), dtype=np.int64)
             assert self._root is not None
-            _fill_rows(self._root, ref, used, rows, dst, self.spec.dtype)
+            _fill_rows(self._root, ref, used, rows, dst, self.spec.dtype, self._checked)
             start += len(used)
         return rows, at
 
@@ -344,7 +368,8 @@ class ExpectedRows:
     def _shard(self, r: int) -> tuple[Any, Any, list[int]]:
         if r not in self._open:
             assert self._table._root is not None
-            self._open[r] = _row_groups(self._table._root, self._table._refs[r])
+            t = self._table
+            self._open[r] = _row_groups(t._root, t._refs[r], t._checked)  # type: ignore[arg-type]
         return self._open[r]
 
     def _group(self, r: int, row: int) -> tuple[int, np.ndarray]:

@@ -31,6 +31,7 @@ from deltarec.artifacts.expected import (
 )
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import DumpKind, Manifest, Op, Parent
+from deltarec.artifacts.wholeshard import CheckedShards
 from deltarec.errors import ArtifactError, BadInputError
 
 
@@ -156,6 +157,7 @@ def expected_state(
     through_seq: int | None = None,
     *,
     only: Collection[str] | None = None,
+    checked: CheckedShards | None = None,
 ) -> ExpectedState:
     """The expected serving state of ``generation`` through dump ``through_seq`` (all if None).
 
@@ -185,7 +187,7 @@ def expected_state(
     refs: list[ShardRef] = []
     manifests: list[Manifest] = []
     if base is not None:
-        _add_base(root, base, accs, refs, only)
+        _add_base(root, base, accs, refs, only, checked)
         specs = {**base.tables, **specs}
     last_folded = base.generation if base else None
     for gen, cutoff in chain:
@@ -202,7 +204,7 @@ def expected_state(
             if cutoff is not None and m.first_step > cutoff:
                 break
             manifests.append(m)
-            _add_dump(root, m, cutoff, accs, refs, only)
+            _add_dump(root, m, cutoff, accs, refs, only, checked)
         if gen != generation:
             specs = {**root.read_generation(run, gen).tables, **specs}
     tables: dict[str, ExpectedTable] = {}
@@ -214,13 +216,16 @@ def expected_state(
             )
         keys, versions, ops, steps, ref_idx, row_idx = acc.resolve()
         tables[table] = ExpectedTable(
-            table, specs[table], keys, versions, ops, steps, refs, ref_idx, row_idx, root
+            table, specs[table], keys, versions, ops, steps, refs, ref_idx, row_idx, root, checked
         )
     for table, spec in specs.items():
         if table not in tables:
             e64 = np.empty(0, np.int64)
             tables[table] = ExpectedTable(table, spec, e64, e64, np.empty(0, np.int8), e64)
             tables[table]._root = root
+    if checked is not None:  # hold only the shards some record's row lies in
+        used = {int(r) for t in tables.values() for r in np.unique(t._ref_idx[t._ref_idx >= 0])}
+        checked.keep_only({(refs[r].dump_dir, refs[r].shard.path) for r in used})
     version = manifests[-1].version if manifests else (base.through_version if base else 0)
     return ExpectedState(run, generation, through_seq, version, tables, manifests, base)
 
@@ -259,6 +264,7 @@ def _add_base(
     accs: dict[str, _Accumulator],
     refs: list[ShardRef],
     only: Collection[str] | None = None,
+    checked: CheckedShards | None = None,
 ) -> None:
     """Every part of ``base`` as records (each row keeps the version of the dump that wrote it)."""
     base_dir = root.base_dir(base.run, base.generation, base.through_seq)
@@ -266,7 +272,7 @@ def _add_base(
         if only is not None and part.table not in only:
             continue
         ref = ShardRef(base_dir, part_shard(part), base.through_version)
-        cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP, codec.VERSION])
+        cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP, codec.VERSION], checked)
         refs.append(ref)
         keep = np.ones(part.rows, bool)
         versions = np.asarray(cols[codec.VERSION], dtype=np.int64)
@@ -280,6 +286,7 @@ def _add_dump(
     accs: dict[str, _Accumulator],
     refs: list[ShardRef],
     only: Collection[str] | None = None,
+    checked: CheckedShards | None = None,
 ) -> None:
     """The records of one dump; of a parent, only rows read at or before ``cutoff``."""
     dump_dir = root.dump_dir(m.run, m.generation, m.seq)
@@ -292,7 +299,7 @@ def _add_dump(
             acc.snapshot_version = m.version
         for shard in m.shards_of(table):
             ref = ShardRef(dump_dir, shard, m.version)
-            cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP])
+            cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP], checked)
             steps = np.asarray(cols[codec.STEP], dtype=np.int64)
             keep = np.ones(len(steps), bool) if cutoff is None or include_all else steps <= cutoff
             refs.append(ref)

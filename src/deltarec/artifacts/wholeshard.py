@@ -86,3 +86,77 @@ def read_whole_table(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> pa.
             root.url(path), f"holds {table.num_rows} rows, the manifest says {shard.rows}"
         )
     return table
+
+
+class CheckedShards:
+    """Small shards read once for a whole command: checked, then decoded from the same bytes.
+
+    A replay (:func:`~deltarec.artifacts.lineage.expected_state`) given one reads each shard of
+    at most :data:`WHOLE_SHARD_BYTES` through :func:`checked_bytes` (the trust-boundary open,
+    size and sha256 before any decoding), parses it from those bytes, and keeps the parsed file
+    while ``budget`` bytes allow, so the rows read later for a comparison come from memory:
+    a dump of thousands of small shards costs one open a shard instead of three (checksum,
+    keys, rows). Shards beyond the budget are checked all the same and reopened for their
+    rows; larger shards keep the streamed path (:meth:`read` returns None for them).
+    """
+
+    def __init__(self, root: ArtifactRoot, budget: int = 256 << 20) -> None:
+        self.root = root
+        self.budget = budget
+        self._held = 0
+        self._checked: set[tuple[str, str]] = set()
+        self._files: dict[tuple[str, str], tuple[int, pq.ParquetFile]] = {}
+
+    def read(
+        self, dump_dir: str, shard: ShardInfo, columns: list[str]
+    ) -> dict[str, pa.ChunkedArray] | None:
+        """``columns`` of a small shard from its checked bytes, or None for a large shard.
+
+        Raises:
+            ArtifactError: as :func:`read_whole_table` (missing, not a regular file inside
+                ``dump_dir``, unreadable parquet).
+            ChecksumError: its size, sha256 or row count differs from the manifest's.
+        """
+        if shard.bytes > WHOLE_SHARD_BYTES:
+            return None
+        key = (dump_dir, shard.path)
+        held = self._files.get(key)
+        pf = held[1] if held is not None else self._parse(dump_dir, shard)
+        path = self.root.url(posixpath.join(dump_dir, shard.path))
+        try:
+            table = pf.read(columns=columns, use_threads=False)
+        except (pa.ArrowException, OSError) as e:
+            raise ArtifactError(path, f"unreadable parquet: {e}") from e
+        return {c: table.column(c) for c in columns}
+
+    def _parse(self, dump_dir: str, shard: ShardInfo) -> pq.ParquetFile:
+        path = self.root.url(posixpath.join(dump_dir, shard.path))
+        data = checked_bytes(self.root, dump_dir, shard)  # digest before any decoding
+        try:
+            pf = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)
+        except (pa.ArrowException, OSError) as e:
+            raise ArtifactError(path, f"unreadable parquet: {e}") from e
+        if pf.metadata.num_rows != shard.rows:
+            raise ChecksumError(
+                path, f"holds {pf.metadata.num_rows} rows, the manifest says {shard.rows}"
+            )
+        key = (dump_dir, shard.path)
+        self._checked.add(key)
+        if self._held + shard.bytes <= self.budget:
+            self._files[key] = (shard.bytes, pf)
+            self._held += shard.bytes
+        return pf
+
+    def checked(self, dump_dir: str, shard: ShardInfo) -> bool:
+        """Whether this shard was read and found to match its manifest entry."""
+        return (dump_dir, shard.path) in self._checked
+
+    def parsed(self, dump_dir: str, shard: ShardInfo) -> pq.ParquetFile | None:
+        """The shard parsed from its checked bytes, if still held (else reopen it)."""
+        held = self._files.get((dump_dir, shard.path))
+        return held[1] if held is not None else None
+
+    def keep_only(self, keep: set[tuple[str, str]]) -> None:
+        """Drop the parsed shards not in ``keep`` (``(dump_dir, path)``: no row is needed)."""
+        for key in [k for k in self._files if k not in keep]:
+            self._held -= self._files.pop(key)[0]

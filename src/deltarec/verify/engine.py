@@ -32,6 +32,7 @@ from deltarec.artifacts.lineage import ExpectedTable, expected_state
 from deltarec.artifacts.newer import rollback_generations
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import FALLBACK_KEY, utc_now
+from deltarec.artifacts.wholeshard import CheckedShards
 from deltarec.errors import ArtifactError, BadInputError
 from deltarec.readahead import ReadAhead
 from deltarec.stores.base import Store
@@ -143,7 +144,8 @@ def _verify_state(
 ) -> VerifyResult:
     """:func:`verify` from the expected state on (``early``: a scan already started)."""
     try:
-        state = expected_state(root, run, generation, seq)
+        checked = CheckedShards(root)  # each small shard read once: checked, keys, rows
+        state = expected_state(root, run, generation, seq, checked=checked)
     except ArtifactError as e:
         # A corrupted or missing shard: name it by checking every shard the lineage lists.
         result.errors.append(f"expected state could not be computed: {e}")
@@ -160,7 +162,7 @@ def _verify_state(
     # Checksums (hashlib runs outside the GIL) overlap with reading the store.
     with ThreadPoolExecutor(1, thread_name_prefix="verify-sha256") as pool:
         refs = state.shard_refs()
-        checks = pool.submit(check_shards, root, part.share(refs) if part else refs)
+        checks = pool.submit(check_shards, root, part.share(refs) if part else refs, checked)
         rollbacks = rollback_generations(root, run, generation, seq)
         result.rollback_generations = sorted(rollbacks)
         reader = Reader(store, run, generation, state.manifests)

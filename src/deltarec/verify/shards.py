@@ -14,20 +14,27 @@ import pyarrow.parquet as pq
 from deltarec.artifacts.lineage import ShardRef
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import check_shard
-from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, checked_bytes
+from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, CheckedShards, checked_bytes
 from deltarec.errors import ArtifactError
 from deltarec.ids import split_version
 from deltarec.verify.types import ShardFailure
 
 
-def check_shards(root: ArtifactRoot, refs: list[ShardRef]) -> tuple[int, list[ShardFailure]]:
+def check_shards(
+    root: ArtifactRoot, refs: list[ShardRef], checked: CheckedShards | None = None
+) -> tuple[int, list[ShardFailure]]:
     """Check sha256, size and row count of each shard against its manifest entry.
+
+    A shard ``checked`` already read and found to match (the replay read it from its checked
+    bytes) counts as checked without being read again.
 
     Returns:
         ``(shards checked, failures)``; a failure names the shard's full path.
     """
     failures: list[ShardFailure] = []
     for ref in refs:
+        if checked is not None and checked.checked(ref.dump_dir, ref.shard):
+            continue
         problem = _shard_problem(root, ref)
         if problem is not None:
             gen, seq = split_version(ref.version)
