@@ -6,10 +6,11 @@ alternate, each a fresh process: ``off`` (``compact_every_dumps`` unset) and ``o
 (``compact_every_dumps = --compact-every``: rank 0 compacts its generation in a child
 process), in ABBA order for ``--pairs`` pairs, so both see the same drift of the machine's load.
 Per run: step-time mean, p99 and max (first ``--warmup`` steps left out); for ``on`` also the
-steps that overlapped a compaction, each compaction's own wall time and how much of the run a
-compaction was running. Ratios are ``on / off`` over the runs of each kind.
+steps that overlapped a compaction against the steps of the same run that did not, each
+compaction's own wall time and how much of the run a compaction was running. Ratios are
+``on / off`` over the runs of each kind.
 
-    python bench/bench_compact_beside_training.py [--pairs 2] [--steps 600] [--every 20]
+    python bench/bench_compact_beside_training.py [--pairs 2] [--steps 1500] [--every 20]
         [--compact-every 5] [--rows 1000000] [--json PATH]
 """
 
@@ -90,6 +91,7 @@ def _summary(r: dict, warmup: int) -> dict:
         return any(s < starts[i] + times[i] and starts[i] < e for s, e in r["spans"])
 
     during = [t for i, t in enumerate(times) if overlaps(i)]
+    outside = [t for i, t in enumerate(times) if not overlaps(i)]
     return {
         "mean_ms": statistics.fmean(times) * 1e3,
         "median_ms": statistics.median(times) * 1e3,
@@ -100,6 +102,7 @@ def _summary(r: dict, warmup: int) -> dict:
         "compacting_share": busy / (hi - lo),
         "steps_during": len(during),
         "mean_during_ms": statistics.fmean(during) * 1e3 if during else None,
+        "mean_outside_ms": statistics.fmean(outside) * 1e3 if during and outside else None,
         "failures": r["failures"],
     }
 
@@ -107,7 +110,7 @@ def _summary(r: dict, warmup: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=2)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--every", type=int, default=20, help="a dump every N steps")
     p.add_argument("--compact-every", type=int, default=5, help="compact every N dumps (on)")
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the user_id table")
@@ -155,6 +158,12 @@ def main() -> None:
             f"steps overlapping a compaction: mean {statistics.fmean(during):.2f} ms "
             f"({statistics.fmean(during) / agg('off', 'mean_ms'):.3f} of off's mean)"
         )
+    for r in runs:  # the same process with and without a compaction running: no run-to-run drift
+        if r["mean_during_ms"] and r["mean_outside_ms"]:
+            print(
+                f"on run  steps during / outside a compaction: {r['mean_during_ms']:.2f} / "
+                f"{r['mean_outside_ms']:.2f} ms = {r['mean_during_ms'] / r['mean_outside_ms']:.3f}"
+            )
     secs = [s for r in runs for s in r["compaction_s"]]
     if secs:
         print(

@@ -101,7 +101,7 @@ class DumperConfig(BaseModel):
     committed dumps (:mod:`deltarec.dump.compactor`, docs/history.md); readers then start from
     the base and ``deltarec gc`` may delete the dumps it covers. None (the default): never,
     compaction is left to the pipeline's step or ``deltarec compact``. A compaction running
-    beside training made CPU steps 1.3-1.75x as slow while it ran on 2 cores, and its cost
+    beside training made CPU steps 1.3-2.1x as slow while it ran on 2 cores, and its cost
     grows with every rank's tables (docs/history.md)."""
     zch_misses: bool = False
     """ZCH tables: also dump the raw ids that training looked up but the table did not hold
