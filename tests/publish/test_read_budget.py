@@ -119,6 +119,9 @@ def test_a_blocking_stores_units_hold_the_server_within_their_share_by_its_time_
     policy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 2e-6)
     share = budget_module.UNIT_SHARE * (0.002 - 0.0002)
     assert policy.unit_rows == int(share / 2e-6)  # 450 rows: 0.9 ms of the server
+    noisy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
+    noisy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, [0.02] * 64, held_s=15000 * 2e-6)
+    assert noisy.target_s() > 0.02 and noisy.unit_rows <= policy.unit_rows  # noise: no longer
     policy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 1e-3)
     policy.step(15000, 15000 * UNIT, 1.0, [0.0002] * 8, held_s=15000 * 1e-3)
     assert policy.unit_rows == MIN_UNIT_ROWS  # a slow server: the fewest rows, still moving

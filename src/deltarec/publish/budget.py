@@ -24,7 +24,8 @@ pipeline's ``read_p99_ms``) the publisher
    sizes what the server runs at once by the server's own time per row (the median of the
    last :data:`TIMED` writes, ``last_write_held_s`` over their rows where the store tells,
    asked to by ``server_timing``): a unit never holds the server longer than
-   :data:`UNIT_SHARE` of the target less a read's own time (the probes' median). A store with
+   :data:`UNIT_SHARE` of the budget (not the target: the noise adds to a unit's wait) less a
+   read's own time (the probes' median). A store with
    units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
    interleave with, :mod:`deltarec.stores.redis.paced`) gets that many rows a unit and
    transactions of :data:`UNIT_TXN_BYTES`; any other gets transactions that small;
@@ -230,13 +231,16 @@ class ReadBudget:
                 self.duty = 0.0
 
     def _size_blocking(self) -> None:
-        """A unit (or transaction) the server runs within its share of the target."""
+        """A unit (or transaction) the server runs within its share of the budget.
+
+        The budget, not the target: a unit's wait adds to whatever else slows a read, so the
+        noise that raises the target does not make the units longer.
+        """
         if not self._per_row:
             return
         probes = list(self._during) + list(self._quiet)
         own = statistics.median(probes) if probes else 0.0
-        target = self.target_s()
-        allowed = UNIT_SHARE * max(0.2 * target, target - own)
+        allowed = UNIT_SHARE * max(0.2 * self.p99_s, self.p99_s - own)
         rows = int(allowed / max(1e-9, statistics.median(self._per_row)))
         rows = max(MIN_UNIT_ROWS, min(MAX_UNIT_ROWS, rows))
         if self.unit_rows is not None:
