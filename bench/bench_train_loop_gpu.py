@@ -29,10 +29,19 @@ else the realistic cadences' (mean <= 1.01x, p99 <= 1.05x); both ask for no non-
 2x the median and a dump step <= 1.5x a normal one. The summaries are in
 ``bench/train_loop_stats.py``.
 
+``--compact-every-dumps N`` sets ``DumperConfig.compact_every_dumps`` (rank 0's background
+compaction, :mod:`deltarec.dump.compactor`) and adds a third block to each round: with the
+hook and the compactor counting commits (in the other hooked blocks it does not: no
+compaction runs there). After such a block the compaction still running is waited for
+(untimed); its normal steps are split by the compactor's ``spans`` into those that overlapped
+a compaction and those that did not, and reported against the hooked blocks without
+compaction, with each compaction's duration. The dumps are then kept (the compaction reads
+the generation's lineage), so the disk must hold every dump of the run.
+
     python bench/bench_train_loop_gpu.py [--tables 50000000x128,20000000x64,10000000x128]
         [--loops 20ms,2ms] [--ids hot,uniform] [--rounds 2] [--dir /tmp] [--json out.json]
         [--every 50 | --every-s 30] [--steps N] [--base-steps N] [--first-dump-at K]
-        [--encoder auto|thread|process] [--encode-workers N]
+        [--encoder auto|thread|process] [--encode-workers N] [--compact-every-dumps N]
 
 Realistic cadences, e.g.: ``--loops 2ms --every 1000 --steps 1000 --first-dump-at 500``;
 ``--loops 20ms --every 1000 --steps 1500 --base-steps 500 --first-dump-at 1000 --rounds 1``;
@@ -78,7 +87,14 @@ from deltarec.api import (
 )
 from deltarec.artifacts import ArtifactRoot
 from deltarec.tracking.plain import graph_metrics
-from train_loop_stats import REALISTIC, STRESS, report, summarize
+from train_loop_stats import (
+    REALISTIC,
+    STRESS,
+    report,
+    report_compaction,
+    summarize,
+    summarize_compaction,
+)
 
 LOOPS = {  # batch, ids per sample per table, MLP width, target step ms, steps per block
     "20ms": (4096, 16, 4096, 20.0, 300),
@@ -227,6 +243,8 @@ class Bench:
         options: dict[str, Any] = {"encoder": a.encoder}
         if a.encode_workers:
             options["encode_workers"] = a.encode_workers
+        if a.compact_every_dumps:
+            options["compact_every_dumps"] = a.compact_every_dumps
         self.hook = hook_from_env(sources=sources, environ=env, **options)
         t0 = time.perf_counter()
         self.hook.on_start(torch.nn.Module(), step=0, restored_from=None)
@@ -240,15 +258,31 @@ class Bench:
         }
         self.root = ArtifactRoot(work)
         self.probe = Probe(a.profile_dumps, a.sync_debug)
+        self.compactor = self.dumper.compactor
+        self._compacting(False)  # the compactor counts commits only in compaction blocks
+
+    def _compacting(self, on: bool) -> None:
+        if self.compactor is not None:
+            self.dumper._worker.after_commit = self.compactor.committed if on else None
 
     @property
     def dumper(self) -> Any:
         return self.hook.dumper
 
-    def block(self, loop: Loop, kind: str, n: int, hooked: bool, gen: torch.Generator) -> dict:
-        steps, dump_steps, refs, offsets, dump_at = [], [], {}, [], []
+    def block(
+        self,
+        loop: Loop,
+        kind: str,
+        n: int,
+        hooked: bool,
+        gen: torch.Generator,
+        compacting: bool = False,
+    ) -> dict:
+        steps, dump_steps, refs, offsets, dump_at, spans = [], [], {}, [], [], []
         d = self.dumper
         graphed = graph_metrics(d.sources)["graphed"]
+        self._compacting(compacting)
+        done = len(self.compactor.spans) if self.compactor is not None else 0
         for _ in range(n):
             ids = loop.ids(kind, gen)
             sync(self.dev)
@@ -273,6 +307,7 @@ class Bench:
                 refs[d._seq] = self._reference()  # untimed: the rows at the dump step
             else:
                 steps.append(ms)
+                spans.append((t0, t0 + ms / 1e3))
                 offsets.append(self.hook_step - self.last_dump if hooked else -1)
         out = {"steps": steps, "dump_steps": dump_steps, "offsets": offsets, "gc": self.gc.take()}
         out["dump_at"] = dump_at
@@ -287,7 +322,25 @@ class Bench:
             d.wait_idle()
             out["drain_s"] = time.perf_counter() - t0
             out["checks"] = [self._check(seq, ref) for seq, ref in refs.items()]
+        if compacting:
+            out["step_spans"] = spans
+            out["compactions"] = self._wait_compactor(done)
+        self._compacting(False)
         return out
+
+    def _wait_compactor(self, done: int, timeout: float = 90.0) -> dict:
+        """The compactions since ``done`` spans, after the one still running ended (untimed)."""
+        c = self.compactor
+        assert c is not None
+        t0, quiet = time.perf_counter(), 0
+        while quiet < 4 and time.perf_counter() - t0 < timeout:
+            busy = c._want is not None or c.running_since is not None
+            quiet = 0 if busy else quiet + 1
+            time.sleep(0.05)
+        spans = list(c.spans)[done:]
+        if c.running_since is not None:  # still running at the timeout: open until now
+            spans.append((c.running_since, time.perf_counter()))
+        return {"spans": spans, "wait_s": time.perf_counter() - t0, "failures": c.failures}
 
     def _reference(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Every touched row at the dump step, in host memory (sorted ids, their rows)."""
@@ -326,7 +379,8 @@ class Bench:
                     found[pos] = True
                     rows += len(keys)
             ok = ok and bool(found.all())
-        shutil.rmtree(dump_dir)  # keep the disk from filling; the manifest was read
+        if self.compactor is None:  # keep the disk from filling; the manifest was read
+            shutil.rmtree(dump_dir)  # (a compaction reads the lineage: then every dump stays)
         return {
             "seq": seq,
             "rows": rows,
@@ -454,12 +508,15 @@ def run_config(
         if time.perf_counter() - began > a.time_budget_s:
             print(f"time budget reached: {kind} round {rnd} skipped", flush=True)
             break
-        for hooked in (False, True):
+        modes = [(False, False), (True, False)] + [(True, True)] * bool(a.compact_every_dumps)
+        for hooked, compacting in modes:
             before = len(d.dump_seconds)
-            r = bench.block(loop, kind, n if hooked else a.base_steps or n, hooked, gen)
-            r["hooked"] = hooked
+            steps = n if hooked else a.base_steps or n
+            r = bench.block(loop, kind, steps, hooked, gen, compacting)
+            r["hooked"], r["compacting"] = hooked, compacting
             runs.append(r)
-            holds += list(d.dump_seconds)[before:]
+            if not compacting:  # the summary's holds: the blocks it summarizes
+                holds += list(d.dump_seconds)[before:]
     return runs, holds
 
 
@@ -480,6 +537,12 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--time-budget-s", type=float, default=540.0)
     p.add_argument("--encode-workers", type=int, default=None, help="DumperConfig")
+    p.add_argument(
+        "--compact-every-dumps",
+        type=int,
+        default=None,
+        help="DumperConfig.compact_every_dumps, in a third hooked block each round",
+    )
     p.add_argument(
         "--encoder", default="auto", choices=["auto", "thread", "process"], help="DumperConfig"
     )
@@ -517,6 +580,7 @@ def main() -> None:
         "every": None if a.every_s else a.every,
         "every_s": a.every_s,
         "encoder_sched": a.encoder_sched,
+        "compact_every_dumps": a.compact_every_dumps,
         "tables": a.tables,
         "results": {},
     }
@@ -546,11 +610,14 @@ def main() -> None:
                 runs, holds = run_config(a, bench, loop, kind, n, gen, began)
                 if not any(r["hooked"] for r in runs):
                     continue
-                s = summarize(runs, holds, targets)
+                s = summarize([r for r in runs if not r["compacting"]], holds, targets)
                 s["mlp_layers"] = (len(loop.mlp) - 3) // 2
                 s["block_steps"] = {"with": n, "without": a.base_steps or n}
                 res["results"][f"{preset}/{kind}"] = s
                 report(f"{preset}/{kind}", s)
+                if a.compact_every_dumps:
+                    s["compaction"] = summarize_compaction(runs)
+                    report_compaction(s["compaction"])
                 if a.json:
                     with open(a.json, "w") as f:
                         json.dump(res, f, indent=1, default=str)

@@ -160,3 +160,82 @@ def report(name: str, s: dict[str, Any]) -> None:
         f"gc {s['gc']}; met {s['met']}",
         flush=True,
     )
+
+
+COMPACTION = {"mean": 1.01, "p99": 1.01}
+"""Targets of steps during a compaction against the hooked steps without one."""
+
+
+def summarize_compaction(runs: list[dict]) -> dict[str, Any]:
+    """Normal steps during a background compaction against the hooked steps without one.
+
+    ``runs`` are one loop / ids' blocks; those with ``compacting`` hold ``step_spans`` (each
+    normal step's start and end) and ``compactions`` (the compactor's spans of that block).
+    A step is during a compaction if its span overlaps one. The ratios divide the steps during
+    a compaction by the normal steps of the hooked blocks without compaction (``hooked``) and
+    by the steps of the compaction blocks that overlapped none (``outside``).
+    """
+    hooked = [x for r in runs if r["hooked"] and not r["compacting"] for x in r["steps"]]
+    during: list[float] = []
+    outside: list[float] = []
+    spans: list[tuple[float, float]] = []
+    checks, failures, share = [], 0, []
+    for r in (r for r in runs if r["compacting"]):
+        c = r["compactions"]
+        spans += c["spans"]
+        failures = c["failures"]
+        checks += r["checks"]
+        for ms, (a, b) in zip(r["steps"], r["step_spans"], strict=True):
+            hit = any(a < e and b > s for s, e in c["spans"])
+            (during if hit else outside).append(ms)
+        if r["step_spans"]:
+            lo, hi = r["step_spans"][0][0], r["step_spans"][-1][1]
+            busy = sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in c["spans"])
+            share.append(busy / (hi - lo))
+    h, d, o = stats(hooked), stats(during), stats(outside)
+    out: dict[str, Any] = {
+        "hooked": h,
+        "during": d,
+        "outside": o,
+        "compactions": len(spans),
+        "compaction_s": [round(e - s, 3) for s, e in spans],
+        "compacting_share": share,
+        "failures": failures,
+        "dumps_checked": len(checks),
+        "dumps_ok": sum(c["ok"] for c in checks),
+        "wait_s": [round(r["compactions"]["wait_s"], 2) for r in runs if r["compacting"]],
+    }
+    if d and h:
+        for k in ("mean", "p99"):
+            out[f"{k}_ratio"] = d[k] / h[k]
+            out[f"{k}_ratio_outside"] = d[k] / o[k] if o else None
+        out["met"] = {k: out[f"{k}_ratio"] <= t for k, t in COMPACTION.items()}
+    return out
+
+
+def report_compaction(c: dict[str, Any]) -> None:
+    """Print :func:`summarize_compaction`'s figures."""
+    for label in ("hooked", "during", "outside"):
+        x = c[label]
+        if x:
+            print(
+                f"  {label + ' compaction' if label != 'hooked' else 'hooked, no compaction':<22}"
+                f" mean {x['mean']:6.2f}  median {x['median']:6.2f}  p99 {x['p99']:6.2f}  "
+                f"max {x['max']:6.2f} ms  ({x['n']} steps)"
+            )
+    if "mean_ratio" in c:
+        outside = "  ".join(
+            f"{k} {c[f'{k}_ratio_outside']:.3f}"
+            for k in ("mean", "p99")
+            if c[f"{k}_ratio_outside"] is not None
+        )
+        print(
+            f"  during / hooked   mean {c['mean_ratio']:.3f}  p99 {c['p99_ratio']:.3f} "
+            f"(<= {COMPACTION['mean']}); during / outside {outside or '-'}; met {c['met']}"
+        )
+    print(
+        f"  compactions {c['compactions']} ({c['failures']} failed), s: {c['compaction_s']}; "
+        f"compacting share of the blocks {[round(x, 3) for x in c['compacting_share']]}; "
+        f"waited after the blocks {c['wait_s']} s; bit-exact {c['dumps_ok']}/{c['dumps_checked']}",
+        flush=True,
+    )
