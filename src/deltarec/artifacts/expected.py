@@ -80,11 +80,11 @@ def _row_groups(
     """A shard opened for reading row groups: ``(what closes it, reader, first row of each)``.
 
     Closing the returned stack closes the reader and the file. A shard ``checked`` still holds
-    is read from its checked bytes (the stack then closes nothing).
+    is served from its decoded columns as one row group (the stack then closes nothing).
     """
-    held = checked.parsed(ref.dump_dir, ref.shard) if checked is not None else None
+    held = checked.held(ref.dump_dir, ref.shard) if checked is not None else None
     if held is not None:
-        return contextlib.ExitStack(), held, _starts(held.metadata)
+        return contextlib.ExitStack(), _HeldGroups(held), [0, held.num_rows]
     path = posixpath.join(ref.dump_dir, ref.shard.path)
     stack = contextlib.ExitStack()
     try:
@@ -110,6 +110,17 @@ def _row_groups(
             root.url(path), f"holds {meta.num_rows} rows, the manifest says {ref.shard.rows}"
         )
     return stack, reader, _starts(meta)
+
+
+class _HeldGroups:
+    """A shard decoded whole, read as a one-row-group parquet reader is."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+
+    def read_row_group(self, group: int, columns: list[str], use_threads: bool) -> pa.Table:
+        assert group == 0
+        return self._table.select(columns)
 
 
 def _starts(meta: Any) -> list[int]:

@@ -93,11 +93,12 @@ class CheckedShards:
 
     A replay (:func:`~deltarec.artifacts.lineage.expected_state`) given one reads each shard of
     at most :data:`WHOLE_SHARD_BYTES` through :func:`checked_bytes` (the trust-boundary open,
-    size and sha256 before any decoding), parses it from those bytes, and keeps the parsed file
-    while ``budget`` bytes allow, so the rows read later for a comparison come from memory:
-    a dump of thousands of small shards costs one open a shard instead of three (checksum,
-    keys, rows). Shards beyond the budget are checked all the same and reopened for their
-    rows; larger shards keep the streamed path (:meth:`read` returns None for them).
+    size and sha256 before any decoding), decodes every column from those bytes, and keeps the
+    decoded table while ``budget`` bytes of tables allow, so the rows read later for a
+    comparison come from memory: a dump of thousands of small shards costs one open and one
+    decoding a shard instead of three of each (checksum, keys, rows). Shards beyond the budget
+    are checked all the same and reopened for their rows; larger shards keep the streamed path
+    (:meth:`read` returns None for them).
     """
 
     def __init__(self, root: ArtifactRoot, budget: int = 256 << 20) -> None:
@@ -105,7 +106,7 @@ class CheckedShards:
         self.budget = budget
         self._held = 0
         self._checked: set[tuple[str, str]] = set()
-        self._files: dict[tuple[str, str], tuple[int, pq.ParquetFile]] = {}
+        self._tables: dict[tuple[str, str], pa.Table] = {}
 
     def read(
         self, dump_dir: str, shard: ShardInfo, columns: list[str]
@@ -119,44 +120,36 @@ class CheckedShards:
         """
         if shard.bytes > WHOLE_SHARD_BYTES:
             return None
-        key = (dump_dir, shard.path)
-        held = self._files.get(key)
-        pf = held[1] if held is not None else self._parse(dump_dir, shard)
-        path = self.root.url(posixpath.join(dump_dir, shard.path))
+        table = self._tables.get((dump_dir, shard.path))
+        if table is None:
+            table = read_whole_table(self.root, dump_dir, shard)  # digest before decoding
+            self._hold((dump_dir, shard.path), table)
         try:
-            table = pf.read(columns=columns, use_threads=False)
-        except (pa.ArrowException, OSError) as e:
-            raise ArtifactError(path, f"unreadable parquet: {e}") from e
-        return {c: table.column(c) for c in columns}
+            return {c: table.column(c) for c in columns}
+        except KeyError as e:
+            path = self.root.url(posixpath.join(dump_dir, shard.path))
+            raise ArtifactError(path, f"unreadable parquet: no column {e}") from None
 
-    def _parse(self, dump_dir: str, shard: ShardInfo) -> pq.ParquetFile:
-        path = self.root.url(posixpath.join(dump_dir, shard.path))
-        data = checked_bytes(self.root, dump_dir, shard)  # digest before any decoding
-        try:
-            pf = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)
-        except (pa.ArrowException, OSError) as e:
-            raise ArtifactError(path, f"unreadable parquet: {e}") from e
-        if pf.metadata.num_rows != shard.rows:
-            raise ChecksumError(
-                path, f"holds {pf.metadata.num_rows} rows, the manifest says {shard.rows}"
-            )
-        key = (dump_dir, shard.path)
+    def _hold(self, key: tuple[str, str], table: pa.Table) -> None:
         self._checked.add(key)
-        if self._held + shard.bytes <= self.budget:
-            self._files[key] = (shard.bytes, pf)
-            self._held += shard.bytes
-        return pf
+        if self._held + _size(table) <= self.budget:
+            self._tables[key] = table
+            self._held += _size(table)
 
     def checked(self, dump_dir: str, shard: ShardInfo) -> bool:
         """Whether this shard was read and found to match its manifest entry."""
         return (dump_dir, shard.path) in self._checked
 
-    def parsed(self, dump_dir: str, shard: ShardInfo) -> pq.ParquetFile | None:
-        """The shard parsed from its checked bytes, if still held (else reopen it)."""
-        held = self._files.get((dump_dir, shard.path))
-        return held[1] if held is not None else None
+    def held(self, dump_dir: str, shard: ShardInfo) -> pa.Table | None:
+        """The shard's decoded columns, if still held (else reopen it)."""
+        return self._tables.get((dump_dir, shard.path))
 
     def keep_only(self, keep: set[tuple[str, str]]) -> None:
-        """Drop the parsed shards not in ``keep`` (``(dump_dir, path)``: no row is needed)."""
-        for key in [k for k in self._files if k not in keep]:
-            self._held -= self._files.pop(key)[0]
+        """Drop the decoded shards not in ``keep`` (``(dump_dir, path)``: no row is needed)."""
+        for key in [k for k in self._tables if k not in keep]:
+            self._held -= _size(self._tables.pop(key))
+
+
+def _size(table: pa.Table) -> int:
+    """The bytes a decoded table holds (``nbytes`` walks every array: slower on small ones)."""
+    return int(table.get_total_buffer_size())
