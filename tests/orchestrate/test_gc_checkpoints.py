@@ -144,3 +144,19 @@ def test_cli_gc_finds_the_checkpoints_under_the_trainers_workdir(tmp_path, h, ca
     assert out["checkpoints"] == [{"generation": 1, "step": STEP}]
     assert main([*argv, "--checkpoints-from", str(workdir)]) == 0
     assert h.root.committed_seqs(RUN, 1) == [4, 5, 6, 7]
+
+
+def test_gc_keeps_the_checkpoints_of_a_workdir_given_in_the_example_trainers_extra_arguments():
+    from deltarec.orchestrate.history_steps import checkpoint_dirs
+
+    _REQUIRED = {"run_name": RUN, "artifact_root": "/a", "store_url": "sqlite:////s.db"}
+
+    params = parse_params(
+        **_REQUIRED, checkpoint_dir="/ckpt/a", train_extra_args="--batch-size 8 --workdir /ckpt/b"
+    )
+    assert checkpoint_dirs(params) == ["/ckpt/a", "/ckpt/b"]
+    assert checkpoint_dirs(parse_params(**_REQUIRED, train_extra_args="--workdir=/ckpt/c")) == [
+        "/ckpt/c"
+    ]
+    own = parse_params(**_REQUIRED, entry_point="team.train:main", train_extra_args="--workdir /x")
+    assert checkpoint_dirs(own) == []  # an entry point's arguments mean what it says they mean

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shlex
 from typing import Any
 
 from deltarec.artifacts import ArtifactRoot
@@ -179,7 +180,7 @@ def gc_run(
         params.run_name,
         [params.store_url],
         keep_promotions=keep_promotions,
-        checkpoint_dirs=[params.checkpoint_dir] if params.checkpoint_dir else [],
+        checkpoint_dirs=checkpoint_dirs(params),
         dry_run=dry_run,
     )
     return {
@@ -191,6 +192,24 @@ def gc_run(
             {"path": d.path, "delete": d.delete, "reason": d.reason} for d in result.decisions
         ],
     }
+
+
+def checkpoint_dirs(params: PipelineParams) -> list[str]:
+    """Where the run's trainer writes checkpoints.
+
+    ``checkpoint_dir``, and for the example trainer a ``--workdir`` given in
+    ``train_extra_args`` too (an entry point's own arguments are its own: only
+    ``checkpoint_dir`` names its checkpoints).
+    """
+    dirs = [params.checkpoint_dir] if params.checkpoint_dir else []
+    if not params.entry_point:
+        args = shlex.split(params.train_extra_args)
+        for i, arg in enumerate(args):
+            if arg == "--workdir" and i + 1 < len(args):
+                dirs.append(args[i + 1])
+            elif arg.startswith("--workdir="):
+                dirs.append(arg.split("=", 1)[1])
+    return list(dict.fromkeys(dirs))
 
 
 def retain(params: PipelineParams) -> dict[str, Any]:
