@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +203,9 @@ def main_() -> None:
     ap.add_argument("--s3", action="store_true", help="the artifact root on SeaweedFS")
     ap.add_argument("--backlog", action="store_true", help="backlog vs one dump, pair by pair")
     ap.add_argument("--shards", type=int, nargs=2, metavar=("MANY", "FEW"), default=None)
+    ap.add_argument(
+        "--store", choices=["sqlite", "postgres", "redis"], default="sqlite", help="--backlog's"
+    )
     ap.add_argument("--repeat", type=int, default=3, help="pairs timed (--backlog, --shards)")
     ap.add_argument(
         "--rounds", type=int, default=0, help="after compact + gc: rounds over every D, alternating"
@@ -253,20 +258,37 @@ def _costs(args: argparse.Namespace) -> None:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-history-"))
     work.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[dict[str, object]] = []
+    stack = contextlib.ExitStack()
     try:
         if args.backlog:
+            fresh = _fresh_stores(stack, args.store)
             for d in args.dumps:
-                results.append(history_costs.backlog(work, d, args.repeat))
+                results.append(history_costs.backlog(work, d, args.repeat, fresh))
+                results[-1]["store"] = args.store
                 print(json.dumps(results[-1]), flush=True)
         if args.shards:
             results.append(history_costs.shards(work, *args.shards, args.repeat))
             print(json.dumps(results[-1]), flush=True)
     finally:
+        stack.close()
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def _fresh_stores(stack: contextlib.ExitStack, kind: str) -> Callable[[], str] | None:
+    """A new empty store's URL per call on a throwaway server of ``kind`` (None: SQLite)."""
+    if kind == "sqlite":
+        return None
+    from deltarec.testing.servers import PostgresServer, RedisServer
+
+    if kind == "postgres":
+        pg = stack.enter_context(PostgresServer())
+        return lambda: f"{pg.url}?schema=b{uuid.uuid4().hex[:10]}"
+    redis = stack.enter_context(RedisServer())
+    return lambda: f"{redis.url}?prefix=b{uuid.uuid4().hex[:10]}:"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ command against its baseline in the same process, pair by pair.
 ``--backlog``: D deltas of 2,000 random keys over a 200k-row dim-16 table (one rank, a snapshot
 published first), published as a backlog into a copy of the snapshot's store; the baseline is
 one delta holding as many distinct keys as the backlog has rows (at most the table) of a second
-run in the same root, published into a copy of its own snapshot's store. Ratio: the backlog's
+run in the same root, published into a copy of its own snapshot's store (``--store postgres`` or
+``redis``: a fresh schema or key prefix on a throwaway server each time, the snapshot
+published into it untimed first). Ratio: the backlog's
 rows/s (D x 2,000 rows) over the one dump's. Each repeat times both, alternating which goes
 first, after one uncounted pair.
 
@@ -78,6 +80,23 @@ def _write_backlog(work: Path, dumps: int) -> tuple[str, Path, Path]:
     return str(art), base_a, base_b
 
 
+def _snapshots_only(work: Path, dumps: int) -> str:
+    """A copy of the backlog root without the dumps after each run's snapshot (written once)."""
+    src, out = work / f"backlog-d{dumps}", work / f"backlog-d{dumps}-snapshots"
+    if (out / "WRITTEN").exists():
+        return str(out)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(
+        src,
+        out,
+        ignore=lambda d, names: [
+            n for n in names if (n.startswith("dump-") and n != "dump-000000") or n.endswith(".db")
+        ],
+    )
+    (out / "WRITTEN").write_text("")
+    return str(out)
+
+
 def _pairs(
     repeat: int, a: Callable[[], float], b: Callable[[], float]
 ) -> tuple[list[float], list[float]]:
@@ -95,13 +114,25 @@ def _pairs(
     return ta, tb
 
 
-def backlog(work: Path, dumps: int, repeat: int) -> dict[str, object]:
-    """The backlog publish against one dump of the same distinct keys (module docstring)."""
+def backlog(
+    work: Path, dumps: int, repeat: int, fresh_store: Callable[[], str] | None = None
+) -> dict[str, object]:
+    """The backlog publish against one dump of the same distinct keys (module docstring).
+
+    ``fresh_store``: a new empty store's URL per call (PostgreSQL, Redis); each publish then
+    first gets the snapshot, untimed, from a root holding only the snapshots. Without it, the
+    SQLite stores with the snapshot published are copied.
+    """
     art, base_a, base_b = _write_backlog(work, dumps)
     rows, distinct = dumps * KEYS_PER_DUMP, min(dumps * KEYS_PER_DUMP, ROWS)
 
     def timed(run: str, base: Path) -> Callable[[], float]:
         def go() -> float:
+            if fresh_store is not None:
+                url = fresh_store()
+                snap = _snapshots_only(work, dumps)
+                _run(["publish", "--artifacts", snap, "--run", run, "--store", url])
+                return _run(["publish", "--artifacts", art, "--run", run, "--store", url])
             db = base.with_name(f"{run}-copy.db")
             shutil.copy(base, db)
             try:
