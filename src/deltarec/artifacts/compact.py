@@ -102,7 +102,7 @@ def compact(
     base_dir = root.base_dir(run, generation, through_seq)
     parts: list[BasePart] = []
     for table in wanted:
-        parts.extend(_write_table(root, base_dir, state.tables[table], part_rows))
+        parts.extend(write_table_parts(root, base_dir, state.tables[table], part_rows))
     info = BaseInfo(
         run=run,
         generation=generation,
@@ -150,15 +150,27 @@ def _lineage(root: ArtifactRoot, state: ExpectedState) -> tuple[LineageEntry, ..
     )
 
 
-def _write_table(
-    root: ArtifactRoot, base_dir: str, table: ExpectedTable, part_rows: int
+def write_table_parts(
+    root: ArtifactRoot,
+    base_dir: str,
+    table: ExpectedTable,
+    part_rows: int,
+    span: range | None = None,
 ) -> list[BasePart]:
-    """The parts of one table: its records in key order, ``part_rows`` at a time."""
+    """Parts of one table: its records in key order, ``part_rows`` a part.
+
+    Args:
+        root: the artifact root written to.
+        base_dir: the base's directory (the parts go under ``<table>/``).
+        table: the table's records, in key order.
+        part_rows: rows per part.
+        span: which parts (by their place in the table); None: every part.
+    """
     n = len(table.keys)
     parts = []
     with ExpectedRows(table) as rows:
-        for p, lo in enumerate(range(0, n, part_rows)):
-            hi = min(n, lo + part_rows)
+        for p in span if span is not None else range(-(-n // part_rows)):
+            lo, hi = p * part_rows, min(n, (p + 1) * part_rows)
             pos = np.arange(lo, hi, dtype=np.int64)
             data = _part_bytes(table, pos, rows.take(pos))
             relpath = part_relpath(table.table, p)

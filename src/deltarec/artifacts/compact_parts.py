@@ -21,7 +21,6 @@ those whose record (and parts) are in place, and the commit completes the base.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -31,11 +30,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from deltarec.artifacts.base import BaseInfo, BasePart, LineageEntry, list_bases, part_relpath
-from deltarec.artifacts.compact import PART_ROWS, CompactResult, _json, _lineage, _part_bytes
-from deltarec.artifacts.expected import ExpectedRows, ExpectedTable
+from deltarec.artifacts.base import BaseInfo, BasePart, LineageEntry, list_bases
+from deltarec.artifacts.compact import (
+    PART_ROWS,
+    CompactResult,
+    _json,
+    _lineage,
+    write_table_parts,
+)
 from deltarec.artifacts.lineage import ExpectedState, expected_state
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.types import TableKind, TableSpec
@@ -136,40 +138,12 @@ def compact_partition(
             done[table] = "done before"
             continue
         span = part_span(len(t.keys), part_rows, index, count)
-        parts = _write_parts(root, base_dir, t, part_rows, span)
+        parts = write_table_parts(root, base_dir, t, part_rows, span)
         record = _record(root, state, table, key_range, part_rows, parts)
         failpoint("compact.partition")
         root.write_bytes_atomic(posixpath.join(base_dir, rel), json.dumps(record).encode())
         done[table] = "written"
     return PartitionResult(generation, through_seq, key_range, done, False)
-
-
-def _write_parts(
-    root: ArtifactRoot, base_dir: str, table: ExpectedTable, part_rows: int, span: range
-) -> list[BasePart]:
-    """Parts ``span`` of one table (its records in key order, ``part_rows`` a part)."""
-    n = len(table.keys)
-    parts = []
-    with ExpectedRows(table) as rows:
-        for p in span:
-            lo, hi = p * part_rows, min(n, (p + 1) * part_rows)
-            pos = np.arange(lo, hi, dtype=np.int64)
-            data = _part_bytes(table, pos, rows.take(pos))
-            relpath = part_relpath(table.table, p)
-            failpoint("compact.part")
-            root.write_bytes_atomic(posixpath.join(base_dir, relpath), data)
-            parts.append(
-                BasePart(
-                    path=relpath,
-                    table=table.table,
-                    rows=hi - lo,
-                    bytes=len(data),
-                    sha256=hashlib.sha256(data).hexdigest(),
-                    min_key=int(table.keys[lo]),
-                    max_key=int(table.keys[hi - 1]),
-                )
-            )
-    return parts
 
 
 def _record(
