@@ -290,6 +290,22 @@ def _pod_tasks(
             **extra,
         )
 
+    def mapped(step: str, cmd_args: list[str], arguments: Any) -> Any:
+        """One pod per item of ``arguments`` (a dynamically mapped task), running ``step``."""
+        return KubernetesPodOperator.partial(
+            task_id=step,
+            name=f"deltarec-{step.replace('_', '-')}",
+            namespace=namespace,
+            image=TOOLS_IMAGE,
+            cmds=["python", "-m", "deltarec.orchestrate.airflow_task", step, *cmd_args],
+            env_vars=env_vars,
+            service_account_name=service_account,
+            automount_service_account_token=False,
+            do_xcom_push=True,
+            get_logs=True,
+            on_finish_action="delete_pod",
+        ).expand(arguments=arguments)
+
     train_args = ["--job-id", "{{ run_id }}", "--secrets", names]
     # one node: the train pod on the trainer image holds the GPUs; several: a CPU launcher pod
     # on the tools image creates the TrainJob/PyTorchJob and follows it (its nodes hold them)
@@ -324,22 +340,7 @@ def _pod_tasks(
     def items(plan: dict[str, Any]) -> list[list[str]]:
         return [["--item", json.dumps(i)] for i in compact_items(plan)]
 
-    cparts = KubernetesPodOperator.partial(
-        task_id="compact_partition",
-        name="deltarec-compact-partition",
-        namespace=namespace,
-        image=TOOLS_IMAGE,
-        cmds=[
-            *("python", "-m", "deltarec.orchestrate.airflow_task", "compact_partition"),
-            *("--params", _PARAMS_XCOM),
-        ],
-        env_vars=env_vars,
-        service_account_name=service_account,
-        automount_service_account_token=False,
-        do_xcom_push=True,
-        get_logs=True,
-        on_finish_action="delete_pod",
-    ).expand(arguments=items(cplan.output))
+    cparts = mapped("compact_partition", ["--params", _PARAMS_XCOM], items(cplan.output))
     compacted = pod("compact", TOOLS_IMAGE, upstream="compact_plan", trigger_rule="none_failed")
     [cplan, cparts] >> compacted
 
@@ -349,22 +350,9 @@ def _pod_tasks(
 
     partitions = plan(checked)
     compacted >> partitions
-    parts = KubernetesPodOperator.partial(
-        task_id="verify_partition",
-        name="deltarec-verify-partition",
-        namespace=namespace,
-        image=TOOLS_IMAGE,
-        cmds=[
-            *("python", "-m", "deltarec.orchestrate.airflow_task", "verify_partition"),
-            *("--params", _PARAMS_XCOM, "--input", _TRAIN_XCOM),
-        ],
-        env_vars=env_vars,
-        service_account_name=service_account,
-        automount_service_account_token=False,
-        do_xcom_push=True,
-        get_logs=True,
-        on_finish_action="delete_pod",
-    ).expand(arguments=partitions)
+    parts = mapped(
+        "verify_partition", ["--params", _PARAMS_XCOM, "--input", _TRAIN_XCOM], partitions
+    )
     gate = pod(
         "verify",
         TOOLS_IMAGE,
