@@ -343,11 +343,13 @@ class ExpectedRows:
                 return values[first - start : first - start + len(pos)]
         width = codec.encoded_width(t.spec.dtype, t.spec.dim)
         out = np.zeros((len(pos), width), dtype=codec.element_type(t.spec.dtype))
-        for r in np.unique(ref_idx[ref_idx >= 0]).tolist():
-            sel = np.nonzero(ref_idx == r)[0]
+        for r, sel in _by_ref(ref_idx):
             rows = row_idx[sel]
-            starts = np.asarray(self._shard(r)[2])
-            group = np.searchsorted(starts, rows, side="right") - 1
+            starts = self._shard(r)[2]
+            if len(starts) == 2:  # one row group (a shard held decoded): no search
+                out[sel] = self._group(r, 0)[1][rows]
+                continue
+            group = np.searchsorted(np.asarray(starts), rows, side="right") - 1
             for g in np.unique(group).tolist():
                 mine = group == g
                 start, values = self._group(r, int(starts[g]))
@@ -363,10 +365,14 @@ class ExpectedRows:
         again and again: that is known at the first batch, before any row group is decoded.
         """
         touched, slack = 0, 0
-        for r in np.unique(ref_idx[ref_idx >= 0]).tolist():
-            starts = np.asarray(self._shard(r)[2])
+        for r, sel in _by_ref(ref_idx):
+            starts = self._shard(r)[2]
+            if len(starts) == 2:  # one row group: touched whole, within its slack
+                touched += starts[1]
+                slack += 2 * starts[1]
+                continue
             sizes = np.diff(starts)
-            groups = np.unique(np.searchsorted(starts, row_idx[ref_idx == r], side="right") - 1)
+            groups = np.unique(np.searchsorted(starts, row_idx[sel], side="right") - 1)
             touched += int(sizes[groups].sum())
             slack += 2 * int(sizes.max())
         return touched > 2 * len(row_idx) + slack
@@ -405,6 +411,21 @@ class ExpectedRows:
 
 _POPULATE_BYTES = 32 << 20
 """Arrays this large are allocated with their pages mapped at once (:func:`_allocate`)."""
+
+
+def _by_ref(ref_idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(ref, positions in ref_idx)`` of each shard ``ref_idx`` names (records removed by a
+    snapshot, ``-1``, left out): one sort instead of a scan of the batch per shard, which a
+    batch spanning thousands of small shards (hundreds of ranks) would repeat for each."""
+    order = np.argsort(ref_idx, kind="stable")
+    ordered = ref_idx[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    bounds = [0, *cuts.tolist(), len(order)]
+    return [
+        (int(ordered[a]), order[a:b])
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        if b > a and ordered[a] >= 0
+    ]
 
 
 def _allocate(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
