@@ -97,3 +97,13 @@ def test_index_of_many_keys_in_no_order_finds_each_record_and_misses_the_rest(li
     keys = np.random.default_rng(3).permutation(np.arange(-50, 2000, dtype=np.int64))
     want = np.where((keys >= 0) & (keys < 700), keys, -1)
     assert table.index_of(keys).tolist() == want.tolist()
+
+
+def test_positions_of_a_batch_are_grouped_by_shard_in_order_without_removed_records():
+    from deltarec.artifacts.expected import _by_ref
+
+    ref_idx = np.array([3, -1, 0, 3, 7, 0, -1, 3], dtype=np.int32)
+    got = [(r, pos.tolist()) for r, pos in _by_ref(ref_idx)]
+    assert got == [(0, [2, 5]), (3, [0, 3, 7]), (7, [4])]
+    assert _by_ref(np.array([-1, -1], dtype=np.int32)) == []
+    assert _by_ref(np.empty(0, dtype=np.int32)) == []

@@ -8,6 +8,7 @@ demand, by key (:meth:`ExpectedTable.load`) or in order (:class:`ExpectedRows`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import posixpath
 from dataclasses import dataclass, field
@@ -414,16 +415,18 @@ _POPULATE_BYTES = 32 << 20
 
 
 def _by_ref(ref_idx: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """``(ref, positions in ref_idx)`` of each shard ``ref_idx`` names (records removed by a
-    snapshot, ``-1``, left out): one sort instead of a scan of the batch per shard, which a
-    batch spanning thousands of small shards (hundreds of ranks) would repeat for each."""
+    """``(ref, its positions in ref_idx)`` of each shard named (``-1``, removed, left out).
+
+    One sort instead of a scan of the batch per shard, which a batch spanning thousands of
+    small shards (hundreds of ranks) would repeat for each.
+    """
     order = np.argsort(ref_idx, kind="stable")
     ordered = ref_idx[order]
     cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     bounds = [0, *cuts.tolist(), len(order)]
     return [
         (int(ordered[a]), order[a:b])
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        for a, b in itertools.pairwise(bounds)
         if b > a and ordered[a] >= 0
     ]
 
