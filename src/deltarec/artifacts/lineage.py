@@ -78,24 +78,24 @@ class _Accumulator:
         ref_no: int,
         version: int | np.ndarray,
         cols: dict[str, np.ndarray],
-        keep: np.ndarray,
+        keep: np.ndarray | None = None,
     ) -> None:
+        """The records of one shard; ``keep``: which of its rows count (None: all of them).
+
+        Every row kept is the common case (thousands of small shards a dump with hundreds of
+        ranks): then the columns are taken as they are, without a mask and its copies.
+        """
         keys = np.asarray(cols[codec.KEY], dtype=np.int64)
+        ops = np.asarray(cols[codec.OP], dtype=np.int8)
+        steps = np.asarray(cols[codec.STEP], dtype=np.int64)
         rows = np.arange(len(keys), dtype=np.int64)
-        if not keep.all():
-            keys, rows = keys[keep], rows[keep]
+        if keep is not None and not keep.all():
+            keys, ops, steps, rows = keys[keep], ops[keep], steps[keep], rows[keep]
+            if not isinstance(version, int):
+                version = version[keep]
         n = len(keys)
-        versions = np.full(n, version, np.int64) if isinstance(version, int) else version[keep]
-        self.parts.append(
-            (
-                keys,
-                versions,
-                np.asarray(cols[codec.OP], dtype=np.int8)[keep],
-                np.asarray(cols[codec.STEP], dtype=np.int64)[keep],
-                np.full(n, ref_no, np.int32),
-                rows,
-            )
-        )
+        versions = np.full(n, version, np.int64) if isinstance(version, int) else version
+        self.parts.append((keys, versions, ops, steps, np.full(n, ref_no, np.int32), rows))
 
     def resolve(self) -> tuple[np.ndarray, ...]:
         if not self.parts:
@@ -274,9 +274,8 @@ def _add_base(
         ref = ShardRef(base_dir, part_shard(part), base.through_version)
         cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP, codec.VERSION], checked)
         refs.append(ref)
-        keep = np.ones(part.rows, bool)
         versions = np.asarray(cols[codec.VERSION], dtype=np.int64)
-        accs.setdefault(part.table, _Accumulator()).add(len(refs) - 1, versions, cols, keep)
+        accs.setdefault(part.table, _Accumulator()).add(len(refs) - 1, versions, cols)
 
 
 def _add_dump(
@@ -300,8 +299,9 @@ def _add_dump(
         for shard in m.shards_of(table):
             ref = ShardRef(dump_dir, shard, m.version)
             cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP], checked)
-            steps = np.asarray(cols[codec.STEP], dtype=np.int64)
-            keep = np.ones(len(steps), bool) if cutoff is None or include_all else steps <= cutoff
+            keep = None
+            if cutoff is not None and not include_all:  # a parent's dump past the cutoff
+                keep = np.asarray(cols[codec.STEP], dtype=np.int64) <= cutoff
             refs.append(ref)
             acc.add(len(refs) - 1, m.version, cols, keep)
 
