@@ -12,19 +12,17 @@ import logging
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deltarec.artifacts import ArtifactRoot
 from deltarec.credentials import redact_url
 from deltarec.errors import CheckFailedError
 from deltarec.orchestrate.params import PipelineParams
+from deltarec.orchestrate.types import VerifyOutcome
 from deltarec.promote import RollbackCheckError, Serving, is_staged, who_serves
 from deltarec.promote import rollback as rollback_store
 from deltarec.publish.types import PublishMode
 from deltarec.stores import open_store
-
-if TYPE_CHECKING:
-    from deltarec.orchestrate.steps import VerifyOutcome
 
 log = logging.getLogger("deltarec.orchestrate.steps")  # the steps' log, as before the split
 

@@ -8,6 +8,7 @@ plain Python functions that tests call without KFP.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -27,6 +28,57 @@ class MetricsLike(ArtifactLike, Protocol):
 
     def log_metric(self, metric: str, value: float) -> None:
         """Record one scalar metric."""
+
+
+PASS, FAIL = "PASS", "FAIL"
+"""The verify step's verdicts; promote runs only on PASS, :func:`on_verify_failed` on FAIL."""
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What the verify step found (handed to promote or to the FAIL branch).
+
+    Attributes:
+        verdict: ``"PASS"`` or ``"FAIL"``.
+        run, generation, through_seq: what was verified.
+        metrics: verify's KFP metrics plus ``freshness_p50_s``/``freshness_p99_s`` and, where
+            the trainer published under a read budget, ``publish_held_back_s``.
+        failure: one line naming what failed (empty on PASS).
+        report_path: the HTML report, if one was written.
+    """
+
+    verdict: str
+    run: str
+    generation: int
+    through_seq: int
+    metrics: dict[str, float]
+    failure: str = ""
+    report_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True for a PASS."""
+        return self.verdict == PASS
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (an XCom value, or KFP artifact metadata)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> VerifyOutcome:
+        """Read :meth:`to_json` back."""
+        try:
+            return cls(
+                verdict=str(obj["verdict"]),
+                run=str(obj["run"]),
+                generation=int(obj["generation"]),
+                through_seq=int(obj["through_seq"]),
+                metrics={str(k): float(v) for k, v in dict(obj["metrics"]).items()},
+                failure=str(obj.get("failure") or ""),
+                report_path=obj.get("report_path"),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInputError(f"not a verify outcome: {e!r}") from e
 
 
 @dataclass(frozen=True)
