@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from deltarec.artifacts.types import ShardInfo, TableSpec, _check_schema, _require, utc_now
 from deltarec.errors import ArtifactError
 from deltarec.ids import SCHEMA_VERSION, make_version, validate_run, validate_table_id
-
-if TYPE_CHECKING:
-    from deltarec.artifacts.root import ArtifactRoot
 
 BASE_FILE = "BASE.json"
 BASE_RE = re.compile(r"^base-(\d{6,})-(\d{6,})$")
@@ -214,12 +211,40 @@ def _check_parts(info: BaseInfo, path: str) -> None:
         raise ArtifactError(path, "lineage does not end at the base's own generation")
 
 
-def list_bases(root: ArtifactRoot, run: str) -> list[tuple[int, int]]:
+class BaseRoot(Protocol):
+    """What the base readers need of an artifact root.
+
+    :class:`~deltarec.artifacts.ArtifactRoot` is one: it lists the base directories and names
+    and reads their BASE.json. A Protocol, so this module stays below ``root.py``.
+    """
+
+    def base_dirs(self, run: str) -> list[tuple[int, int]]:
+        """Every ``base-<G>-<S>`` directory of ``run`` (committed or not), ascending."""
+        ...
+
+    def base_file(self, run: str, generation: int, through_seq: int) -> str:
+        """Path of BASE.json."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        ...
+
+    def read_json(self, path: str) -> dict[str, Any]:
+        """Read and parse a JSON file; raises :class:`ArtifactError` naming the file."""
+        ...
+
+    def url(self, path: str) -> str:
+        """A path as a URI (for messages)."""
+        ...
+
+
+def list_bases(root: BaseRoot, run: str) -> list[tuple[int, int]]:
     """``(generation, through_seq)`` of every committed base (with BASE.json), ascending."""
     return [b for b in root.base_dirs(run) if root.exists(root.base_file(run, *b))]
 
 
-def read_base(root: ArtifactRoot, run: str, generation: int, through_seq: int) -> BaseInfo:
+def read_base(root: BaseRoot, run: str, generation: int, through_seq: int) -> BaseInfo:
     """Parse BASE.json of one base; it must describe the base its directory names."""
     path = root.base_file(run, generation, through_seq)
     info = BaseInfo.from_json(root.read_json(path), root.url(path))
@@ -232,7 +257,7 @@ def read_base(root: ArtifactRoot, run: str, generation: int, through_seq: int) -
     return info
 
 
-def covered_seq(root: ArtifactRoot, run: str, generation: int) -> int:
+def covered_seq(root: BaseRoot, run: str, generation: int) -> int:
     """The newest seq of ``generation`` that a committed base folds (``-1`` if none).
 
     A base of the generation itself is known by its name; a base of a later generation covers
@@ -264,7 +289,7 @@ def part_shard(part: BasePart) -> ShardInfo:
 
 
 def usable_base(
-    root: ArtifactRoot,
+    root: BaseRoot,
     run: str,
     chain: list[tuple[int, int | None]],
     through_seq: int | None,
