@@ -8,8 +8,7 @@ is complete is skipped; a part with an incomplete mark resumes after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.shards import ShardRows
@@ -18,9 +17,6 @@ from deltarec.errors import BadInputError
 from deltarec.publish.types import PartResult
 from deltarec.stores.base import Store
 from deltarec.stores.types import ProgressMark
-
-if TYPE_CHECKING:
-    from deltarec.publish.rows import TablePart
 
 READ_BYTES = 8 << 20
 """Rows read from the artifacts (and handed to the store) at a time."""
@@ -102,32 +98,9 @@ def tables_left(
     return todo
 
 
-def checked_while_written(
-    parts: Sequence[TablePart],
-    done: Mapping[str, ProgressMark],
-    whole_writes: bool,
-    rows_per_transaction: Callable[[TableSpec], int],
-) -> str | None:
-    """The table whose rows are checked as they are written instead of read twice, if any.
-
-    That is the first table written (``parts[0]``), when its rows come from the artifacts, what
-    is left of its part goes in one transaction, and the store applies a transaction whole or
-    not at all (``whole_writes``: the SQL stores): a bad row then aborts that transaction, and
-    the other tables were checked before it began, so nothing of the part is applied either way.
-    """
-    if not parts or not whole_writes:
-        return None
-    first = parts[0]
-    if first.in_memory:
-        return None  # in memory the first pass reads nothing: keep it
-    left = first.rows - (done[first.table].rows if first.table in done else 0)
-    return first.table if left <= rows_per_transaction(first.spec) else None
-
-
 __all__ = [
     "MAX_TRANSACTION_ROWS",
     "READ_BYTES",
-    "checked_while_written",
     "default_batch_bytes",
     "marks_of_part",
     "part_rows",

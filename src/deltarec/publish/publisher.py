@@ -44,14 +44,19 @@ from deltarec.publish.backlog import backlog_group, publish_group
 from deltarec.publish.frombase import start_from_base
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.parts import (
-    checked_while_written,
     default_batch_bytes,
     marks_of_part,
     tables_left,
     transaction_rows,
 )
 from deltarec.publish.retry import RetryPolicy
-from deltarec.publish.rows import PartReader, TablePart, check_part, part_chunks
+from deltarec.publish.rows import (
+    PartReader,
+    TablePart,
+    check_part,
+    checked_while_written,
+    part_chunks,
+)
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.publish.together import publish_parts_together
 from deltarec.publish.types import PartResult, PublishMode
@@ -239,7 +244,7 @@ class DumpPublisher:
         """Write the part's rows after the first ``skip``, a transaction at a time.
 
         With ``check`` (where the rows come from, for the message), each shard's sha256 and
-        every row are checked as they are read (see :func:`~.parts.checked_while_written`).
+        every row are checked as they are read (see :func:`~.rows.checked_while_written`).
         """
         manifest, table, spec = part.manifest, part.table, part.spec
         stage = manifest.generation if self.mode is PublishMode.STAGED else None

@@ -3,13 +3,14 @@
 :class:`TablePart` names one rank's rows of one table of a committed dump and where they are:
 handed over by the dumper (``memory``) or in the artifacts. :func:`part_chunks` gives them in
 bounded chunks, :func:`read_ahead` from the shards on a reading thread, :func:`check_part`
-checks every row and keeps none, and :class:`PartReader` reads a part forward once across its
+checks every row and keeps none, :func:`checked_while_written` names the part whose rows are
+checked as they are written, and :class:`PartReader` reads a part forward once across its
 transactions. Every check is :func:`~deltarec.stores.check_batch`, the one every store applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from deltarec.artifacts.types import Manifest, TableSpec
 from deltarec.publish.parts import part_rows, read_rows
 from deltarec.readahead import ReadAhead
 from deltarec.stores.rows import check_batch
+from deltarec.stores.types import ProgressMark
 
 
 @dataclass(frozen=True)
@@ -207,4 +209,33 @@ class PartReader:
             yield self._empty
 
 
-__all__ = ["PartReader", "TablePart", "check_part", "part_chunks", "read_ahead"]
+def checked_while_written(
+    parts: Sequence[TablePart],
+    done: Mapping[str, ProgressMark],
+    whole_writes: bool,
+    rows_per_transaction: Callable[[TableSpec], int],
+) -> str | None:
+    """The table whose rows are checked as they are written instead of read twice, if any.
+
+    That is the first table written (``parts[0]``), when its rows come from the artifacts, what
+    is left of its part goes in one transaction, and the store applies a transaction whole or
+    not at all (``whole_writes``: the SQL stores): a bad row then aborts that transaction, and
+    the other tables were checked before it began, so nothing of the part is applied either way.
+    """
+    if not parts or not whole_writes:
+        return None
+    first = parts[0]
+    if first.in_memory:
+        return None  # in memory the first pass reads nothing: keep it
+    left = first.rows - (done[first.table].rows if first.table in done else 0)
+    return first.table if left <= rows_per_transaction(first.spec) else None
+
+
+__all__ = [
+    "PartReader",
+    "TablePart",
+    "check_part",
+    "checked_while_written",
+    "part_chunks",
+    "read_ahead",
+]
