@@ -25,12 +25,12 @@ from deltarec.artifacts.types import Manifest
 from deltarec.publish.rows import TablePart
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher
+    from deltarec.publish.face import PublisherFace
     from deltarec.publish.types import PartResult
 
 
 def check_part(
-    pub: DumpPublisher, manifest: Manifest, rank: int, tables: list[str]
+    pub: PublisherFace, manifest: Manifest, rank: int, tables: list[str]
 ) -> frozenset[str]:
     """Check every row of ``tables`` of rank ``rank``'s part of ``manifest`` in the artifacts.
 
@@ -50,7 +50,7 @@ def check_part(
     return frozenset(tables)
 
 
-def _pending_tables(pub: DumpPublisher, manifest: Manifest, rank: int) -> list[str]:
+def _pending_tables(pub: PublisherFace, manifest: Manifest, rank: int) -> list[str]:
     """The tables of the part that ``publish_dump`` would check: declared and not complete."""
     info = pub.generation_info(manifest.generation)
     done = pub.marks(manifest.generation, manifest.seq, rank)
@@ -62,7 +62,7 @@ def _pending_tables(pub: DumpPublisher, manifest: Manifest, rank: int) -> list[s
 
 
 def parts_checked_ahead(
-    pub: DumpPublisher, manifest: Manifest, ranks: list[int]
+    pub: PublisherFace, manifest: Manifest, ranks: list[int]
 ) -> Iterator[PartResult]:
     """``publish_dump`` of each of ``ranks``' parts from the artifacts, each as it is done.
 

@@ -36,14 +36,14 @@ from deltarec.stores.rows import check_batch
 from deltarec.stores.types import ProgressMark, RowBatch
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher
+    from deltarec.publish.face import PublisherFace
 
 GROUP_ROWS = 1 << 20
 """The most rows (before the newest-per-key reduction) one group of dumps reads at once."""
 
 
 def backlog_group(
-    pub: DumpPublisher,
+    pub: PublisherFace,
     generation: int,
     seqs: list[int],
     todo: set[tuple[int, int]],
@@ -70,7 +70,7 @@ def backlog_group(
 
 
 def publish_group(
-    pub: DumpPublisher,
+    pub: PublisherFace,
     group: list[Manifest],
     on_part: Callable[[PartResult], None] | None,
 ) -> list[PartResult]:
@@ -136,7 +136,7 @@ def publish_group(
     return results
 
 
-def _marks(pub: DumpPublisher, group: list[Manifest], table: str, stage: int) -> list[ProgressMark]:
+def _marks(pub: PublisherFace, group: list[Manifest], table: str, stage: int) -> list[ProgressMark]:
     """The complete marks of ``table`` for every dump and rank of ``group``.
 
     The last dump's mark of rank 0 comes last: a store that takes one mark commits it with the
@@ -154,7 +154,7 @@ def _marks(pub: DumpPublisher, group: list[Manifest], table: str, stage: int) ->
 
 
 def _read_checked(
-    pub: DumpPublisher, m: Manifest, shard: ShardInfo, spec: TableSpec
+    pub: PublisherFace, m: Manifest, shard: ShardInfo, spec: TableSpec
 ) -> list[tuple[ShardRows, np.ndarray]]:
     """One shard's rows (its sha256 checked first), every chunk checked, with its versions."""
     dump_dir = pub.root.dump_dir(m.run, m.generation, m.seq)
@@ -173,7 +173,7 @@ def _read_checked(
 
 
 def _newest_rows(
-    pub: DumpPublisher, group: list[Manifest], table: str, spec: TableSpec
+    pub: PublisherFace, group: list[Manifest], table: str, spec: TableSpec
 ) -> tuple[RowBatch, dict[tuple[int, int], int]]:
     """The newest row per key of ``table`` over ``group``, checked; rows read per (seq, rank).
 

@@ -63,7 +63,8 @@ from deltarec.stats import quantile
 from deltarec.stores.types import ProgressMark, Write
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import BatchHook, DumpPublisher
+    from deltarec.publish.face import BatchHook
+    from deltarec.publish.publisher import DumpPublisher
 
 log = logging.getLogger(__name__)
 

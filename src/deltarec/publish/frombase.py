@@ -25,7 +25,7 @@ from deltarec.stores.rows import check_batch
 from deltarec.stores.types import ProgressMark, RowBatch
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher
+    from deltarec.publish.face import PublisherFace
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ BATCH_ROWS = 65536
 """Rows per batch read from a part (a table's part is written in one transaction)."""
 
 
-def start_from_base(pub: DumpPublisher, generation: int, ranks: list[int] | None) -> int:
+def start_from_base(pub: PublisherFace, generation: int, ranks: list[int] | None) -> int:
     """Bring the store to the newest base of ``generation`` if it needs it.
 
     Returns:
@@ -62,7 +62,7 @@ def start_from_base(pub: DumpPublisher, generation: int, ranks: list[int] | None
     return through
 
 
-def _publish_base(pub: DumpPublisher, base: BaseInfo, world: int) -> None:
+def _publish_base(pub: PublisherFace, base: BaseInfo, world: int) -> None:
     stage = base.generation if pub.mode is PublishMode.STAGED else None
     base_dir = pub.root.base_dir(base.run, base.generation, base.through_seq)
     for table, spec in sorted(base.tables.items()):
@@ -96,7 +96,7 @@ def _publish_base(pub: DumpPublisher, base: BaseInfo, world: int) -> None:
     )
 
 
-def _batches(pub: DumpPublisher, base: BaseInfo, table: str) -> Iterator[RowBatch]:
+def _batches(pub: PublisherFace, base: BaseInfo, table: str) -> Iterator[RowBatch]:
     """The rows of ``table``'s parts, checked, one batch at a time (at least one batch)."""
     spec = base.tables[table]
     base_dir = pub.root.base_dir(base.run, base.generation, base.through_seq)

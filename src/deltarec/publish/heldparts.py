@@ -26,7 +26,7 @@ from deltarec.errors import InvalidRowError
 from deltarec.publish.rows import TablePart
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher
+    from deltarec.publish.face import PublisherFace
 
 HELD_BYTES = 256 << 20
 """At most this many shard bytes of one dump's pending parts are read whole and held."""
@@ -55,7 +55,7 @@ def on_readers(fn: Callable[[_T], _R], jobs: Sequence[_T], nbytes: int) -> list[
 
 
 def read_parts(
-    pub: DumpPublisher,
+    pub: PublisherFace,
     manifest: Manifest,
     ranks: list[int],
     tables: list[tuple[str, TableSpec]],

@@ -41,6 +41,7 @@ from deltarec.faults import failpoint
 from deltarec.ids import validate_run
 from deltarec.publish.ahead import parts_checked_ahead
 from deltarec.publish.backlog import backlog_group, publish_group
+from deltarec.publish.face import BatchHook
 from deltarec.publish.frombase import start_from_base
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.parts import (
@@ -64,9 +65,6 @@ from deltarec.stores.base import Store
 from deltarec.stores.types import FreshnessRecord, ProgressMark, RowBatch
 
 log = logging.getLogger(__name__)
-
-BatchHook = Callable[[ProgressMark, int], None]
-"""Called after each committed transaction with its mark and its row count."""
 
 
 class DumpPublisher:

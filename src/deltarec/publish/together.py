@@ -39,11 +39,11 @@ from deltarec.publish.types import PartResult, PublishMode
 from deltarec.stores.types import ProgressMark, RowBatch
 
 if TYPE_CHECKING:
-    from deltarec.publish.publisher import DumpPublisher
+    from deltarec.publish.face import PublisherFace
 
 
 def publish_parts_together(
-    pub: DumpPublisher, manifest: Manifest, ranks: list[int]
+    pub: PublisherFace, manifest: Manifest, ranks: list[int]
 ) -> list[PartResult] | None:
     """Publish ``ranks``' parts of ``manifest`` table by table, or None if they cannot go together.
 
@@ -103,7 +103,7 @@ def publish_parts_together(
     return [results[rank] for rank in ranks]
 
 
-def _mark(pub: DumpPublisher, manifest: Manifest, table: str, rank: int, rows: int) -> ProgressMark:
+def _mark(pub: PublisherFace, manifest: Manifest, table: str, rank: int, rows: int) -> ProgressMark:
     """The complete mark of one rank's part of ``table``."""
     stage = manifest.generation if pub.mode is PublishMode.STAGED else 0
     return ProgressMark(pub.run, manifest.generation, manifest.seq, table, rank, rows, True, stage)
@@ -121,7 +121,7 @@ def _held_batches(held: list[ShardRows], version: int, spec: TableSpec) -> Itera
 
 
 def _write_table(
-    pub: DumpPublisher,
+    pub: PublisherFace,
     manifest: Manifest,
     ranks: list[int],
     table: str,
