@@ -10,23 +10,49 @@ owns it from then on. Otherwise every row operation is refused with
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from deltarec.stores.runviews import runless_problem
 
-if TYPE_CHECKING:
-    from deltarec.stores.redis.store import RedisStore
+
+@dataclass(frozen=True)
+class RunlessKeys:
+    """The key names of the store being opened, as its own naming gives them.
+
+    Attributes:
+        prefix: the store's key prefix.
+        reg: a registry key (``<prefix>~<name>[:<part>...]``).
+        serving: a table's serving hash.
+        parked: a run's parked hash of a table (also its floor's field).
+        stage_hash: a run's staging hash of a table.
+    """
+
+    prefix: str
+    reg: Callable[..., str]
+    serving: Callable[[str], str]
+    parked: Callable[[str, str], str]
+    stage_hash: Callable[[str, int, str], str]
 
 
-def migrate_runless(store: RedisStore) -> str | None:
+def migrate_runless(
+    client: Any, keys: RunlessKeys, where: str, watch_error: type[Exception]
+) -> str | None:
     """Move a Redis store of the runless layout to per-run views; None, or why it is refused.
 
     A runless view is registered as ``<table>|<stage>``. With one run known, the live hash stays
     where it is, as the serving name of the run that now owns it (so serving reads the same
     hash); its tombstones, floor and staging hashes are renamed to that run's names. One
     ``MULTI``/``EXEC``, watched against a concurrent opener doing the same.
+
+    Args:
+        client: the store's Redis client.
+        keys: the store's key names.
+        where: the store, for messages (its ``describe()``).
+        watch_error: what the client raises when a watched key changed.
     """
-    client, reg = store._client, store._reg
+    reg = keys.reg
     for _ in range(20):
         with client.pipeline(transaction=True) as pipe:
             pipe.watch(reg("views"))
@@ -38,20 +64,18 @@ def migrate_runless(store: RedisStore) -> str | None:
                 _text(k)[len(reg("gens")) + 1 :] for k in pipe.scan_iter(f"{reg('gens')}:*")
             )
             tables = [f.split("|") for f in runless]
-            if len(runs) > 1 or (
-                not runs and any(pipe.exists(store._serving(t)) for t, _ in tables)
-            ):
-                return runless_problem(store.describe(), runs)
+            if len(runs) > 1 or (not runs and any(pipe.exists(keys.serving(t)) for t, _ in tables)):
+                return runless_problem(where, runs)
             records = {f: pipe.hget(reg("views"), f) for f in runless}
-            floors = {t: pipe.hget(reg("floors"), store._serving(t)) for t, _ in tables}
+            floors = {t: pipe.hget(reg("floors"), keys.serving(t)) for t, _ in tables}
             renames = []
             owner = runs[0] if runs else None
             for table, stage in tables:
                 if owner is None:
                     continue
                 if int(stage):
-                    old = f"{store.prefix}~stage:{stage}:{table}"
-                    new = store._stage_hash(owner, int(stage), table)
+                    old = f"{keys.prefix}~stage:{stage}:{table}"
+                    new = keys.stage_hash(owner, int(stage), table)
                 else:
                     old, new = reg("tomb", table), reg("tomb", owner, table)
                 if pipe.exists(old):
@@ -65,16 +89,16 @@ def migrate_runless(store: RedisStore) -> str | None:
                 if owner is not None and not int(stage):
                     pipe.hsetnx(reg("serves"), table, owner)
                     if floors[table] is not None:
-                        pipe.hset(reg("floors"), store._parked(owner, table), floors[table])
-                        pipe.hdel(reg("floors"), store._serving(table))
+                        pipe.hset(reg("floors"), keys.parked(owner, table), floors[table])
+                        pipe.hdel(reg("floors"), keys.serving(table))
             for old, new in renames:
                 pipe.rename(old, new)
             try:
                 pipe.execute()
                 return None
-            except store.watch_error:
+            except watch_error:
                 continue
-    return f"{store.describe()}: moving the runless layout kept racing with another opener"
+    return f"{where}: moving the runless layout kept racing with another opener"
 
 
 def _text(value: bytes | str) -> str:

@@ -58,7 +58,7 @@ from deltarec.errors import (
 from deltarec.ids import validate_run, validate_table_id
 from deltarec.stores.base import Store, first_batch
 from deltarec.stores.config import RedisConfig, env_password
-from deltarec.stores.redis.legacy import migrate_runless
+from deltarec.stores.redis.legacy import RunlessKeys, migrate_runless
 from deltarec.stores.redis.lua import (
     LUA_COUNT,
     LUA_FLOOR,
@@ -158,7 +158,12 @@ class RedisStore(RedisRegistry, RunViews, RedisReads, Store):
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
             self._client.ping()
-            self._layout_problem = migrate_runless(self)
+            keys = RunlessKeys(
+                self.prefix, self._reg, self._serving, self._parked, self._stage_hash
+            )
+            self._layout_problem = migrate_runless(
+                self._client, keys, self.describe(), self.watch_error
+            )
             if self._client.get(self._reg("store")) is None:  # kept once, by the first opener
                 self._client.set(self._reg("store"), uuid.uuid4().hex, nx=True)
 
