@@ -20,6 +20,8 @@ what to do: nothing already published is lost, and nothing is guessed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deltarec.stores.naming import quote, run_view_name, staging_prefix
@@ -27,7 +29,7 @@ from deltarec.stores.runviews import runless_problem
 from deltarec.stores.sql.ddl import SERVING_VIEWS_DDL, VIEWS_DDL
 
 if TYPE_CHECKING:
-    from deltarec.stores.sql.relational import RelationalStore
+    from deltarec.stores.types import ViewInfo
 
 _LEGACY_COLUMNS = (
     "name, table_id, staging_generation, dim, dtype, layout, floor_version, has_tombstones, "
@@ -35,11 +37,34 @@ _LEGACY_COLUMNS = (
 )
 
 
-def migrate_legacy_views(store: RelationalStore, cur: Any) -> str | None:
+@dataclass(frozen=True)
+class LegacyDialect:
+    """What the move needs of the store being opened: its names and its dialect's SQL.
+
+    Attributes:
+        prefix: the store's view prefix.
+        where: the store, for messages (its ``describe()``).
+        columns: the column names of a registry table (empty if there is none).
+        rows: run one query (``cur, sql[, params]``) and fetch its rows.
+        exec: run one statement (``cur, sql[, params]``).
+        drop_view_sql: the DDL dropping one view.
+        point_serving: make a table's serving name read a view (in a transaction).
+    """
+
+    prefix: str
+    where: str
+    columns: Callable[[Any, str], set[str]]
+    rows: Callable[..., list[tuple[Any, ...]]]
+    exec: Callable[..., Any]
+    drop_view_sql: Callable[[str], str]
+    point_serving: Callable[[Any, str, str, ViewInfo], None]
+
+
+def migrate_legacy_views(store: LegacyDialect, cur: Any) -> str | None:
     """Move a store of the runless layout to per-run views, inside the caller's transaction.
 
     Args:
-        store: the store being opened (its dialect runs the SQL).
+        store: the store being opened: its names and its dialect's SQL.
         cur: a write transaction of ``store`` (the caller serializes openers: SQLite's
             ``BEGIN IMMEDIATE``, PostgreSQL's DDL lock).
 
@@ -47,49 +72,49 @@ def migrate_legacy_views(store: RelationalStore, cur: Any) -> str | None:
         None when the store has the per-run layout (now or already), else why it is refused:
         the message every row operation raises, naming the runs and what to do.
     """
-    columns = store._columns(cur, "deltarec_views")
+    columns = store.columns(cur, "deltarec_views")
     if not columns or "run" in columns:
         return None
-    views = store._rows(cur, f"SELECT {_LEGACY_COLUMNS} FROM deltarec_views")
+    views = store.rows(cur, f"SELECT {_LEGACY_COLUMNS} FROM deltarec_views")
     runs = sorted(
-        {str(r) for (r,) in store._rows(cur, "SELECT DISTINCT run FROM deltarec_generations")}
-        | {str(r) for (r,) in store._rows(cur, "SELECT DISTINCT run FROM deltarec_progress")}
+        {str(r) for (r,) in store.rows(cur, "SELECT DISTINCT run FROM deltarec_generations")}
+        | {str(r) for (r,) in store.rows(cur, "SELECT DISTINCT run FROM deltarec_progress")}
     )
     if len(runs) > 1 or (not runs and any(_holds_rows(store, cur, v[0]) for v in views)):
-        return runless_problem(store.describe(), runs)
-    store._exec(cur, "ALTER TABLE deltarec_views RENAME TO deltarec_views_runless")
-    store._exec(cur, VIEWS_DDL)
+        return runless_problem(store.where, runs)
+    store.exec(cur, "ALTER TABLE deltarec_views RENAME TO deltarec_views_runless")
+    store.exec(cur, VIEWS_DDL)
     owner = runs[0] if runs else None
-    store._exec(cur, SERVING_VIEWS_DDL)
+    store.exec(cur, SERVING_VIEWS_DDL)
     for view in views:
         _move_view(store, cur, owner, view)
-    store._exec(cur, "DROP TABLE deltarec_views_runless")
+    store.exec(cur, "DROP TABLE deltarec_views_runless")
     return None
 
 
-def _holds_rows(store: RelationalStore, cur: Any, name: str) -> bool:
-    return bool(store._rows(cur, f"SELECT 1 FROM {quote(name)} LIMIT 1"))
+def _holds_rows(store: LegacyDialect, cur: Any, name: str) -> bool:
+    return bool(store.rows(cur, f"SELECT 1 FROM {quote(name)} LIMIT 1"))
 
 
-def _move_view(store: RelationalStore, cur: Any, owner: str | None, view: tuple[Any, ...]) -> None:
+def _move_view(store: LegacyDialect, cur: Any, owner: str | None, view: tuple[Any, ...]) -> None:
     """Make one runless view ``owner``'s own, its old name the serving name (live views)."""
     from deltarec.stores.types import ViewInfo
 
     name, table, stage, dim, dtype, layout, floor, tombstones, created = view
     if owner is None:  # never published and empty: nothing to keep
-        store._exec(cur, store._drop_view_sql(name))
-        store._exec(cur, "DELETE FROM deltarec_tombstones WHERE name = ?", (name,))
+        store.exec(cur, store.drop_view_sql(name))
+        store.exec(cur, "DELETE FROM deltarec_tombstones WHERE name = ?", (name,))
         return
     stage = int(stage)
     prefix = staging_prefix(store.prefix, stage) if stage else store.prefix
     new = run_view_name(owner, table, prefix)
-    store._exec(cur, f"ALTER TABLE {quote(name)} RENAME TO {quote(new)}")
-    store._exec(cur, "UPDATE deltarec_tombstones SET name = ? WHERE name = ?", (new, name))
-    store._exec(
+    store.exec(cur, f"ALTER TABLE {quote(name)} RENAME TO {quote(new)}")
+    store.exec(cur, "UPDATE deltarec_tombstones SET name = ? WHERE name = ?", (new, name))
+    store.exec(
         cur,
         "INSERT INTO deltarec_views (name, run, table_id, staging_generation, dim, dtype, "
         "layout, floor_version, has_tombstones, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (new, owner, table, stage, dim, dtype, layout, floor, tombstones, created),
     )
     if not stage:
-        store._point_serving(cur, table, name, ViewInfo(table, new, int(dim), dtype, run=owner))
+        store.point_serving(cur, table, name, ViewInfo(table, new, int(dim), dtype, run=owner))

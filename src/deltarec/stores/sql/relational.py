@@ -44,7 +44,7 @@ from deltarec.stores.base import Store
 from deltarec.stores.naming import quote, staging_prefix, view_names
 from deltarec.stores.runviews import RunViews
 from deltarec.stores.sql.ddl import REGISTRY_DDL, VIEWS_DDL
-from deltarec.stores.sql.legacy import migrate_legacy_views
+from deltarec.stores.sql.legacy import LegacyDialect, migrate_legacy_views
 from deltarec.stores.sql.registry import SqlRegistry
 from deltarec.stores.types import (
     Capabilities,
@@ -207,7 +207,16 @@ class RelationalStore(RunViews, SqlRegistry, Store):
 
     def _create_registry_in(self, cur: Any) -> None:
         """The registry's DDL, after moving a store of the runless layout over (in ``cur``)."""
-        self._layout_problem = migrate_legacy_views(self, cur)
+        dialect = LegacyDialect(
+            self.prefix,
+            self.describe(),
+            self._columns,
+            self._rows,
+            self._exec,
+            self._drop_view_sql,
+            self._point_serving,
+        )
+        self._layout_problem = migrate_legacy_views(dialect, cur)
         for ddl in REGISTRY_DDL:
             if ddl is VIEWS_DDL and self._layout_problem:
                 continue  # the legacy registry stays as it is (refused, untouched)
