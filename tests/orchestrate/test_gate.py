@@ -5,6 +5,7 @@ The step subprocesses get fast fakes of the typed train, verify and promote func
 test_local_run.py and test_verify_failure.py.
 """
 
+import logging
 import os
 import pathlib
 
@@ -82,8 +83,11 @@ def test_a_large_table_is_compacted_by_a_fan_out_before_verify_and_gc_follows_pr
     monkeypatch.setenv("FAKE_VERDICT", "PASS")
     # two dumps of 3 rows: an estimate of 6 rows, cut into 3 key ranges of 2 (dsl.ParallelFor)
     p = params(tmp_path, compact_min_dumps=1, compact_partition_rows=2)
+    handlers = logging.getLogger().handlers[:]
     result = run_local(p, pipeline_root=str(tmp_path / "kfp"))
     assert result.verdict == "PASS" and result.promoted == 1
+    # the caller's logging as it was (kfp.local's fan-out left its stdout handler behind)
+    assert logging.getLogger().handlers == handlers
     root = ArtifactRoot(str(tmp_path / "art"))
     assert list_bases(root, "gate") == [(1, 2)]
     base = read_base(root, "gate", 1, 2)

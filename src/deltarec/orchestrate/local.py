@@ -25,15 +25,18 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 @contextlib.contextmanager
 def _route_output(output: TextIO | None) -> Iterator[None]:
-    """Send stdout and every log record to ``output`` while kfp.local runs (if given)."""
-    if output is None:
-        yield
-        return
+    """Send stdout and every log record to ``output`` while kfp.local runs (if given).
+
+    The root logger's handlers and level are the caller's again afterwards, with or without
+    ``output``: kfp.local swaps them for a handler of its own while it runs, and a fan-out
+    (``dsl.ParallelFor``) can leave that handler behind, bound to the stdout of the time.
+    """
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    root.handlers = [logging.StreamHandler(output)]
+    if output is not None:
+        root.handlers = [logging.StreamHandler(output)]
     try:
-        with contextlib.redirect_stdout(output):
+        with contextlib.redirect_stdout(output) if output is not None else contextlib.nullcontext():
             yield
     finally:
         root.handlers, root.level = handlers, level
