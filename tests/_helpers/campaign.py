@@ -111,10 +111,13 @@ class Trainer:
         return self.proc.wait(timeout)
 
     def tail(self, n: int = 3000) -> str:
-        """The end of the trainer's log, without torch's tracing chatter."""
+        """The end of the trainer's log, without torch's tracing chatter, after the lines that
+        name an error (the first rank to fail often logged it long before the end)."""
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         lines = [ln for ln in text.splitlines() if "is_fx_tracing" not in ln]
-        return "\n".join(lines)[-n:]
+        errors = [ln for ln in lines if "Error" in ln or "error:" in ln][:20]
+        head = "\n".join(errors)[:3000] + "\n...\n" if errors else ""
+        return head + "\n".join(lines)[-n:]
 
 
 def _ppid(pid: int) -> int:
