@@ -15,7 +15,7 @@ import pytest
 
 from deltarec.artifacts import codec
 from deltarec.artifacts.types import TableSpec
-from deltarec.errors import InvalidRowError, StoreError
+from deltarec.errors import InvalidRowError, StaleGenerationError, StoreError
 from deltarec.ids import make_version
 from deltarec.publish.snapshot import finish_snapshot
 from deltarec.stores import ProgressMark, RowBatch, open_store
@@ -278,3 +278,50 @@ def test_a_file_that_is_not_a_database_is_refused_and_its_connection_closed(tmp_
     assert len(opened) == 1
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         opened[0].execute("SELECT 1")
+
+
+def _rows_of(seq: int, keys: np.ndarray) -> RowBatch:
+    n = len(keys)
+    embedding = np.full((n, DIM), float(seq), np.float32)
+    return RowBatch(keys, embedding, np.zeros(n, np.int8), np.full(n, make_version(1, seq)))
+
+
+def test_write_parts_writes_each_part_s_mark_and_none_for_a_superseded_generation(tmp_path):
+    store = open_at(tmp_path / "marks.db")
+    registry = store.registry
+    registry.register_generation("r", 1)
+    keys = np.arange(6, dtype=np.int64)
+    marks = [ProgressMark("r", 1, 1, T, rank, 2, True) for rank in range(3)]
+    store.write_parts(T, iter([_rows_of(1, keys)]), marks)
+    assert [(m.seq, m.rank, m.rows, m.complete) for m in registry.progress("r", 1)] == [
+        (1, 0, 2, True),
+        (1, 1, 2, True),
+        (1, 2, 2, True),
+    ]
+    registry.register_generation("r", 2)  # generation 1 is superseded: its writer is fenced
+    late = [ProgressMark("r", 1, 2, T, rank, 2, True) for rank in range(3)]
+    with pytest.raises(StaleGenerationError):
+        store.write_parts(T, iter([_rows_of(2, keys)]), late)
+    assert {m.seq for m in registry.progress("r", 1)} == {1}  # no mark of dump 2
+    assert state(store, keys)[1] == [make_version(1, 1)] * 6  # and none of its rows
+
+
+def test_a_snapshot_completes_from_marks_read_once_as_from_marks_read_for_it(tmp_path):
+    store = open_at(tmp_path / "snap.db")
+    registry = store.registry
+    registry.register_generation("r", 1)
+    keys = np.arange(4, dtype=np.int64)
+    store.write_parts(T, iter([_rows_of(1, keys)]), [ProgressMark("r", 1, 1, T, 0, 4, True)])
+    reads: list[int] = []
+
+    def progress() -> list[ProgressMark]:
+        reads.append(1)
+        return registry.progress("r", 1)
+
+    # one rank of two in: not complete, whichever way the marks come
+    assert not finish_snapshot(store, "r", 1, 1, T, world_size=2, progress=progress)
+    assert not finish_snapshot(store, "r", 1, 1, T, world_size=2)
+    store.write_parts(T, iter([_rows_of(1, keys[:0])]), [ProgressMark("r", 1, 1, T, 1, 0, True)])
+    assert finish_snapshot(store, "r", 1, 1, T, world_size=2, progress=progress)
+    assert reads == [1, 1]
+    assert registry.snapshot("r", 1, 1, T) is not None

@@ -309,6 +309,13 @@ class DumpPublisher:
     def complete_snapshot(self, manifest: Manifest) -> None:
         """Complete a snapshot dump's tables whose parts are all in (:func:`finish_snapshot`)."""
         stage = manifest.generation if self.mode is PublishMode.STAGED else None
+        read: list[list[ProgressMark]] = []  # the marks, read at most once for every table
+
+        def progress() -> list[ProgressMark]:
+            if not read:
+                read.append(self.registry.progress(self.run, manifest.generation))
+            return read[0]
+
         for table in sorted(manifest.tables):
             complete = self.call(
                 functools.partial(
@@ -320,6 +327,7 @@ class DumpPublisher:
                     table,
                     manifest.world_size,
                     stage,
+                    progress,
                 ),
                 f"complete snapshot of {table!r}",
             )

@@ -15,10 +15,11 @@ snapshot like a delta, and the snapshot is never recorded as complete.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
 from deltarec.ids import make_version
 from deltarec.stores.base import Store
-from deltarec.stores.types import SnapshotRecord
+from deltarec.stores.types import ProgressMark, SnapshotRecord
 
 
 def finish_snapshot(
@@ -29,8 +30,13 @@ def finish_snapshot(
     table: str,
     world_size: int,
     staging_generation: int | None = None,
+    progress: Callable[[], Sequence[ProgressMark]] | None = None,
 ) -> bool:
     """Complete a snapshot dump of ``table`` once all ``world_size`` ranks' marks are complete.
+
+    ``progress``: the generation's progress marks, for a caller completing several tables of
+    one dump that reads them once (a dump of hundreds of ranks has a mark per rank and table:
+    reading them all again for each table cost more than the tables' rows). None: read here.
 
     Returns:
         True if the snapshot is complete (now or before), False if ranks are missing or the
@@ -43,7 +49,7 @@ def finish_snapshot(
     done = registry.snapshot(run, generation, seq, table)
     if done is not None and (done.swept_at is not None or stage):
         return True
-    marks = registry.progress(run, generation)
+    marks = registry.progress(run, generation) if progress is None else progress()
     complete = sum(1 for m in marks if m.seq == seq and m.table == table and m.complete)
     if complete < world_size:
         return False

@@ -51,6 +51,10 @@ class SqlRegistry(Registry):
         """Run one statement (the store's dialect)."""
 
     @abc.abstractmethod
+    def _exec_many(self, cur: Any, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        """Run one statement for each parameter set (the store's dialect)."""
+
+    @abc.abstractmethod
     def _rows(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one query and fetch its rows."""
 
@@ -161,28 +165,43 @@ class SqlRegistry(Registry):
 
     def _write_mark(self, cur: Any, mark: ProgressMark, stage: int) -> None:
         """Write ``mark`` in the rows' transaction, after the fence (raises; rolls all back)."""
-        validate_run(mark.run)
-        self._lock_run(cur, mark.run, shared=True)
-        (newest,) = self._rows(
-            cur, "SELECT MAX(generation) FROM deltarec_generations WHERE run = ?", (mark.run,)
-        )[0]
-        if newest is not None and int(newest) > mark.generation:
-            raise StaleGenerationError(self.describe(), mark.run, mark.generation, int(newest))
-        self._exec(
-            cur,
-            _MARK_UPSERT,
+        self._write_marks(cur, [mark], stage)
+
+    def _write_marks(self, cur: Any, marks: Sequence[ProgressMark], stage: int | None) -> None:
+        """Write ``marks`` in the rows' transaction, after the fence (raises; rolls all back).
+
+        One fence check per run and one statement for all of them: a dump of hundreds of ranks
+        writes a mark per rank and table (5,120 for 256 ranks of 20 tables), and a query and a
+        statement each cost about as much as the rows of a small part. ``stage``: the staging
+        generation of every mark (None: each mark's own).
+        """
+        if not marks:
+            return
+        for run in sorted({m.run for m in marks}):
+            validate_run(run)
+            self._lock_run(cur, run, shared=True)
+            (newest,) = self._rows(
+                cur, "SELECT MAX(generation) FROM deltarec_generations WHERE run = ?", (run,)
+            )[0]
+            oldest = min(m.generation for m in marks if m.run == run)
+            if newest is not None and int(newest) > oldest:
+                raise StaleGenerationError(self.describe(), run, oldest, int(newest))
+        now = time.time()
+        params = [
             (
-                mark.run,
-                mark.generation,
-                mark.seq,
-                mark.table,
-                mark.rank,
-                stage,
-                mark.rows,
-                int(mark.complete),
-                time.time(),
-            ),
-        )
+                m.run,
+                m.generation,
+                m.seq,
+                m.table,
+                m.rank,
+                m.staging_generation if stage is None else stage,
+                m.rows,
+                int(m.complete),
+                now,
+            )
+            for m in marks
+        ]
+        self._exec_many(cur, _MARK_UPSERT, params)
 
     def record_progress(self, mark: ProgressMark) -> None:
         """See :meth:`Registry.record_progress`."""
@@ -194,8 +213,7 @@ class SqlRegistry(Registry):
         if not marks:
             return
         with self._tx() as cur:
-            for mark in marks:
-                self._write_mark(cur, mark, mark.staging_generation)
+            self._write_marks(cur, marks, None)
 
     def progress(self, run: str, generation: int) -> list[ProgressMark]:
         """See :meth:`Registry.progress`."""

@@ -164,6 +164,9 @@ class RelationalStore(RunViews, SqlRegistry, Store):
     def _exec(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
         return cur.execute(self._sql(sql), tuple(params))
 
+    def _exec_many(self, cur: Any, sql: str, params: Sequence[Sequence[Any]]) -> None:
+        cur.executemany(self._sql(sql), [tuple(p) for p in params])
+
     def _rows(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._exec(cur, sql, params)
         return list(cur.fetchall())

@@ -218,8 +218,7 @@ class SqliteStore(RelationalStore):
             else:
                 rest = itertools.chain([first, second], it)
                 n = self._write_many(cur, table, view, rest, floor, tombstones, now)
-            for mark in marks:
-                self._write_mark(cur, mark, stage)
+            self._write_marks(cur, marks, stage)  # one statement for every part's mark
             self._lower_low_mark(cur, view, lowest)
             if before_commit is not None:
                 before_commit()
