@@ -217,13 +217,18 @@ def test_verify_opens_each_small_shard_once_and_still_checks_every_shard(
 
     g = base_generation(lineage, sqlite_store)
     opened: Counter[str] = Counter()
-    real = ArtifactRoot.open_listed
+    real_open, real_read = ArtifactRoot.open_listed, ArtifactRoot.read_listed
 
     def counting(self, dump_dir, path):
         opened[f"{dump_dir}/{path}"] += 1
-        return real(self, dump_dir, path)
+        return real_open(self, dump_dir, path)
+
+    def reading(self, dump_dir, path, limit):
+        opened[f"{dump_dir}/{path}"] += 1
+        return real_read(self, dump_dir, path, limit)
 
     monkeypatch.setattr(ArtifactRoot, "open_listed", counting)
+    monkeypatch.setattr(ArtifactRoot, "read_listed", reading)
     result = verify(
         lineage.root, lineage.run, sqlite_store, generation=g, options=VerifyOptions(sample=sample)
     )

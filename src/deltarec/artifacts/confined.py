@@ -13,7 +13,7 @@ import contextlib
 import functools
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from deltarec.errors import ArtifactError
 
@@ -42,16 +42,56 @@ def _real_dir(directory: str) -> str:
 
 
 @contextlib.contextmanager
-def local_regular(directory: str, relpath: str, where: str) -> Iterator[str]:
+def local_regular(directory: str, relpath: str, where: Callable[[], str]) -> Iterator[str]:
     """Open a local file for reading only if it is a regular file inside ``directory``.
 
     Yields a path that names the opened file itself (``/proc/self/fd/N`` on Linux), so that a
     reader that opens by path (Arrow's native reader) opens exactly the checked file: a link
     swapped in after the check is never followed. The final component is opened without
     following links and without blocking (a FIFO cannot hang the reader), then checked to be a
-    regular file whose resolved path lies under the resolved ``directory``.
+    regular file whose resolved path lies under the resolved ``directory``. ``where``: the
+    file's URL for an error (built only then).
     """
     path = os.path.join(directory, relpath)
+    fd = _open_regular(path, where)
+    try:
+        proc = _inside(fd, directory, where)
+        yield path if proc is None else proc
+    finally:
+        os.close(fd)
+
+
+def read_regular(directory: str, relpath: str, limit: int, where: Callable[[], str]) -> bytes:
+    """At most ``limit`` bytes of a local regular file inside ``directory``.
+
+    The checks of :func:`local_regular`, on the one descriptor the bytes are then read from: a
+    small shard read whole costs one open (thousands of them a dump of hundreds of ranks).
+
+    Raises:
+        ArtifactError: a link, a FIFO or another non-regular file, or a file resolving outside
+            ``directory``.
+        FileNotFoundError: the file does not exist.
+    """
+    fd = _open_regular(os.path.join(directory, relpath), where)
+    try:
+        _inside(fd, directory, where)
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _open_regular(path: str, where: Callable[[], str]) -> int:
+    """A descriptor of ``path``, a regular file, opened without following a final link.
+
+    Opened without blocking (a FIFO); anything but a regular file is closed and refused.
+    """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
@@ -59,21 +99,33 @@ def local_regular(directory: str, relpath: str, where: str) -> Iterator[str]:
         raise
     except OSError as e:  # ELOOP: the file is a symbolic link
         problem = f"not a regular file inside its directory ({e.strerror})"
-        raise ArtifactError(where, problem) from None
+        raise ArtifactError(where(), problem) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ArtifactError(where, "not a regular file; only regular files are read")
-        proc = f"/proc/self/fd/{fd}"
-        if os.path.exists(proc):
-            real = os.readlink(proc)
-            inside = _real_dir(directory)
-            if not real.startswith(inside):
-                raise ArtifactError(where, "resolves outside its directory; it is not read")
-            yield proc
-        else:  # no /proc: the path was checked, opened without following its last link
-            yield path
-    finally:
+            raise ArtifactError(where(), "not a regular file; only regular files are read")
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
-__all__ = ["confined_relpath", "local_regular"]
+def _inside(fd: int, directory: str, where: Callable[[], str]) -> str | None:
+    """``/proc/self/fd/N`` naming ``fd`` if the opened file lies under ``directory`` resolved.
+
+    None where there is no ``/proc`` (the path was checked and opened without following its
+    last link).
+
+    Raises:
+        ArtifactError: the opened file resolves outside ``directory``.
+    """
+    proc = f"/proc/self/fd/{fd}"
+    try:
+        real = os.readlink(proc)
+    except FileNotFoundError:
+        return None
+    if not real.startswith(_real_dir(directory)):
+        raise ArtifactError(where(), "resolves outside its directory; it is not read")
+    return proc
+
+
+__all__ = ["confined_relpath", "local_regular", "read_regular"]

@@ -75,27 +75,55 @@ class _Accumulator:
 
     def add(
         self,
-        ref_no: int,
+        ref_no: int | np.ndarray,
         version: int | np.ndarray,
         cols: dict[str, np.ndarray],
         keep: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
     ) -> None:
         """The records of one shard; ``keep``: which of its rows count (None: all of them).
 
         Every row kept is the common case (thousands of small shards a dump with hundreds of
-        ranks): then the columns are taken as they are, without a mask and its copies.
+        ranks): then the columns are taken as they are, without a mask and its copies. Several
+        shards at once (:meth:`add_group`): ``ref_no`` and ``rows`` per row.
         """
         keys = np.asarray(cols[codec.KEY], dtype=np.int64)
         ops = np.asarray(cols[codec.OP], dtype=np.int8)
         steps = np.asarray(cols[codec.STEP], dtype=np.int64)
-        rows = np.arange(len(keys), dtype=np.int64)
+        n = len(keys)
+        rows = np.arange(n, dtype=np.int64) if rows is None else rows
+        refs = np.full(n, ref_no, np.int32) if isinstance(ref_no, int) else ref_no
         if keep is not None and not keep.all():
-            keys, ops, steps, rows = keys[keep], ops[keep], steps[keep], rows[keep]
+            keys, ops, steps, rows, refs = (
+                keys[keep],
+                ops[keep],
+                steps[keep],
+                rows[keep],
+                refs[keep],
+            )
             if not isinstance(version, int):
                 version = version[keep]
-        n = len(keys)
+            n = len(keys)
         versions = np.full(n, version, np.int64) if isinstance(version, int) else version
-        self.parts.append((keys, versions, ops, steps, np.full(n, ref_no, np.int32), rows))
+        self.parts.append((keys, versions, ops, steps, refs, rows))
+
+    def add_group(
+        self,
+        first_ref: int,
+        counts: list[int],
+        version: int,
+        cols: dict[str, np.ndarray],
+        keep: np.ndarray | None = None,
+    ) -> None:
+        """The records of consecutive refs ``first_ref, ...`` of ``counts`` rows each.
+
+        Their columns one after the other: a dump's shards of one table read as a group.
+        """
+        sizes = np.asarray(counts, np.int64)
+        refs = np.repeat(np.arange(first_ref, first_ref + len(sizes), dtype=np.int32), sizes)
+        starts = np.cumsum(sizes) - sizes
+        rows = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts, sizes)
+        self.add(refs, version, cols, keep, rows)
 
     def resolve(self) -> tuple[np.ndarray, ...]:
         if not self.parts:
@@ -296,14 +324,29 @@ def _add_dump(
         acc = accs.setdefault(table, _Accumulator())
         if m.kind is DumpKind.SNAPSHOT and include_all:
             acc.snapshot_version = m.version
-        for shard in m.shards_of(table):
+        shards = m.shards_of(table)
+        columns = [codec.KEY, codec.OP, codec.STEP]
+        group = None
+        if checked is not None and len(shards) > 1:  # a rank's shard each: read as one block
+            group = checked.read_group(dump_dir, shards, columns)
+        if group is not None:
+            keep = _before(group, cutoff) if not include_all else None
+            acc.add_group(len(refs), [s.rows for s in shards], m.version, group, keep)
+            refs.extend(ShardRef(dump_dir, shard, m.version) for shard in shards)
+            continue
+        for shard in shards:
             ref = ShardRef(dump_dir, shard, m.version)
-            cols = _read_columns(root, ref, [codec.KEY, codec.OP, codec.STEP], checked)
-            keep = None
-            if cutoff is not None and not include_all:  # a parent's dump past the cutoff
-                keep = np.asarray(cols[codec.STEP], dtype=np.int64) <= cutoff
+            cols = _read_columns(root, ref, columns, checked)
+            keep = _before(cols, cutoff) if not include_all else None
             refs.append(ref)
             acc.add(len(refs) - 1, m.version, cols, keep)
+
+
+def _before(cols: dict[str, np.ndarray], cutoff: int | None) -> np.ndarray | None:
+    """Which rows of a parent's dump past the cutoff count: those read at or before it."""
+    if cutoff is None:
+        return None
+    return np.asarray(cols[codec.STEP], dtype=np.int64) <= cutoff
 
 
 def keys_published_after(root: ArtifactRoot, run: str, parent: Parent) -> dict[str, np.ndarray]:

@@ -13,12 +13,15 @@ shard's bytes and its rows, so callers use it for shards they would hold whole a
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
+from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow._parquet as _parquet
 
+from deltarec.artifacts import codec
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DType, ShardInfo
@@ -36,40 +39,17 @@ def checked_bytes(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> bytes:
         ChecksumError: its size or sha256 differs (the message names the manifest's figures
             only, as :func:`~deltarec.artifacts.shards.check_shard`'s does).
     """
-    path = posixpath.join(dump_dir, shard.path)
     try:
-        with root.open_listed(dump_dir, shard.path) as f:
-            if isinstance(f, str):
-                data = _read_local(f, shard.bytes + 1)  # a larger file is refused unread
-            else:
-                data = f.read(shard.bytes + 1)
+        data = root.read_listed(dump_dir, shard.path, shard.bytes + 1)  # a larger one: refused
     except FileNotFoundError:
+        path = posixpath.join(dump_dir, shard.path)
         raise ArtifactError(root.url(path), "shard listed in the manifest is missing") from None
     if len(data) != shard.bytes or hashlib.sha256(data).hexdigest() != shard.sha256:
         raise ChecksumError(
-            root.url(path),
+            root.url(posixpath.join(dump_dir, shard.path)),
             f"content does not match the manifest's sha256 {shard.sha256} ({shard.bytes} bytes)",
         )
     return data
-
-
-def _read_local(path: str, limit: int) -> bytes:
-    """At most ``limit`` bytes of the file at ``path`` (the opened file open_listed names).
-
-    Plain ``os`` calls: a buffered Python file object costs a small shard as much as reading it.
-    """
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks, left = [], limit
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_whole_shard(
@@ -91,15 +71,16 @@ def read_whole_table(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> pa.
         ChecksumError: its size or sha256 differs from the manifest's, or it holds another
             number of rows.
     """
-    path = posixpath.join(dump_dir, shard.path)
     data = checked_bytes(root, dump_dir, shard)
     try:
         table = _decode(data)
     except (pa.ArrowInvalid, OSError) as e:
-        raise ArtifactError(root.url(path), f"unreadable parquet: {e}") from e
+        path = root.url(posixpath.join(dump_dir, shard.path))
+        raise ArtifactError(path, f"unreadable parquet: {e}") from e
     if table.num_rows != shard.rows:
         raise ChecksumError(
-            root.url(path), f"holds {table.num_rows} rows, the manifest says {shard.rows}"
+            root.url(posixpath.join(dump_dir, shard.path)),
+            f"holds {table.num_rows} rows, the manifest says {shard.rows}",
         )
     return table
 
@@ -131,6 +112,12 @@ class CheckedShards:
     decoding a shard instead of three of each (checksum, keys, rows). Shards beyond the budget
     are checked all the same and reopened for their rows; larger shards keep the streamed path
     (:meth:`read` returns None for them).
+
+    The small shards of one table in one dump (a rank's each) are held as one block
+    (:meth:`read_group`): their rows one after the other in one table, so that the replay and
+    the comparison take a dump of hundreds of ranks in whole-array operations, not shard by
+    shard (:meth:`locate`, :meth:`block_rows`). Each shard is still read, checked and decoded
+    on its own.
     """
 
     def __init__(self, root: ArtifactRoot, budget: int = 256 << 20) -> None:
@@ -139,6 +126,11 @@ class CheckedShards:
         self._held = 0
         self._checked: set[tuple[str, str]] = set()
         self._tables: dict[tuple[str, str], pa.Table] = {}
+        self._blocks: dict[int, tuple[pa.Table, list[tuple[str, str]]]] = {}  # and members
+        self._in_block: dict[tuple[str, str], tuple[int, int]] = {}  # (block, first row)
+        self._next_block = 0
+        self._matrices: dict[int, np.ndarray] = {}
+        self._located: tuple[Sequence[Any], int, np.ndarray, np.ndarray] | None = None
 
     def read(
         self, dump_dir: str, shard: ShardInfo, columns: list[str]
@@ -152,10 +144,51 @@ class CheckedShards:
         """
         if shard.bytes > WHOLE_SHARD_BYTES:
             return None
-        table = self._tables.get((dump_dir, shard.path))
+        table = self.held(dump_dir, shard)
         if table is None:
             table = read_whole_table(self.root, dump_dir, shard)  # digest before decoding
             self._hold((dump_dir, shard.path), table)
+        return self._columns(table, dump_dir, shard, columns)
+
+    def read_group(
+        self, dump_dir: str, shards: Sequence[ShardInfo], columns: list[str]
+    ) -> dict[str, pa.ChunkedArray] | None:
+        """``columns`` of several small shards of one table, their rows one after the other.
+
+        Each shard is read, checked and decoded as :meth:`read` does, before the next; the
+        decoded tables are held as one block. None, having read nothing, if a shard is large
+        or was read before; None, with every shard read and held on its own, if their schemas
+        differ (then :meth:`read` each).
+
+        Raises:
+            ArtifactError, ChecksumError: as :meth:`read`, for the first bad shard.
+        """
+        keys = [(dump_dir, s.path) for s in shards]
+        if any(s.bytes > WHOLE_SHARD_BYTES for s in shards) or not self._checked.isdisjoint(keys):
+            return None
+        tables = [read_whole_table(self.root, dump_dir, s) for s in shards]
+        try:
+            block = pa.concat_tables(tables).combine_chunks()
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # shards of other schemas (column order)
+            for key, table in zip(keys, tables, strict=True):
+                self._hold(key, table)
+            return None
+        self._checked.update(keys)
+        size = _size(block)
+        if self._held + size <= self.budget:
+            self._held += size
+            b = self._next_block
+            self._next_block += 1
+            self._blocks[b] = (block, keys)
+            first = 0
+            for key, shard in zip(keys, shards, strict=True):
+                self._in_block[key] = (b, first)
+                first += shard.rows
+        return self._columns(block, dump_dir, shards[0], columns)
+
+    def _columns(
+        self, table: pa.Table, dump_dir: str, shard: ShardInfo, columns: list[str]
+    ) -> dict[str, pa.ChunkedArray]:
         try:
             return {c: table.column(c) for c in columns}
         except KeyError as e:
@@ -175,12 +208,51 @@ class CheckedShards:
 
     def held(self, dump_dir: str, shard: ShardInfo) -> pa.Table | None:
         """The shard's decoded columns, if still held (else reopen it)."""
-        return self._tables.get((dump_dir, shard.path))
+        key = (dump_dir, shard.path)
+        table = self._tables.get(key)
+        if table is not None or key not in self._in_block:
+            return table
+        b, first = self._in_block[key]
+        return self._blocks[b][0].slice(first, shard.rows)
 
     def keep_only(self, keep: set[tuple[str, str]]) -> None:
-        """Drop the decoded shards not in ``keep`` (``(dump_dir, path)``: no row is needed)."""
+        """Drop the decoded shards not in ``keep`` (``(dump_dir, path)``: no row is needed).
+
+        A block goes once none of its shards is kept.
+        """
         for key in [k for k in self._tables if k not in keep]:
             self._held -= _size(self._tables.pop(key))
+        for b, (block, members) in list(self._blocks.items()):
+            if keep.isdisjoint(members):
+                del self._blocks[b]
+                self._matrices.pop(b, None)
+                self._held -= _size(block)
+                for key in members:
+                    del self._in_block[key]
+        self._located = None
+
+    def locate(self, refs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """For each of ``refs`` (``dump_dir`` and ``shard``), its block and first row there.
+
+        Returns:
+            ``(block, first)``: int64 arrays; block ``-1`` where the shard is in no block.
+            Computed once for one list of refs (a replay's, shared by its tables).
+        """
+        known = self._located
+        if known is not None and known[0] is refs and known[1] == len(refs):
+            return known[2], known[3]
+        where = [self._in_block.get((r.dump_dir, r.shard.path), (-1, 0)) for r in refs]
+        found = np.array(where, np.int64).reshape(-1, 2)
+        self._located = (refs, len(refs), found[:, 0], found[:, 1])
+        return found[:, 0], found[:, 1]
+
+    def block_rows(self, block: int, dtype: DType) -> np.ndarray:
+        """The encoded rows (embedding column) of a block, as one ``[rows, width]`` array."""
+        rows = self._matrices.get(block)
+        if rows is None:
+            rows = codec.embedding_matrix(self._blocks[block][0].column(codec.EMBEDDING), dtype)
+            self._matrices[block] = rows
+        return rows
 
 
 def _size(table: pa.Table) -> int:
