@@ -53,7 +53,7 @@ def local_regular(directory: str, relpath: str, where: Callable[[], str]) -> Ite
     file's URL for an error (built only then).
     """
     path = os.path.join(directory, relpath)
-    fd = _open_regular(path, where)
+    fd, _ = _open_regular(path, where)
     try:
         proc = _inside(fd, directory, where)
         yield path if proc is None else proc
@@ -72,10 +72,12 @@ def read_regular(directory: str, relpath: str, limit: int, where: Callable[[], s
             ``directory``.
         FileNotFoundError: the file does not exist.
     """
-    fd = _open_regular(os.path.join(directory, relpath), where)
+    fd, size = _open_regular(os.path.join(directory, relpath), where)
     try:
         _inside(fd, directory, where)
-        chunks, left = [], limit
+        # At most the size the open file has: no read to find its end (a larger file gives
+        # ``limit`` bytes; one that grows meanwhile is read as it was when opened).
+        chunks, left = [], min(size, limit)
         while left > 0:
             chunk = os.read(fd, left)
             if not chunk:
@@ -87,8 +89,8 @@ def read_regular(directory: str, relpath: str, limit: int, where: Callable[[], s
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _open_regular(path: str, where: Callable[[], str]) -> int:
-    """A descriptor of ``path``, a regular file, opened without following a final link.
+def _open_regular(path: str, where: Callable[[], str]) -> tuple[int, int]:
+    """``(descriptor, size)`` of ``path``, a regular file, opened without following a link.
 
     Opened without blocking (a FIFO); anything but a regular file is closed and refused.
     """
@@ -101,12 +103,13 @@ def _open_regular(path: str, where: Callable[[], str]) -> int:
         problem = f"not a regular file inside its directory ({e.strerror})"
         raise ArtifactError(where(), problem) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ArtifactError(where(), "not a regular file; only regular files are read")
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st.st_size
 
 
 def _inside(fd: int, directory: str, where: Callable[[], str]) -> str | None:
