@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.artifacts.types import DumpKind, TableSpec
 from deltarec.errors import ChecksumError, InvalidRowError
 from deltarec.publish import DumpPublisher, heldparts
@@ -62,12 +62,18 @@ def _store(tmp_path) -> SqliteStore:
 def test_the_parts_of_each_table_go_in_one_transaction_with_both_marks(tmp_path, writes):
     root, _, parts = _snapshot(tmp_path)
     store = _store(tmp_path)
-    results = DumpPublisher(store, root, "r").publish_generation(1)
+    pub = DumpPublisher(store, root, "r")
+    results = pub.publish_generation(1)
     assert [(p.rank, p.rows, sorted(p.tables)) for p in results] == [
         (0, 600, sorted(TABLES)),
         (1, 600, sorted(TABLES)),
     ]
     assert writes == [(U, [(0, 300, True), (1, 300, True)]), (T, [(0, 300, True), (1, 300, True)])]
+    for table, spec in TABLES.items():  # every part's rows counted, once a table
+        labels = {"table": table, "mode": "direct"}
+        assert pub.metrics.value("deltarec_publish_rows_total", labels) == 600
+        row = codec.row_bytes(spec.dtype, spec.dim)
+        assert pub.metrics.value("deltarec_publish_bytes_total", labels) == 600 * row
     for table in TABLES:
         for rows in parts[table].values():
             got = store.read(table, rows.keys)
