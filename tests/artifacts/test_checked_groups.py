@@ -73,6 +73,9 @@ def _same_replay(grouped: ExpectedState, plain: ExpectedState) -> None:
             assert np.array_equal(getattr(got, name), getattr(want, name)), (table, name)
         whole = want.load(want.keys)
         assert np.array_equal(got.load(got.keys), whole)
+        some = np.sort(np.random.default_rng(3).choice(got.keys, 50, replace=False))
+        loaded = got.load(some)  # a sample: the block's rows gathered, into an array of its own
+        assert np.array_equal(loaded, want.load(some)) and loaded.flags.writeable
         with ExpectedRows(got) as rows:
             taken = [rows.take(np.arange(b, min(b + 37, len(got.keys)))) for b in range(0, 400, 37)]
             assert rows._open == {}  # every batch from the blocks: no shard opened

@@ -245,6 +245,9 @@ class ExpectedTable:
                 missing = np.asarray(keys)[idx < 0][:5].tolist()
                 raise KeyError(f"table {self.table!r}: no expected record for keys {missing}")
             ref_idx, row_idx = self._ref_idx[idx], self._row_idx[idx]
+        held = _from_blocks(self, ref_idx, row_idx, view=False)
+        if held is not None:
+            return held
         width = codec.encoded_width(self.spec.dtype, self.spec.dim)
         out = _allocate((len(ref_idx), width), codec.element_type(self.spec.dtype))
         out[ref_idx < 0] = 0  # removed by a snapshot: no row to load
@@ -332,7 +335,7 @@ class ExpectedRows:
         """Rows ``[len(pos), encoded_width]`` of the records at positions ``pos`` (read-only)."""
         t = self._table
         ref_idx, row_idx = t._ref_idx[pos], t._row_idx[pos]
-        held = self._from_block(ref_idx, row_idx) if self._all is None else None
+        held = _from_blocks(t, ref_idx, row_idx) if self._all is None else None
         if held is not None:
             return held
         if self._all is None and (self._thrashing() or self._scattered(ref_idx, row_idx)):
@@ -358,37 +361,6 @@ class ExpectedRows:
                 mine = group == g
                 start, values = self._group(r, int(starts[g]))
                 out[sel[mine]] = values[rows[mine] - start]
-        return out
-
-    def _from_block(self, ref_idx: np.ndarray, row_idx: np.ndarray) -> np.ndarray | None:
-        """The rows, if the shards of every record lie in blocks the replay holds.
-
-        A dump's shards of one table read as a group (:meth:`CheckedShards.read_group`) are
-        one array: the records of a batch spanning many small shards are a gather per block
-        (a view where they are consecutive rows of one block), not a gather per shard. None
-        if a record's shard is in no block.
-        """
-        t = self._table
-        if t._checked is None or not len(ref_idx):
-            return None
-        block_of, first_of = t._checked.locate(t._refs)
-        live = ref_idx >= 0
-        every = bool(live.all())
-        named = ref_idx if every else ref_idx[live]
-        if not len(named):
-            return None
-        blocks = block_of[named]
-        if (blocks < 0).any():
-            return None
-        at = first_of[named] + (row_idx if every else row_idx[live])
-        b = int(blocks[0])
-        if every and (blocks == b).all():
-            return _gather(t._checked.block_rows(b, t.spec.dtype), at)
-        width = codec.encoded_width(t.spec.dtype, t.spec.dim)
-        out = np.zeros((len(ref_idx), width), dtype=codec.element_type(t.spec.dtype))
-        dst = np.flatnonzero(live)  # records removed by a snapshot: zero rows
-        for b, sel in _by_ref(blocks):
-            out[dst[sel]] = t._checked.block_rows(b, t.spec.dtype)[at[sel]]
         return out
 
     def _scattered(self, ref_idx: np.ndarray, row_idx: np.ndarray) -> bool:
@@ -442,6 +414,40 @@ class ExpectedRows:
             self._groups[r] = cached
             self._decoded += 1
         return starts[g], cached[1]
+
+
+def _from_blocks(
+    t: ExpectedTable, ref_idx: np.ndarray, row_idx: np.ndarray, view: bool = True
+) -> np.ndarray | None:
+    """The rows of records ``(ref_idx, row_idx)``, if every record's shard lies in a block.
+
+    A dump's shards of one table read as a group (:meth:`CheckedShards.read_group`) are one
+    array: the records of a batch spanning many small shards are a gather per block (with
+    ``view``, a view where they are consecutive rows of one block), not a read per shard.
+    Records removed by a snapshot get zero rows. None if a record's shard is in no block.
+    """
+    if t._checked is None or not len(ref_idx):
+        return None
+    block_of, first_of = t._checked.locate(t._refs)
+    live = ref_idx >= 0
+    every = bool(live.all())
+    named = ref_idx if every else ref_idx[live]
+    if not len(named):
+        return None
+    blocks = block_of[named]
+    if (blocks < 0).any():
+        return None
+    at = first_of[named] + (row_idx if every else row_idx[live])
+    b = int(blocks[0])
+    if every and (blocks == b).all():
+        rows = t._checked.block_rows(b, t.spec.dtype)
+        return _gather(rows, at) if view else rows[at]
+    width = codec.encoded_width(t.spec.dtype, t.spec.dim)
+    out = np.zeros((len(ref_idx), width), dtype=codec.element_type(t.spec.dtype))
+    dst = np.flatnonzero(live)
+    for b, sel in _by_ref(blocks):
+        out[dst[sel]] = t._checked.block_rows(b, t.spec.dtype)[at[sel]]
+    return out
 
 
 _POPULATE_BYTES = 32 << 20
