@@ -12,7 +12,8 @@ first, after one uncounted pair.
 
 ``--shards``: the same 900k rows of dim 16 in 20 tables, written as one snapshot dump of 256
 ranks (5,120 shards) and of 2 ranks (40 shards) in two runs; ``publish`` into a fresh SQLite
-store and ``verify --all`` of each, alternating. Ratio: many shards over few.
+store, ``verify --all`` and ``verify`` (sampled) of each, alternating. Ratio: many shards over
+few.
 
 Artifacts are written once into ``--workdir`` and reused by later invocations (a marker file),
 so the same artifacts can be timed under two versions of the code, alternating.
@@ -177,9 +178,11 @@ def _write_shards(work: Path, ranks: int) -> str:
 
 
 def shards(work: Path, many: int, few: int, repeat: int) -> dict[str, object]:
-    """``publish`` and ``verify --all`` of the same rows as ``many`` and ``few`` shards a table."""
+    """``publish``, ``verify --all`` and ``verify`` of the same rows as ``many`` and ``few`` shards
+    a table."""
     arts = {n: _write_shards(work, n) for n in (many, few)}
-    times: dict[int, dict[str, list[float]]] = {n: {"publish": [], "verify_all": []} for n in arts}
+    whats = ("publish", "verify_all", "verify_sampled")
+    times: dict[int, dict[str, list[float]]] = {n: {w: [] for w in whats} for n in arts}
 
     def both(n: int) -> Callable[[], float]:
         def go() -> float:
@@ -189,6 +192,7 @@ def shards(work: Path, many: int, few: int, repeat: int) -> dict[str, object]:
             url = f"sqlite:///{db}"
             argv = ["verify", "--artifacts", arts[n], "--run", "shards", "--store", url]
             times[n]["verify_all"].append(_run([*argv, "--all", "--no-record"]))
+            times[n]["verify_sampled"].append(_run([*argv, "--no-record"]))
             db.unlink()
             return 0.0
 
@@ -199,7 +203,7 @@ def shards(work: Path, many: int, few: int, repeat: int) -> dict[str, object]:
         for what in times[n]:
             del times[n][what][0]
     out: dict[str, object] = {"mode": "shards", "shards": {n: n * SHARD_TABLES for n in arts}}
-    for what in ("publish", "verify_all"):
+    for what in whats:
         ratios = [m / f for m, f in zip(times[many][what], times[few][what], strict=True)]
         out[what] = {
             f"{many}_ranks_s": [round(t, 3) for t in times[many][what]],
