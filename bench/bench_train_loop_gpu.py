@@ -86,7 +86,7 @@ from deltarec.api import (
     hook_from_env,
 )
 from deltarec.artifacts import ArtifactRoot
-from deltarec.tracking.plain import graph_metrics
+from deltarec.tracking.groups import graph_metrics
 from train_loop_stats import (
     REALISTIC,
     STRESS,
@@ -245,6 +245,8 @@ class Bench:
             options["encode_workers"] = a.encode_workers
         if a.compact_every_dumps:
             options["compact_every_dumps"] = a.compact_every_dumps
+        if a.spread_steps:
+            options["spread_steps"] = a.spread_steps
         self.hook = hook_from_env(sources=sources, environ=env, **options)
         t0 = time.perf_counter()
         self.hook.on_start(torch.nn.Module(), step=0, restored_from=None)
@@ -544,6 +546,12 @@ def main() -> None:
         help="DumperConfig.compact_every_dumps, in a third hooked block each round",
     )
     p.add_argument(
+        "--spread-steps",
+        type=int,
+        default=None,
+        help="DumperConfig.spread_steps: read each dump's rows over the steps after it",
+    )
+    p.add_argument(
         "--encoder", default="auto", choices=["auto", "thread", "process"], help="DumperConfig"
     )
     p.add_argument(
@@ -581,6 +589,7 @@ def main() -> None:
         "every_s": a.every_s,
         "encoder_sched": a.encoder_sched,
         "compact_every_dumps": a.compact_every_dumps,
+        "spread_steps": a.spread_steps,
         "tables": a.tables,
         "results": {},
     }

@@ -201,7 +201,7 @@ def test_dumps_gathered_by_the_graph_hold_the_rows_of_each_dump_step(tmp_path, e
                        chunk_rows=700, encoder=encoder, device_graph_bytes=limit)  # fmt: skip
     d = Dumper(cfg, srcs)
     d.start(step=0)
-    graphs = srcs[0]._group.graphs if srcs[0]._group is not None else None
+    graphs = srcs[0].group.graphs if srcs[0].group is not None else None
     assert graphs is not None and graphs.capacity == 4096
     gen = torch.Generator(device="cuda").manual_seed(1)
     want: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
@@ -256,7 +256,7 @@ def test_lookups_marked_between_dumps_are_dumped_with_the_rows_of_the_dump_step(
                        chunk_rows=700, device_graph_bytes=limit)  # fmt: skip
     d = Dumper(cfg, srcs)
     d.start(step=0)
-    group = srcs[0]._group
+    group = srcs[0].group
     assert group is not None and group.graphs is not None and group.graphs.capacity == 4096
     gen = torch.Generator(device="cuda").manual_seed(2)
     want: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}

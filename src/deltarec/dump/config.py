@@ -69,6 +69,14 @@ class DumperConfig(BaseModel):
     and gather a device's tables in one CUDA graph replay, captured at start (docs/dump.md,
     *Graphed dumps*). A dump whose tables recorded more ids than a set holds takes the exact
     path. None: 256 MiB, at most 1/256 of the device's memory; 0: no graphed dumps."""
+    spread_steps: int | None = Field(default=None, ge=1)
+    """Tables grouped by device (CUDA tables; every plain table on one device where set): read a
+    dump's touched rows over this many training steps after the dump step instead of at it,
+    copy on write (a lookup in those steps reads its rows first), and commit the dump once
+    all are read (docs/dump.md, *Spread dumps*). The dump step then only hands the bitmap of
+    touched rows over. Needs lookups recorded before the step's update (torchrec's tracker,
+    deltarec's recorders, or ``ManualTracker.record`` before the backward). None: every row is
+    read at the dump step."""
     encode_workers: int | None = Field(default=None, ge=1)
     """Threads that encode and checksum chunks in parallel. None: the cores the training
     processes leave free (:func:`~deltarec.dump.budget.default_encode_workers`)."""

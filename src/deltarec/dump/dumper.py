@@ -45,9 +45,10 @@ from deltarec.dump.exchange import Exchange
 from deltarec.dump.holds import DumpHolds
 from deltarec.dump.plan import agreed_table_specs, plan_dump, snapshot_fits
 from deltarec.dump.queue import ByteBoundedQueue
-from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit
+from deltarec.dump.spread import SpreadDumps
+from deltarec.dump.worker import Chunk, DumpWorker, EndOfDump, OnCommit, queue_parts
 from deltarec.errors import ConfigError, DumpError
-from deltarec.tracking.assemble import LocalParts, Part
+from deltarec.tracking.assemble import LocalParts
 from deltarec.tracking.device_budget import DeviceBudget, device_staging
 from deltarec.tracking.gather import DeviceRows
 from deltarec.tracking.pinned import PinnedRing
@@ -115,6 +116,8 @@ class Dumper:
         self.plan = dump_plan.host
         """How the host budget is shared out (:func:`~deltarec.dump.budget.plan_host_budget`)."""
         self.queue = ByteBoundedQueue(self.plan.queue_bytes, abort_check=self._check_worker)
+        self.spread = SpreadDumps(self.queue)
+        """The open spread dump (``DumperConfig.spread_steps``; :mod:`deltarec.dump.spread`)."""
         self.device_budget = DeviceBudget(config.device_staging_share)
         self.pinned: PinnedRing | None = (
             PinnedRing(slot, self.plan.pinned_slots, shared=self.encoder_process)
@@ -195,7 +198,9 @@ class Dumper:
         self._train_x = Exchange.create(self.config.commit_timeout_s, "training-thread")
         self._worker_x = Exchange.create(self.config.commit_timeout_s, "worker")
         options = SourceOptions(
-            zch_misses=self.config.zch_misses, device_graph_bytes=self.config.device_graph_bytes
+            zch_misses=self.config.zch_misses,
+            device_graph_bytes=self.config.device_graph_bytes,
+            spread_steps=self.config.spread_steps,
         )
         for s in self.sources:
             s.configure(options)
@@ -300,6 +305,7 @@ class Dumper:
         self._closed = True
         stuck = False
         try:
+            self.spread.close()
             if self._worker is not None:
                 stuck = not self._worker.stop(timeout)
         finally:
@@ -340,6 +346,7 @@ class Dumper:
         self._step = step
         assert self._cadence is not None
         if not self._cadence.due(step):
+            self.spread.advance()
             self._since_absorb += 1
             if self._since_absorb >= ABSORB_STEPS and not self._paused:
                 # a dump of many steps then marks only the last few steps' lookups itself
@@ -385,6 +392,7 @@ class Dumper:
         """Wait until every queued dump is written and committed (raises a dump failure)."""
         self._require_started()
         assert self._worker is not None
+        self.spread.advance(finish=True)
         queued = self.dumps_taken > 0 or self._restored is not None  # else no dump 0 to wait for
         if queued and self._worker.last_committed_seq() != self._seq:
             self._worker.wait_committed(self._seq, timeout)
@@ -488,6 +496,7 @@ class Dumper:
         return float(self._train_x.broadcast(time.time(), src=0, what=what))
 
     def _discard_pending(self) -> None:
+        self.spread.drop()
         for s in self.sources:
             s.discard()
 
@@ -501,9 +510,12 @@ class Dumper:
         staged: list[Chunk] = []
         self._dump_over.clear()
         try:
+            self.spread.advance(finish=True)  # the previous dump's rows first
             if kind is not DumpKind.SNAPSHOT:
-                # every table's dedup queued (one sync for all), or gathered by a CUDA graph
-                prepare_collects(self.sources)
+                # every table's dedup queued (one sync for all), gathered by a CUDA graph, or
+                # spread over the next steps
+                with device_staging(self.device_budget, self.pinned):
+                    prepare_collects(self.sources)
             for source in self.sources:
                 t0 = time.perf_counter()
                 gathered = (
@@ -522,7 +534,11 @@ class Dumper:
             self._dump_over.set()
         for chunk in staged:  # the worker would only wait for the dump's end to copy them
             self.queue.put(chunk, 0)
-        self.queue.put(EndOfDump(seq, kind, first, step, taken_at), 0)
+        end = EndOfDump(seq, kind, first, step, taken_at)
+        if not self.spread.start(self.sources, end):
+            self.queue.put(end, 0)
+        elif kind is DumpKind.FINAL:  # no step follows it
+            self.spread.advance(finish=True)
         self.dumps_taken += 1
         self.holds.end(started, timing)
         self.last_dump_timing = timing
@@ -548,7 +564,7 @@ class Dumper:
         the worker, whose Python then takes the GIL from the training thread's next calls.
         """
         if isinstance(gathered, LocalParts):
-            self._enqueue_parts(seq, table, step, gathered)
+            queue_parts(self.queue, seq, table, step, gathered)
             return
         with device_staging(self.device_budget, self.pinned):
             for host in gathered:
@@ -558,18 +574,6 @@ class Dumper:
                     staged.append(Chunk(seq, table, step, host))
                 else:
                     self.queue.put(Chunk(seq, table, step, host), host.nbytes)
-
-    def _enqueue_parts(self, seq: int, table: str, step: int, parts: LocalParts) -> None:
-        """Queue this rank's part of an assembled table: always at least one item."""
-        head = (seq, table, step, parts.mode, parts.writer_rank, parts.columns)
-        index = 0
-        for host in parts.chunks:
-            self.queue.put(Part(*head, index, parts.count, host), host.nbytes)
-            index += 1
-        if index != parts.count:
-            raise RuntimeError(f"table {table}: {index} parts gathered, {parts.count} announced")
-        if parts.count == 0:
-            self.queue.put(Part(*head, 0, 0, None), 0)
 
     def _republish(self, step: int, parent: Parent) -> None:
         assert self.generation is not None

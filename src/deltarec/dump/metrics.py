@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deltarec.tracking.plain import graph_metrics
+from deltarec.tracking.groups import graph_metrics
 
 if TYPE_CHECKING:
     from deltarec.dump.dumper import Dumper

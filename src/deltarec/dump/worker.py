@@ -52,7 +52,7 @@ from deltarec.dump.exchange import Exchange
 from deltarec.dump.queue import ByteBoundedQueue, QueueClosedError
 from deltarec.errors import DumpError
 from deltarec.faults import failpoint
-from deltarec.tracking.assemble import Assembly, Part
+from deltarec.tracking.assemble import Assembly, LocalParts, Part
 from deltarec.tracking.gather import DeviceRows, HostRows
 from deltarec.tracking.pinned import PinnedRing
 
@@ -549,3 +549,18 @@ def _taken_at(everyone: list[dict[str, object]]) -> dict[str, object]:
         return {}
     first = datetime.datetime.fromtimestamp(min(times), tz=datetime.timezone.utc)
     return {"taken_at": first.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+
+
+def queue_parts(
+    queue: ByteBoundedQueue, seq: int, table: str, step: int, parts: LocalParts
+) -> None:
+    """Queue this rank's part of an assembled table for the worker: always one item at least."""
+    head = (seq, table, step, parts.mode, parts.writer_rank, parts.columns)
+    index = 0
+    for host in parts.chunks:
+        queue.put(Part(*head, index, parts.count, host), host.nbytes)
+        index += 1
+    if index != parts.count:
+        raise RuntimeError(f"table {table}: {index} parts gathered, {parts.count} announced")
+    if parts.count == 0:
+        queue.put(Part(*head, 0, 0, None), 0)

@@ -151,6 +151,32 @@ class DeviceBudget:
             )
         return take
 
+    def try_take_quietly(self, device: torch.device, nbytes: int) -> bool:
+        """Take ``nbytes`` on ``device`` if they fit; nothing logged or counted if not.
+
+        For reads that wait for room as a matter of course (a spread dump's background reads,
+        :mod:`deltarec.tracking.spread`, go on at a later step).
+        """
+        with self._lock:
+            cap = self._capacity_locked(device)
+            held = self._held.get(device, 0)
+            if cap <= 0 or held + nbytes > cap:
+                return False
+            self._held[device] = held + nbytes
+            self.peak_bytes = max(self.peak_bytes, held + nbytes)
+            return True
+
+    def force_take(self, device: torch.device, nbytes: int) -> None:
+        """Take ``nbytes`` on ``device`` even beyond the capacity.
+
+        For small reads that cannot wait: a spread dump's copies on write, which the step's
+        update must not overtake.
+        """
+        with self._lock:
+            held = self._held.get(device, 0) + nbytes
+            self._held[device] = held
+            self.peak_bytes = max(self.peak_bytes, held)
+
     def give_back(self, device: torch.device, nbytes: int) -> None:
         """Return bytes taken by :meth:`try_take`."""
         with self._lock:

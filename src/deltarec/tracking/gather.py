@@ -76,6 +76,9 @@ class HostRows:
         keepalive: device tensors that must outlive the asynchronous copy.
         slot: the :class:`PinnedRing` slot the tensors lie in (None: memory of their own);
             given back by :meth:`free`, after which the tensors must not be read.
+        valid: bool ``[n]``, the rows to keep (None: all): a spread dump's reads
+            (:mod:`deltarec.tracking.spread`) carry rows read after their flag was cleared, and
+            a key more than once; :meth:`wait` keeps the valid rows, each key once.
     """
 
     keys: torch.Tensor
@@ -84,6 +87,7 @@ class HostRows:
     event: torch.cuda.Event | None = None
     keepalive: tuple[torch.Tensor, ...] = ()
     slot: PinnedSlot | None = None
+    valid: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -110,15 +114,51 @@ class HostRows:
             slot.give_back()
 
     def wait(self) -> None:
-        """Block until the device→host copy has finished (no-op on CPU)."""
+        """Block until the device→host copy has finished (no-op on CPU).
+
+        Then keep the valid rows, each key once (see ``valid``).
+        """
         if self.event is not None:
             self.event.synchronize()
             self.event = None
             self.keepalive = ()
+        if self.valid is not None:
+            self._keep_valid()
+
+    def _keep_valid(self) -> None:
+        """Move the valid rows, each key once, to the front of the tensors, in place.
+
+        In place, so rows in a :class:`PinnedRing` slot stay there (the encoder process reads
+        them from the ring).
+        """
+        valid, self.valid = self.valid, None
+        assert valid is not None
+        keep = valid.to(torch.bool)
+        keys = self.keys[keep]
+        order = None
+        if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):
+            # a copy on write reads a key as often as the step looked it up: one row each
+            keys, first = _first_of_each(keys)
+            order = keep.nonzero().view(-1)[first]
+        n = int(keys.numel())
+        if order is None and n == int(keep.numel()):
+            return
+        rows = self.rows[keep] if order is None else self.rows.index_select(0, order)
+        self.keys[:n] = keys
+        self.rows[:n] = rows
+        self.keys, self.rows, self.ops = self.keys[:n], self.rows[:n], self.ops[:n]
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(keys, rows, ops)`` as numpy arrays on the host memory (after :meth:`wait`)."""
         return self.keys.numpy(), self.rows.numpy(), self.ops.numpy()
+
+
+def _first_of_each(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keys`` sorted without repeats, and where each first occurs in ``keys``."""
+    ordered, order = torch.sort(keys, stable=True)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first], order[first]
 
 
 def _budget_bytes(rows: torch.Tensor, pinned: bool = False) -> int:
@@ -164,7 +204,10 @@ class DeviceRows(HostRows):
         With ``ring``: as copied into one of its slots, when they fit one.
         """
         rows = self.rows[start:stop]
-        pinned = ring is not None and ring.fits(slot_bytes(self.keys[start:stop], rows))
+        parts = [self.keys[start:stop], rows]
+        if self.valid is not None:
+            parts.append(self.valid[start:stop])
+        pinned = ring is not None and ring.fits(slot_bytes(*parts))
         return _budget_bytes(rows, pinned)
 
     def to_host(self, start: int, stop: int, ring: PinnedRing | None = None) -> HostRows:
@@ -178,18 +221,26 @@ class DeviceRows(HostRows):
         eng.stream.wait_event(self.gathered)
         keys, rows = self.keys[start:stop], self.rows[start:stop]
         ops = torch.zeros(int(keys.shape[0]), dtype=torch.int8)
-        (hkeys, hrows), event, slot = eng.to_host(keys, rows, wait_current=False, ring=ring)
-        return HostRows(hkeys, hrows, ops, event, slot=slot)
+        if self.valid is None:
+            (hkeys, hrows), event, slot = eng.to_host(keys, rows, wait_current=False, ring=ring)
+            return HostRows(hkeys, hrows, ops, event, slot=slot)
+        valid = self.valid[start:stop]
+        (hkeys, hrows, hvalid), event, slot = eng.to_host(
+            keys, rows, valid, wait_current=False, ring=ring
+        )
+        return HostRows(hkeys, hrows, ops, event, slot=slot, valid=hvalid)
 
     def wait(self) -> None:
         """Copy the whole buffer to host memory now (for callers that take it as host rows)."""
         if self.keys.device.type == "cpu":
+            if self.valid is not None:
+                self._keep_valid()
             return
         self.resolve()
         host = self.to_host(0, len(self))
         host.wait()
         self.release()
-        self.keys, self.rows, self.ops = host.keys, host.rows, host.ops
+        self.keys, self.rows, self.ops, self.valid = host.keys, host.rows, host.ops, None
 
     def release(self) -> None:
         """Give the buffer's bytes back to the budget and drop the device tensors (idempotent)."""
@@ -198,6 +249,7 @@ class DeviceRows(HostRows):
             self.keys = self.keys.new_empty(0)
             self.rows = self.rows.new_empty((0, int(self.rows.shape[1])))
             self.ops = self.ops.new_empty(0)
+            self.valid = None
             self.budget.give_back(device, self.device_bytes)
             self.device_bytes = 0
 

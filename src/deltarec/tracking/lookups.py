@@ -28,7 +28,7 @@ kept and raised by :meth:`LookupRecorder.check` at the next dump.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -73,6 +73,8 @@ class LookupRecorder:
     def __init__(self, module: Any, paths: Mapping[str, str], table_ids: Mapping[str, str]) -> None:
         self.per_fqn_lookups: dict[str, list[torch.Tensor]] = {}
         self.store = self
+        self.listeners: list[Callable[[str, torch.Tensor], None]] = []
+        """Called with ``(path, ids)`` after each recorded lookup (``TrackerHub.watch``)."""
         self.failure: TrackingError | None = None
         """The first lookup that could not be attributed (raised by :meth:`check`)."""
         self.tables_seen: set[str] = set()
@@ -132,7 +134,10 @@ class LookupRecorder:
         at = 0
         for path, n in zip(where, features.length_per_key(), strict=True):
             if n:
-                self.per_fqn_lookups.setdefault(path, []).append(values[at : at + n])
+                ids = values[at : at + n]
+                self.per_fqn_lookups.setdefault(path, []).append(ids)
+                for fn in self.listeners:
+                    fn(path, ids)
             at += n
 
     def check(self) -> None:

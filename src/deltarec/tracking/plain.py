@@ -29,10 +29,11 @@ from deltarec.tracking.gather import (
     gather_to_host,
     rows_to_host,
 )
-from deltarec.tracking.graphed import GraphedGather, GraphedRows, default_set_bytes
+from deltarec.tracking.graphed import GraphedRows
+from deltarec.tracking.groups import TableGroup, batches
 from deltarec.tracking.tracker import TrackerHub
 from deltarec.tracking.types import Gathered, RankGroup, SourceOptions, TableSource, TouchedRows
-from deltarec.tracking.unique import BATCH_ROWS_MAX, BatchedIds, UniqueBatch
+from deltarec.tracking.unique import BatchedIds
 
 
 @dataclass(frozen=True)
@@ -130,123 +131,8 @@ def _join(chunks: Iterator[HostRows], dim: int) -> TouchedRows:
     )
 
 
-def _batches(sources: Sequence[RowShardSource]) -> list[list[RowShardSource]]:
-    """The sources that share a :class:`UniqueBatch`: by device, in order, within its rows."""
-    out: list[list[RowShardSource]] = []
-    open_: dict[torch.device, tuple[list[RowShardSource], list[int]]] = {}
-    for s in sources:
-        assert s.weight is not None
-        group = open_.get(s.weight.device)
-        rows = int(s.weight.shape[0])
-        if group is None or group[1][0] + rows > BATCH_ROWS_MAX:
-            group = open_[s.weight.device] = ([], [0])
-            out.append(group[0])
-        group[0].append(s)
-        group[1][0] += rows
-    return out
-
-
-@dataclass
-class _Group:
-    """The CUDA tables of one device that a dump deduplicates together, and their buffers."""
-
-    sources: list[RowShardSource]
-    batch: UniqueBatch
-    graphs: GraphedGather | None
-
-    @classmethod
-    def of(cls, sources: list[RowShardSource]) -> _Group:
-        """A group of ``sources``: their kernels loaded, their graphs captured (untimed).
-
-        Graphed dumps are made where the sources were configured for them (by the dumper,
-        :class:`~deltarec.tracking.types.SourceOptions`); a source used on its own takes the
-        exact path.
-        """
-        weights = [s.weight for s in sources if s.weight is not None]
-        device = weights[0].device
-        batch = UniqueBatch([int(w.shape[0]) for w in weights], device)
-        batch.warm_up(weights)
-        limit = sources[0].graph_bytes
-        if limit is None:
-            limit = default_set_bytes(device)
-        graphs = None
-        if limit > 0:
-            graphs = GraphedGather(weights, [s.row_offset for s in sources], limit)
-        group = cls(list(sources), batch, graphs)
-        for s in sources:
-            s._group = group
-        return group
-
-    def __post_init__(self) -> None:
-        self.held: list[list[torch.Tensor]] = [[] for _ in self.sources]
-        """Per member, id tensors taken from the hub and not yet marked (a graph may take them)."""
-        self.held_ids = [0] * len(self.sources)
-
-    def take(self, poll: bool = True) -> list[list[torch.Tensor]]:
-        """Every member's recorded id tensors not yet marked in the bitmap, cleared here."""
-        if poll:
-            for hub in {id(s.hub): s.hub for s in self.sources if s.hub is not None}.values():
-                hub.poll()
-        parts = [s.hub.take_parts(s.fqn, poll=False) if s.hub else [] for s in self.sources]
-        out = [held + new for held, new in zip(self.held, parts, strict=True)]
-        self.held = [[] for _ in self.sources]
-        self.held_ids = [0] * len(self.sources)
-        return out
-
-    def absorb(self) -> None:
-        """Mark what was recorded since the last call in the bitmap, unless a graph may take it.
-
-        While every member's ids since the last dump fit the graphs' capacity they stay held
-        (the dump may replay a graph on them); once one does not, the dump takes the exact
-        path, and they are marked: one ``torch.cat`` and one ``index_fill_`` per member.
-        """
-        before = [(len(h), n) for h, n in zip(self.held, self.held_ids, strict=True)]
-        parts = self.take()
-        counts = [
-            n + sum(int(p.numel()) for p in got[k:])
-            for (k, n), got in zip(before, parts, strict=True)
-        ]
-        graphs = self.graphs
-        cap = graphs.capacity if graphs is not None and graphs.sets else 0
-        if not any(self.batch.marked) and max(counts, default=0) <= cap:
-            self.held, self.held_ids = parts, counts
-            return
-        for i, got in enumerate(parts):
-            if got:
-                self.batch.mark(i, got[0] if len(got) == 1 else torch.cat(got))
-
-    def forget(self, source: RowShardSource) -> None:
-        """Drop what ``source`` recorded so far (held and marked)."""
-        i = self.sources.index(source)
-        self.held[i], self.held_ids[i] = [], 0
-        self.batch.clear(i)
-
-    def release(self, source: RowShardSource) -> list[torch.Tensor]:
-        """What ``source`` recorded so far, as id tensors, for the group that replaces this one.
-
-        Its marks are read back from the bitmap (one wait; only when the sources change).
-        """
-        i = self.sources.index(source)
-        out, self.held[i], self.held_ids[i] = self.held[i], [], 0
-        if self.batch.marked[i]:
-            out.append(self.batch.blocks[i].nonzero().view(-1))
-            self.batch.clear(i)
-        return out
-
-
-def graph_metrics(sources: Sequence[TableSource]) -> dict[str, int]:
-    """Counters of the sources' graphed dumps (:mod:`deltarec.tracking.graphed`).
-
-    ``graphed``: dumps of a CUDA group that took its graph; ``graph_misses``: dumps that took
-    the exact path instead; ``graph_bytes``: device bytes of the groups' buffer sets.
-    """
-    groups = {id(s._group): s._group for s in sources if isinstance(s, RowShardSource) and s._group}
-    graphs = [g.graphs for g in groups.values() if g.graphs is not None]
-    return {
-        "graphed": sum(g.runs for g in graphs),
-        "graph_misses": sum(g.misses for g in graphs),
-        "graph_bytes": sum(g.nbytes for g in graphs),
-    }
+_SPREAD = object()
+"""A source's prepared collection when its rows are read by its group's spread dump."""
 
 
 class RowShardSource(_TrackedSource):
@@ -275,13 +161,19 @@ class RowShardSource(_TrackedSource):
         self.weight = weight
         self.row_offset = int(row_offset)
         self.writes = weight is not None and weight.shape[0] > 0
-        self._prepared: tuple[BatchedIds, int] | GraphedRows | None = None
-        self._group: _Group | None = None
+        self._prepared: tuple[BatchedIds, int] | GraphedRows | object | None = None
+        self.group: TableGroup | None = None
         self.graph_bytes: int | None = 0
+        self.spread_steps: int | None = None
 
     def configure(self, options: SourceOptions) -> None:
-        """``options.device_graph_bytes``: the byte limit of this table's group's graphs."""
+        """Take the dumper's settings for this table's group.
+
+        ``options.device_graph_bytes``: the byte limit of the group's graphs;
+        ``options.spread_steps``: read dumps over the steps after them (copy on write).
+        """
         self.graph_bytes = options.device_graph_bytes
+        self.spread_steps = options.spread_steps
 
     def iter_collect(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
         if self.weight is None:
@@ -289,10 +181,12 @@ class RowShardSource(_TrackedSource):
                 self.hub.take(self.fqn)
             return
         prepared, self._prepared = self._prepared, None
+        if prepared is _SPREAD:
+            return  # read over the next steps by the group's spread dump
         if isinstance(prepared, GraphedRows):
             yield prepared  # gathered by the group's graph: the worker copies its rows out
             return
-        if prepared is not None:
+        if isinstance(prepared, tuple):
             ids = prepared[0].ids(prepared[1])
         else:
             ids = self._take_ids(self.weight.device, self.weight.shape[0])
@@ -319,14 +213,15 @@ class RowShardSource(_TrackedSource):
         for s in sources:
             assert isinstance(s, RowShardSource)
             s._drop_prepared()
-            if s.weight is not None and s.weight.is_cuda and s.hub is not None:
+            grouped = s.weight is not None and (s.weight.is_cuda or s.spread_steps)
+            if grouped and s.hub is not None:
                 batched.append(s)
-        for members in _batches(batched):
-            group = members[0]._group
+        for members in batches(batched):
+            group = members[0].group
             carried: list[list[torch.Tensor]] = [[] for _ in members]
             if group is None or group.sources != members:
-                carried = [s._group.release(s) if s._group else [] for s in members]
-                group = _Group.of(members)
+                carried = [s.group.release(s) if s.group else [] for s in members]
+                group = TableGroup.of(members)
             parts = [c + p for c, p in zip(carried, group.take(), strict=True)]
             graphs = group.graphs
             marked = any(group.batch.marked)
@@ -334,6 +229,11 @@ class RowShardSource(_TrackedSource):
             if graphed is not None:
                 for s, rows in zip(members, graphed, strict=True):
                     s._prepared = rows
+                continue
+            steps = members[0].spread_steps
+            if steps and group.open_window(parts, steps) is not None:
+                for s in members:
+                    s._prepared = _SPREAD
                 continue
             recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
             dump = group.batch.queue(recorded)
@@ -357,19 +257,19 @@ class RowShardSource(_TrackedSource):
         about 3-4 µs per recorded lookup tensor, all at the dump step). Groups are those the
         last :meth:`prepare_collects` formed; sources without one wait for the dump.
         """
-        groups = {id(g): g for s in sources if isinstance(s, RowShardSource) and (g := s._group)}
+        groups = {id(g): g for s in sources if isinstance(s, RowShardSource) and (g := s.group)}
         for group in groups.values():
             group.absorb()
 
     def discard(self) -> None:  # noqa: D102
         self._drop_prepared()
-        if self._group is not None:
-            self._group.forget(self)
+        if self.group is not None:
+            self.group.forget(self)
         super().discard()
 
     def close(self) -> None:  # noqa: D102
         self._drop_prepared()
-        group, self._group = self._group, None
+        group, self.group = self.group, None
         if group is not None and group.graphs is not None:
             group.graphs.close()
         super().close()

@@ -72,6 +72,8 @@ class TrackerHub:
         self._explain = explain
         self._checks = [*checks, *(r.check for r in self.recorders if hasattr(r, "check"))]
         self._pending: dict[str, list[torch.Tensor]] = {f: [] for f in self.fqns}
+        self._watchers: dict[str, Callable[[torch.Tensor], None]] = {}
+        self._listening: bool | None = None  # None: not tried yet
 
     def _read(self, strict: bool = True) -> dict[str, list[torch.Tensor]]:
         """Drain the tracker and the recorders: ``{path: [id tensors]}`` since the last read.
@@ -159,6 +161,33 @@ class TrackerHub:
         self._pending[fqn] = []
         return parts
 
+    def watch(self, fqn: str, fn: Callable[[torch.Tensor], None]) -> bool:
+        """Call ``fn(ids)`` with each lookup of ``fqn`` as it is recorded (in the forward).
+
+        For a spread dump's copies on write (:mod:`deltarec.tracking.spread`). Returns False,
+        and watches nothing, where a tracker or recorder offers no way to see lookups as they
+        are recorded (one read with ``get_unique()`` alone).
+        """
+        if self._listening is None:
+            sources = [t for t in (self.tracker, *self.recorders) if t is not None]
+            self._listening = all(_can_listen(t) for t in sources)
+            if self._listening:
+                for t in sources:
+                    _listen(t, self._notify)
+        if not self._listening:
+            return False
+        self._watchers[fqn] = fn
+        return True
+
+    def unwatch(self, fqn: str) -> None:
+        """Stop calling what :meth:`watch` gave for ``fqn`` (idempotent)."""
+        self._watchers.pop(fqn, None)
+
+    def _notify(self, fqn: str, ids: torch.Tensor) -> None:
+        fn = self._watchers.get(fqn)
+        if fn is not None:
+            fn(ids)
+
     def hold(self) -> None:
         """Evaluation begins: keep what training recorded so far."""
         self.poll()
@@ -179,6 +208,37 @@ class TrackerHub:
             close = getattr(recorder, "close", None)
             if close is not None:
                 close()
+
+
+def _can_listen(tracker: Any) -> bool:
+    """Whether :func:`_listen` can see ``tracker``'s lookups as they are recorded."""
+    if isinstance(getattr(tracker, "listeners", None), list):
+        return True
+    return callable(getattr(getattr(tracker, "store", None), "append", None))
+
+
+def _listen(tracker: Any, fn: Callable[[str, torch.Tensor], None]) -> None:
+    """Call ``fn(path, ids)`` with every lookup ``tracker`` records, after it records it.
+
+    deltarec's recorders and :class:`ManualTracker` keep a list of listeners; torchrec's
+    tracker files each lookup with ``store.append(batch_idx=, fqn=, ids=, ...)``, which is
+    wrapped on the store instance (never on its class).
+    """
+    listeners = getattr(tracker, "listeners", None)
+    if isinstance(listeners, list):
+        listeners.append(fn)
+        return
+    store = tracker.store
+    append = store.append
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        out = append(*args, **kwargs)
+        fqn = kwargs["fqn"] if "fqn" in kwargs else args[1]
+        ids = kwargs["ids"] if "ids" in kwargs else args[2]
+        fn(fqn, ids)
+        return out
+
+    store.append = recorded
 
 
 def _drain(tracker: Any) -> dict[str, list[torch.Tensor]]:
@@ -217,10 +277,15 @@ class ManualTracker:
     def __init__(self) -> None:
         self.store = self
         self.per_fqn_lookups: dict[str, list[torch.Tensor]] = {}
+        self.listeners: list[Callable[[str, torch.Tensor], None]] = []
+        """Called with ``(fqn, ids)`` after each :meth:`record` (see ``TrackerHub.watch``)."""
 
     def record(self, fqn: str, ids: torch.Tensor) -> None:
-        """Record the local row ids one lookup touched."""
-        self.per_fqn_lookups.setdefault(fqn, []).append(ids.reshape(-1))
+        """Record the local row ids one lookup touched (before the step updates them)."""
+        flat = ids.reshape(-1)
+        self.per_fqn_lookups.setdefault(fqn, []).append(flat)
+        for fn in self.listeners:
+            fn(fqn, flat)
 
     def get_unique(self) -> dict[str, _Unique]:
         """Unique ids per FQN since the previous call; forgets them."""

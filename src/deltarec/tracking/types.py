@@ -63,10 +63,12 @@ class SourceOptions:
             did not hold, each with ``op = 1`` and the fallback row the model answers them
             with (``DumperConfig.zch_misses``).
         device_graph_bytes: ``DumperConfig.device_graph_bytes``.
+        spread_steps: ``DumperConfig.spread_steps``.
     """
 
     zch_misses: bool = False
     device_graph_bytes: int | None = 0
+    spread_steps: int | None = None
 
 
 class RankGroup(Protocol):

@@ -80,6 +80,24 @@ class UniqueBatch:
             self.blocks[table].zero_()
             self.marked[table] = 0
 
+    def take_marks(self, recorded: Sequence[torch.Tensor | None]) -> list[torch.Tensor] | None:
+        """Mark ``recorded`` and take the bitmap as it is: per table, a flag per touched row.
+
+        The batch goes on with a cleared bitmap of its own (the next dump's marks); the one
+        returned belongs to the caller (a spread dump's pending rows,
+        :mod:`deltarec.tracking.spread`). None, and nothing taken, when no id was marked.
+        """
+        for i, ids in enumerate(recorded):
+            if ids is not None:
+                self.mark(i, ids)
+        if not any(self.marked):
+            return None
+        taken = self.bitmap
+        self.bitmap = torch.zeros_like(taken)
+        self.blocks = [self.bitmap[b : b + n] for b, n in zip(self.bases, self.rows, strict=True)]
+        self.marked = [0] * len(self.rows)
+        return [taken[b : b + n] for b, n in zip(self.bases, self.rows, strict=True)]
+
     def queue(self, recorded: Sequence[torch.Tensor | None]) -> BatchedIds:
         """Queue the deduplication of each table's recorded ids (None: the table had none).
 
