@@ -41,6 +41,7 @@ def _small_ranges(monkeypatch):
     """Ranges and step shares small enough that a dump of these tables takes several steps."""
     monkeypatch.setattr(spread, "RANGE_ROWS", 64)
     monkeypatch.setattr(spread, "MIN_STEP_ROWS", 32)
+    monkeypatch.setattr(spread, "FINISH_READ_ROWS", 100)
 
 
 class Loop:
@@ -224,15 +225,15 @@ def test_the_store_of_torchrecs_tracker_is_watched_on_its_instance():
     assert tracker.store.per_fqn_lookups["t"][1].tolist() == [6]  # still recorded
 
 
-def test_host_rows_keep_the_valid_rows_once_per_key_in_place():
-    keys = torch.tensor([5, 2, 5, 9, 2, 7])
+def test_host_rows_keep_the_valid_rows_in_place():
+    keys = torch.tensor([5, 2, 8, 9, 3, 7])
     rows = torch.arange(12, dtype=torch.float32).view(6, 2)
-    valid = torch.tensor([True, True, True, False, True, True])
+    valid = torch.tensor([True, True, False, False, True, True])
     host = HostRows(keys, rows, torch.zeros(6, dtype=torch.int8), valid=valid)
     base = host.rows.data_ptr()
     host.wait()
-    assert host.keys.tolist() == [2, 5, 7]
-    assert host.rows.tolist() == [[2.0, 3.0], [0.0, 1.0], [10.0, 11.0]]
-    assert len(host.ops) == 3 and host.rows.data_ptr() == base  # same memory, front part
+    assert host.keys.tolist() == [5, 2, 3, 7]
+    assert host.rows.tolist() == [[0.0, 1.0], [2.0, 3.0], [8.0, 9.0], [10.0, 11.0]]
+    assert len(host.ops) == 4 and host.rows.data_ptr() == base  # same memory, front part
     host.wait()  # idempotent
-    assert host.keys.tolist() == [2, 5, 7]
+    assert host.keys.tolist() == [5, 2, 3, 7]

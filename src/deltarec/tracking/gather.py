@@ -77,8 +77,8 @@ class HostRows:
         slot: the :class:`PinnedRing` slot the tensors lie in (None: memory of their own);
             given back by :meth:`free`, after which the tensors must not be read.
         valid: bool ``[n]``, the rows to keep (None: all): a spread dump's reads
-            (:mod:`deltarec.tracking.spread`) carry rows read after their flag was cleared, and
-            a key more than once; :meth:`wait` keeps the valid rows, each key once.
+            (:mod:`deltarec.tracking.spread`) carry rows read after their flag was cleared and
+            padding; :meth:`wait` keeps the valid rows.
     """
 
     keys: torch.Tensor
@@ -126,7 +126,7 @@ class HostRows:
             self._keep_valid()
 
     def _keep_valid(self) -> None:
-        """Move the valid rows, each key once, to the front of the tensors, in place.
+        """Move the valid rows to the front of the tensors, in place.
 
         In place, so rows in a :class:`PinnedRing` slot stay there (the encoder process reads
         them from the ring).
@@ -134,31 +134,16 @@ class HostRows:
         valid, self.valid = self.valid, None
         assert valid is not None
         keep = valid.to(torch.bool)
-        keys = self.keys[keep]
-        order = None
-        if keys.numel() > 1 and not bool((keys[1:] > keys[:-1]).all()):
-            # a copy on write reads a key as often as the step looked it up: one row each
-            keys, first = _first_of_each(keys)
-            order = keep.nonzero().view(-1)[first]
-        n = int(keys.numel())
-        if order is None and n == int(keep.numel()):
+        n = int(keep.sum())
+        if n == int(keep.numel()):
             return
-        rows = self.rows[keep] if order is None else self.rows.index_select(0, order)
-        self.keys[:n] = keys
-        self.rows[:n] = rows
+        self.keys[:n] = self.keys[keep]
+        self.rows[:n] = self.rows[keep]
         self.keys, self.rows, self.ops = self.keys[:n], self.rows[:n], self.ops[:n]
 
     def numpy(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(keys, rows, ops)`` as numpy arrays on the host memory (after :meth:`wait`)."""
         return self.keys.numpy(), self.rows.numpy(), self.ops.numpy()
-
-
-def _first_of_each(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``keys`` sorted without repeats, and where each first occurs in ``keys``."""
-    ordered, order = torch.sort(keys, stable=True)
-    first = torch.ones_like(ordered, dtype=torch.bool)
-    first[1:] = ordered[1:] != ordered[:-1]
-    return ordered[first], order[first]
 
 
 def _budget_bytes(rows: torch.Tensor, pinned: bool = False) -> int:

@@ -93,6 +93,7 @@ class TableGroup:
         self.window: SpreadWindow | None = None
         """The open spread dump of the group's tables (:mod:`deltarec.tracking.spread`)."""
         self._watching: bool | None = None
+        self._counts: torch.Tensor | None = None  # the windows' pinned counts, reused
 
     def open_window(self, parts: list[list[torch.Tensor]], steps: int) -> SpreadWindow | None:
         """Take the dump's touched rows as a :class:`SpreadWindow`, read over ``steps`` steps.
@@ -108,6 +109,10 @@ class TableGroup:
             )
         if not self._watching:
             return None
+        done = self.window
+        if done is not None and done.completed:  # every flag of its bitmap is clear again
+            self.batch.recycle()
+        self.window = None
         recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
         pending = self.batch.take_marks(recorded)
         if pending is None:
@@ -115,7 +120,10 @@ class TableGroup:
         weights = [s.weight for s in self.sources if s.weight is not None]
         offsets = [s.row_offset for s in self.sources]
         budget, ring = current_budget(), current_ring()
-        self.window = SpreadWindow(weights, offsets, pending, steps, budget, ring)
+        self.window = SpreadWindow(
+            weights, offsets, pending, steps, budget, ring, host_counts=self._counts
+        )
+        self._counts = self.window.host_counts
         return self.window
 
     def _on_lookup(self, member: int, ids: torch.Tensor) -> None:

@@ -17,9 +17,10 @@ steps that follow:
   (its rows over ``spread_steps``) is read. A range the window reaches after copies on write
   cleared some of its rows is padded, and the padding masked out.
 
-Every read comes with its mask; the host keeps only rows that were pending when read, once
-per key (:meth:`~deltarec.tracking.gather.HostRows.wait`), so each touched row is written once,
-with its value at the dump step. Nothing waits on the host: the per-range counts come to
+Every read comes with its mask (a key looked up twice in a step is masked after its first
+read); the host keeps only rows that were pending when read
+(:meth:`~deltarec.tracking.gather.HostRows.wait`), so each touched row is written once, with its
+value at the dump step. Nothing waits on the host: the per-range counts come to
 pinned memory behind an event that the following steps query.
 
 What this rests on: between dumps, a table's rows change only through lookups that are
@@ -34,7 +35,7 @@ Plain torch only, like :mod:`deltarec.tracking.gather`; on CPU the same path run
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -46,8 +47,12 @@ from deltarec.tracking.pinned import PinnedRing, copy_engine
 RANGE_ROWS = 1 << 18
 """Rows of the bitmap one count covers: the unit the background reads take."""
 
-MIN_STEP_ROWS = 1 << 16
-"""Rows a step reads at least (fewer, larger reads: each costs a few device calls)."""
+MIN_STEP_ROWS = 1 << 20
+"""Rows a step reads at least: each read costs the training thread a dozen device calls and
+the worker a wake-up, so a small dump is read in a few steps, not in ``spread_steps``."""
+
+FINISH_READ_ROWS = 1 << 22
+"""Rows of one read when what is left is read at once (bounds its device memory)."""
 
 
 _NO_OPS = torch.zeros((), dtype=torch.int8)
@@ -56,6 +61,13 @@ _NO_OPS = torch.zeros((), dtype=torch.int8)
 def _row_bytes(rows: torch.Tensor) -> int:
     """Device bytes a read row takes: its values, its key and its mask flag."""
     return int(rows.shape[1]) * rows.element_size() + 9
+
+
+def range_counts_buffer(pending: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A host buffer for the per-range counts of a window over ``pending`` (pinned on CUDA)."""
+    n = sum(math.ceil(int(p.numel()) / RANGE_ROWS) for p in pending)
+    cuda = pending[0].device.type == "cuda"
+    return torch.empty(n, dtype=torch.int64, pin_memory=cuda)
 
 
 @dataclass
@@ -76,6 +88,8 @@ class SpreadWindow:
         budget: the device staging budget the reads are charged to (None: host memory).
         ring: pinned host memory for reads that do not fit the budget (None: torch's).
         chunk_rows: rows per host chunk where a read goes to host memory.
+        host_counts: the pinned buffer the per-range counts come to (:func:`range_counts_buffer`;
+            allocating pinned memory takes milliseconds: a group keeps one for its windows).
     """
 
     def __init__(
@@ -87,6 +101,7 @@ class SpreadWindow:
         budget: DeviceBudget | None = None,
         ring: PinnedRing | None = None,
         chunk_rows: int = 1 << 16,
+        host_counts: torch.Tensor | None = None,
     ) -> None:
         self.weights = [w.detach() for w in weights]
         self.offsets = [int(o) for o in offsets]
@@ -109,7 +124,10 @@ class SpreadWindow:
                 counts.append(p[:full].view(-1, RANGE_ROWS).sum(1))
             if full < int(p.numel()):
                 counts.append(p[full:].sum(0, keepdim=True))
-        self._host_counts = torch.empty(len(self.ranges), dtype=torch.int64, pin_memory=self.cuda)
+        if host_counts is None or host_counts.numel() != len(self.ranges):
+            host_counts = range_counts_buffer(self.pending)
+        self.host_counts = host_counts
+        self._host_counts = host_counts
         self._host_counts.copy_(torch.cat(counts), non_blocking=self.cuda)
         self._ready: torch.cuda.Event | None = None
         if self.cuda:
@@ -122,6 +140,8 @@ class SpreadWindow:
             [] for _ in self.weights
         ]
         self.closed = False
+        self.completed = False
+        """Every pending row was read: each flag of ``pending`` is clear again."""
 
     @property
     def done(self) -> bool:
@@ -157,24 +177,28 @@ class SpreadWindow:
             self.rows = sum(self.counts)
         return True
 
-    def advance(self, finish: bool = False) -> list[tuple[int, HostRows]]:
-        """Read this step's share of the pending rows; returns ``(table, rows)`` to write.
+    def advance(self, finish: bool = False) -> Iterator[tuple[int, HostRows]]:
+        """Read this step's share of the pending rows, yielding ``(table, rows)`` to write.
+
+        Each piece is yielded as soon as it is read: the caller hands it on before the next is
+        read (pieces read into host memory wait for ring slots that only their writing frees).
 
         Args:
             finish: read every row still pending now (the next dump, a checkpoint, the end),
                 beyond the step's share and the device budget; the window closes.
 
-        Returns:
+        Yields:
             Per table position, rows read (a :class:`DeviceRows` staging buffer on CUDA where
             the budget has room, else host chunks), each with the mask of the rows kept.
         """
         if self.closed:
-            return []
-        out = self._copies()
+            return
+        yield from self._copies()
         if not self._known(wait=finish):
-            return out
+            return
         assert self.counts is not None
         share = max(MIN_STEP_ROWS, math.ceil(self.rows / self.steps))
+        most = FINISH_READ_ROWS if finish else share  # rows of one read
         taken = 0
         while self.cursor < len(self.ranges) and (finish or taken < share):
             first = self.ranges[self.cursor]
@@ -182,25 +206,27 @@ class SpreadWindow:
             while (
                 stop < len(self.ranges)
                 and self.ranges[stop].member == first.member
-                and (finish or taken + n < share)
+                and (n == 0 or n + self.counts[stop] <= most)
             ):
                 n += self.counts[stop]
                 stop += 1
-            last = self.ranges[stop - 1]
             if n:
-                read = self._read(first.member, first.start, last.stop, n, finish)
+                read = self._read(first.member, first.start, self.ranges[stop - 1].stop, n, finish)
                 if read is None:
-                    break  # no device room now: the next steps go on
-                out += read
+                    return  # no device room now: the next steps go on
+                yield from read
             self.cursor, taken = stop, taken + n
         if self.cursor >= len(self.ranges):
-            out += self._copies()
+            yield from self._copies()
+            self.completed = True
             self.close()
-        return out
 
-    def _copies(self) -> list[tuple[int, HostRows]]:
-        """The copies on write recorded since the last call, one piece per table."""
-        out: list[tuple[int, HostRows]] = []
+    def _copies(self) -> Iterator[tuple[int, HostRows]]:
+        """The copies on write recorded since the last call, one piece per table.
+
+        A key the step looked up more than once (in one lookup, or in two: the second reads
+        it as no longer pending) is kept once: its first read, by a stable sort of the ids.
+        """
         for member, parts in enumerate(self.copied):
             if not parts:
                 continue
@@ -208,17 +234,20 @@ class SpreadWindow:
             ids, rows, valid = (
                 torch.cat(t) if len(t) > 1 else t[0] for t in zip(*parts, strict=True)
             )
+            ordered, order = torch.sort(ids, stable=True)
+            repeat = torch.zeros_like(valid)
+            repeat[order[1:]] = ordered[1:] == ordered[:-1]
+            valid = valid & ~repeat
             held = 0
             if self.staging:  # a few lookups' rows: always staged
                 assert self.budget is not None
                 held = int(ids.shape[0]) * _row_bytes(rows)
                 self.budget.force_take(self.device, held)
-            out += self._place(member, ids + self.offsets[member], rows, valid, held)
-        return out
+            yield from self._place(member, ids + self.offsets[member], rows, valid, held)
 
     def _read(
         self, member: int, start: int, stop: int, n: int, finish: bool
-    ) -> list[tuple[int, HostRows]] | None:
+    ) -> Iterator[tuple[int, HostRows]] | None:
         """Read the pending rows of ``[start, stop)`` (``n`` at the dump step) and clear them.
 
         None: the device budget has no room for them now (only when not ``finish``).
@@ -242,7 +271,7 @@ class SpreadWindow:
 
     def _place(
         self, member: int, keys: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, held: int
-    ) -> list[tuple[int, HostRows]]:
+    ) -> Iterator[tuple[int, HostRows]]:
         """Hand read rows on.
 
         On CPU as they are; on CUDA staged (``held`` bytes taken) or copied to host memory
@@ -250,24 +279,31 @@ class SpreadWindow:
         """
         n = int(keys.shape[0])
         if not self.cuda:
-            ops = torch.zeros(n, dtype=torch.int8)
-            return [(member, HostRows(keys, rows, ops, valid=valid))]
+            yield member, HostRows(keys, rows, torch.zeros(n, dtype=torch.int8), valid=valid)
+            return
         if held:
             event = torch.cuda.Event()
             event.record(current_stream(self.device))
             ops = _NO_OPS.expand(n)
-            staged = DeviceRows(
-                keys, rows, ops, gathered=event, budget=self.budget, device_bytes=held, valid=valid
+            yield (
+                member,
+                DeviceRows(
+                    keys,
+                    rows,
+                    ops,
+                    gathered=event,
+                    budget=self.budget,
+                    device_bytes=held,
+                    valid=valid,
+                ),
             )
-            return [(member, staged)]
+            return
         eng = copy_engine(self.device)
-        out: list[tuple[int, HostRows]] = []
         for a in range(0, n, self.chunk_rows):
             part = [t[a : a + self.chunk_rows] for t in (keys, rows, valid)]
             (hk, hr, hv), copied, slot = eng.to_host(*part, ring=self.ring, keep_one=True)
             ops = torch.zeros(int(hk.shape[0]), dtype=torch.int8)
-            out.append((member, HostRows(hk, hr, ops, copied, tuple(part), slot, valid=hv)))
-        return out
+            yield member, HostRows(hk, hr, ops, copied, tuple(part), slot, valid=hv)
 
     def close(self) -> None:
         """Stop copying on write (idempotent): the window's rows are all read, or dropped."""

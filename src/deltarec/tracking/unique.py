@@ -48,6 +48,8 @@ class UniqueBatch:
         self.blocks = [self.bitmap[b : b + n] for b, n in zip(self.bases, self.rows, strict=True)]
         ends = [b + n for b, n in zip(self.bases, self.rows, strict=True)]
         self.ends = torch.tensor(ends, dtype=torch.int64, device=device)
+        self._spare: torch.Tensor | None = None
+        self._lent: torch.Tensor | None = None
         self.marked = [0] * len(self.rows)
         """Per table, ids marked by :meth:`mark` since the last :meth:`queue` (a bound)."""
         cuda = device.type == "cuda"
@@ -80,6 +82,13 @@ class UniqueBatch:
             self.blocks[table].zero_()
             self.marked[table] = 0
 
+    def recycle(self) -> None:
+        """Take back the bitmap the last :meth:`take_marks` gave out, every flag clear again.
+
+        Clear in stream order: the next :meth:`take_marks` then neither allocates nor clears.
+        """
+        self._spare, self._lent = self._lent, None
+
     def take_marks(self, recorded: Sequence[torch.Tensor | None]) -> list[torch.Tensor] | None:
         """Mark ``recorded`` and take the bitmap as it is: per table, a flag per touched row.
 
@@ -92,8 +101,9 @@ class UniqueBatch:
                 self.mark(i, ids)
         if not any(self.marked):
             return None
-        taken = self.bitmap
-        self.bitmap = torch.zeros_like(taken)
+        taken = self._lent = self.bitmap
+        spare, self._spare = self._spare, None
+        self.bitmap = spare if spare is not None else torch.zeros_like(taken)
         self.blocks = [self.bitmap[b : b + n] for b, n in zip(self.bases, self.rows, strict=True)]
         self.marked = [0] * len(self.rows)
         return [taken[b : b + n] for b, n in zip(self.bases, self.rows, strict=True)]
