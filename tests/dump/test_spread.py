@@ -41,6 +41,7 @@ def _small_ranges(monkeypatch):
     """Ranges and step shares small enough that a dump of these tables takes several steps."""
     monkeypatch.setattr(spread, "RANGE_ROWS", 64)
     monkeypatch.setattr(spread, "MIN_STEP_ROWS", 32)
+    monkeypatch.setattr(spread, "MAX_STEP_ROWS", 200)
     monkeypatch.setattr(spread, "FINISH_READ_ROWS", 100)
 
 
