@@ -238,3 +238,11 @@ def test_host_rows_keep_the_valid_rows_in_place():
     assert len(host.ops) == 4 and host.rows.data_ptr() == base  # same memory, front part
     host.wait()  # idempotent
     assert host.keys.tolist() == [5, 2, 3, 7]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_warm_up_reads_one_row_a_table_and_changes_nothing(device):
+    tables = [torch.randn(n, 4, device=device) for n in (5, 1)]
+    before = [t.clone() for t in tables]
+    spread.warm_up_spread(tables, [0, 100])
+    assert all(torch.equal(a, b) for a, b in zip(tables, before, strict=True))

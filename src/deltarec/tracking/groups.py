@@ -18,7 +18,7 @@ import torch
 
 from deltarec.tracking.device_budget import current_budget, current_ring
 from deltarec.tracking.graphed import GraphedGather, default_set_bytes
-from deltarec.tracking.spread import SpreadWindow
+from deltarec.tracking.spread import SpreadWindow, warm_up_spread
 from deltarec.tracking.tracker import TrackerHub
 from deltarec.tracking.types import TableSource
 from deltarec.tracking.unique import BATCH_ROWS_MAX, UniqueBatch
@@ -33,6 +33,7 @@ class GroupMember(Protocol):
     weight: torch.Tensor | None
     row_offset: int
     graph_bytes: int | None
+    spread_steps: int | None
     group: TableGroup | None
 
 
@@ -81,6 +82,8 @@ class TableGroup:
         graphs = None
         if limit > 0:
             graphs = GraphedGather(weights, [s.row_offset for s in sources], limit)
+        if sources[0].spread_steps:
+            warm_up_spread(weights, [s.row_offset for s in sources])
         group = cls(list(sources), batch, graphs)
         for s in sources:
             s.group = group

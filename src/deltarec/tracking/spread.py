@@ -314,3 +314,23 @@ class SpreadWindow:
         """Stop copying on write (idempotent): the window's rows are all read, or dropped."""
         self.closed = True
         self.copied = [[] for _ in self.weights]
+
+
+def warm_up_spread(weights: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+    """Run a spread dump of one row per table once, before training (untimed).
+
+    A window's first copy on write and read otherwise load their kernels (the sort among
+    them) on the training thread in the first steps after the first dump.
+    """
+    device = weights[0].device
+    pending = []
+    for w in weights:
+        flags = torch.zeros(min(int(w.shape[0]), 2), dtype=torch.bool, device=device)
+        flags[0] = True
+        pending.append(flags)
+    window = SpreadWindow([w[: int(p.numel())] for w, p in zip(weights, pending, strict=True)],
+                          offsets, pending, 1)  # fmt: skip
+    for member in range(len(weights)):
+        window.on_lookup(member, torch.zeros(2, dtype=torch.int64, device=device))
+    for _, rows in window.advance(finish=True):
+        rows.wait()
