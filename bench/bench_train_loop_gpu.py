@@ -375,7 +375,8 @@ class Bench:
                     emb = t.column("embedding").flatten().to_numpy()
                     pos = np.minimum(np.searchsorted(ids, keys), max(len(ids) - 1, 0))
                     same = len(ids) > 0 and bool((ids[pos] == keys).all())
-                    same = same and not found[pos].any()  # no key twice
+                    same = same and not found[pos].any()  # no key twice: across batches
+                    same = same and len(np.unique(pos)) == len(pos)  # and within one
                     got = emb.reshape(len(keys), -1).view(np.uint32)
                     ok = ok and same and np.array_equal(want[pos].view(np.uint32), got)
                     found[pos] = True
