@@ -91,7 +91,9 @@ class _Oracle:
         pass
 
 
-def _train(workdir: str, artifacts: str, steps: int, resume_step: int | None):
+def _train(
+    workdir: str, artifacts: str, steps: int, resume_step: int | None, run: str = "demo", **options
+):
     from deltarec.dump import make_train_hook
     from deltarec.model.sharding import build_sharded_model
     from deltarec.train import TrainConfig, run_training
@@ -108,7 +110,9 @@ def _train(workdir: str, artifacts: str, steps: int, resume_step: int | None):
         log_every=1000,
     )
     sm = build_sharded_model(config.model, config_device(), seed=0, max_batch_size=BATCH)
-    hook = make_train_hook(artifacts=artifacts, run="demo", every_steps=EVERY, chunk_rows=97)
+    hook = make_train_hook(
+        artifacts=artifacts, run=run, every_steps=EVERY, chunk_rows=97, **options
+    )
     oracle = _Oracle(sm, hook, config)
     run_training(config, hooks=[hook, oracle], model=sm)
     return hook, oracle
@@ -211,8 +215,7 @@ def _ranks_restore(rank: int, world_size: int, tmp: str) -> dict:
 
 
 def test_every_dump_on_two_ranks_holds_the_touched_rows_at_that_step(tmp_path):
-    from deltarec.artifacts import ArtifactRoot, check_shard
-    from deltarec.artifacts.lineage import expected_state
+    from deltarec.artifacts import ArtifactRoot
 
     results = run_on_ranks(_ranks_train_and_uneven, 2, args=(str(tmp_path),), timeout_s=240)
     # uneven exhaustion fails on every rank, naming the ranks and steps
@@ -241,13 +244,23 @@ def test_every_dump_on_two_ranks_holds_the_touched_rows_at_that_step(tmp_path):
         "table_row_wise",
         "data_parallel",
     }
-    dumps = root.list_dumps("demo", 1)
+    _check_dumps(root, "demo", at_dump, touched)
+
+
+def _check_dumps(root, run: str, at_dump: dict, touched: dict) -> None:
+    """Every dump of ``run`` holds the rows touched since the last, at its step, once each;
+    replaying them gives the final tables."""
+    from deltarec.artifacts import check_shard
+    from deltarec.artifacts.lineage import expected_state
+
+    info = root.read_generation(run, 1)
+    dumps = root.list_dumps(run, 1)
     assert dumps == list(range(STEPS // EVERY + 2))  # snapshot, 4 deltas, final
     for seq in dumps:
-        m = root.read_manifest("demo", 1, seq)
+        m = root.read_manifest(run, 1, seq)
         for s in m.shards:
-            check_shard(root, root.dump_dir("demo", 1, seq), s)
-        got = read_dump(root, "demo", 1, seq)
+            check_shard(root, root.dump_dir(run, 1, seq), s)
+        got = read_dump(root, run, 1, seq)
         state = at_dump[m.last_step]
         for table, (keys, rows, _ops, steps) in got.items():
             assert len(np.unique(keys)) == len(keys), (seq, table)
@@ -266,13 +279,29 @@ def test_every_dump_on_two_ranks_holds_the_touched_rows_at_that_step(tmp_path):
             assert np.array_equal(rows, all_rows[keys]), (seq, table)
     # replaying every dump reproduces the final tables (the export) for every key
     final = at_dump[STEPS]
-    replay = expected_state(root, "demo", 1)
+    replay = expected_state(root, run, 1)
     for table, (keys, rows) in final.items():
         et = replay.tables[table]
         live = et.keys[et.ops == 0]
         assert np.array_equal(np.sort(live), np.sort(keys)), table
         decoded = et.load(keys)
         assert np.array_equal(decoded, rows), table
+
+
+def _ranks_spread(rank: int, world_size: int, tmp: str) -> dict:
+    hook, oracle = _train(f"{tmp}/work", f"{tmp}/art", STEPS, None, run="spread", spread_steps=2)
+    spread = hook.dumper.spread.opened if hook.dumper is not None else 0
+    return {"oracle": (oracle.at_dump, oracle.touched), "spread": spread}
+
+
+def test_spread_dumps_on_two_ranks_hold_the_touched_rows_at_their_step(tmp_path):
+    """torchrec's tracker seen as it records: every delta read over the steps after it."""
+    from deltarec.artifacts import ArtifactRoot
+
+    results = run_on_ranks(_ranks_spread, 2, args=(str(tmp_path),), timeout_s=240)
+    assert all(r["spread"] >= STEPS // EVERY - 1 for r in results), results
+    at_dump, touched = results[0]["oracle"]
+    _check_dumps(ArtifactRoot(str(tmp_path / "art")), "spread", at_dump, touched)
 
 
 def test_a_restore_on_two_ranks_republishes_the_keys_published_after_the_checkpoint(tmp_path):
