@@ -48,6 +48,7 @@ SETTINGS = {
     "checkpoint_dir": ("DELTAREC_CHECKPOINT_DIR", "str | None"),
     "row_encodings": ("DELTAREC_ROW_ENCODINGS", "str | None"),
     "read_p99_ms": ("DELTAREC_READ_P99_MS", "float | None"),
+    "spread_steps": ("DELTAREC_SPREAD_STEPS", "int | None"),
     "dense_every": ("DELTAREC_DENSE_EVERY", "int | None"),
     "metrics_port": ("DELTAREC_METRICS_PORT", "int | None"),
 }

@@ -99,6 +99,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--dense-every": F("int"),
         "--zch-misses": F("switch", False),
         "--read-p99-ms": F("float"),
+        "--spread-steps": F("int"),
         "--publish-mode": F("str", "direct", ("direct", "staged")),
     },
     "provision": {

@@ -100,6 +100,7 @@ def _groups() -> tuple[tuple[str, tuple[FieldFlag, ...]], ...]:
                 dump(TrainSettings, "dense_every", "N"),
                 dump(DumperConfig, "zch_misses"),
                 dump(DumperConfig, "read_p99_ms", "MS"),
+                dump(DumperConfig, "spread_steps", "N"),
                 field(TrainSettings, "publish_mode"),
             ),
         ),

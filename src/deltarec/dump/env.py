@@ -56,6 +56,9 @@ class TrainSettings(BaseModel):
     read_p99_ms: float | None = Field(default=None, gt=0)
     """A read-latency budget for the background publisher, milliseconds
     (``DumperConfig.read_p99_ms``); None: none."""
+    spread_steps: int | None = Field(default=None, ge=1)
+    """Read each dump's rows over about this many steps after it, copy on write
+    (``DumperConfig.spread_steps``); None: at the dump step."""
     dense_every: int | None = Field(default=None, ge=1)
     """Commit the model's dense (non-embedding) state with every N-th dump, so a dump is dense
     and sparse state of one step and a replica serves and scores the promoted pair
@@ -120,5 +123,6 @@ class TrainSettings(BaseModel):
             "publish_mode": self.publish_mode,
             "metrics_port": self.metrics_port,
             **({} if self.read_p99_ms is None else {"read_p99_ms": self.read_p99_ms}),
+            **({} if self.spread_steps is None else {"spread_steps": self.spread_steps}),
             **({} if self.dense_every is None else {"dense_every": self.dense_every}),
         }
