@@ -272,6 +272,8 @@ class RowShardSource(_TrackedSource):
         group, self.group = self.group, None
         if group is not None and group.graphs is not None:
             group.graphs.close()
+        if self.hub is not None:  # no more copies on write once the dumper is gone
+            self.hub.unwatch(self.fqn)
         super().close()
 
     def iter_snapshot(self, chunk_rows: int) -> Iterator[HostRows]:  # noqa: D102
