@@ -195,12 +195,14 @@ def _stats(lat: list[float]) -> dict[str, Any]:
     }
 
 
-def _publish(root: str, url: str, budget_ms: float | None) -> dict[str, Any]:
+def _publish(root: str, url: str, budget_ms: float | None, yield_cpu: bool) -> dict[str, Any]:
     cmd = [sys.executable, "-c", "import sys; from deltarec.cli import main; sys.exit(main())",
            "publish", "--artifacts", root, "--run", RUN,
            "--store", url, "--generation", "1", "--json", "-"]  # fmt: skip
     if budget_ms is not None:
         cmd += ["--read-p99-ms", f"{budget_ms:.4f}"]
+        if not yield_cpu:
+            cmd += ["--no-yield-cpu"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout))
 
@@ -218,10 +220,11 @@ def server_stats(kind: str, target: dict[str, Any]) -> dict[str, int]:
     return {n: int(info.get(n, 0)) for n in names}
 
 
-def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type: ignore[no-untyped-def]
+def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu=True):  # type: ignore[no-untyped-def]
     """Preload dump 1, start the readers, publish dump 2 in the middle; the figures.
 
     ``window``: seconds of readers alone, nothing published (the idle calibration).
+    ``yield_cpu``: under the budget, the publisher's threads at the lowest CPU priority.
     """
     store = open_store(url, root.uri, run=RUN)
     pub = DumpPublisher(store, root, RUN)
@@ -238,7 +241,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
     load = os.getloadavg()
     stats = server_stats(kind, target)
     p0 = time.time()
-    result = _publish(root.uri, url, budget_ms)
+    result = _publish(root.uri, url, budget_ms, yield_cpu)
     p1 = time.time()
     stats_after = server_stats(kind, target)
     time.sleep(args.after)
@@ -252,6 +255,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None):  # type:
     longest = max(got, key=lambda g: g[2])
     return {
         "budget_ms": budget_ms,
+        "yield_cpu": yield_cpu if budget_ms is not None else None,
         "load_before_publish": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "phases": {k: _stats([y for d, _, y in got if a <= d < b]) for k, (a, b) in spans.items()},
@@ -382,21 +386,28 @@ def _line(name: str, r: dict[str, Any]) -> str:
 
 def summary(kind: str, budget: float, runs: list[dict[str, Any]]) -> str:
     """The targets of issue 45 over the trials of one store: p99 and worst read against the
-    budget, the publish rate against the rate without it (means over the trials)."""
-    with_b = [r for r in runs if r["budget_ms"] is not None]
+    budget, the publish rate against the rate without it (means over the trials), a line for
+    the budget with the publisher's threads at the lowest CPU priority and one without."""
     without = [r for r in runs if r["budget_ms"] is None]
-    if not with_b or not without:
-        return f"{kind}: no pair of trials"
-    rate = np.mean([r["publish_rows_per_s"] for r in with_b]) / np.mean(
-        [r["publish_rows_per_s"] for r in without]
-    )
-    p99 = max(r["phases"]["during"]["p99_ms"] for r in with_b)
-    worst = max(r["longest_read_ms"] for r in with_b)
-    return (
-        f"{kind}: budget {budget} ms; with it p99 during {p99} ms ({p99 / budget:.2f}x the "
-        f"budget, target <= 1), worst read {worst} ms ({worst / budget:.1f}x, target <= 4), "
-        f"publish rate {rate:.2f}x of without (target >= 0.5)"
-    )
+    lines = []
+    for yielding in (True, False):
+        with_b = [r for r in runs if r["budget_ms"] is not None and r["yield_cpu"] == yielding]
+        if not with_b:
+            continue
+        if not without:
+            return f"{kind}: no pair of trials"
+        rate = np.mean([r["publish_rows_per_s"] for r in with_b]) / np.mean(
+            [r["publish_rows_per_s"] for r in without]
+        )
+        p99 = max(r["phases"]["during"]["p99_ms"] for r in with_b)
+        worst = max(r["longest_read_ms"] for r in with_b)
+        lines.append(
+            f"{kind} ({'yield-cpu' if yielding else 'no-yield-cpu'}, {len(with_b)} trials): "
+            f"budget {budget} ms; with it p99 during {p99} ms ({p99 / budget:.2f}x the "
+            f"budget, target <= 1), worst read {worst} ms ({worst / budget:.1f}x, target <= 4), "
+            f"publish rate {rate:.2f}x of without (target >= 0.5)"
+        )
+    return "\n".join(lines) or f"{kind}: no pair of trials"
 
 
 def main() -> None:
@@ -422,6 +433,14 @@ def main() -> None:
         action="store_true",
         help="Redis never rewrites its append-only file by itself (auto-aof-rewrite-percentage "
         "0): no fork of the whole data set (tens of ms, every client waiting) lands in a trial",
+    )
+    p.add_argument(
+        "--yield-cpu",
+        choices=("on", "off", "both"),
+        default="on",
+        help="under the budget the publisher's threads run at the lowest CPU priority (on, the "
+        "publisher's default), keep theirs (off: --no-yield-cpu), or both: each repeat is "
+        "then a trial without the budget, one with it yielding and one with it not",
     )
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
@@ -450,16 +469,19 @@ def main() -> None:
                     idle = trial(kind, url, target, root, keys, args, None, args.calibrate)
                 budget = args.budget_ms or round(args.budget_x * idle["idle"]["p99_ms"], 3)
                 print(f"{kind}: idle readers {idle['idle']}; budget {budget} ms")
-                for i in range(0 if args.skip_publish else args.repeat * 2):
-                    with_budget = i % 2 == 1
-                    n += 1
-                    with namespace(kind, server, work, n) as (url, target):
-                        r = trial(
-                            kind, url, target, root, keys, args, budget if with_budget else None
-                        )
-                    runs.append(r)
-                    print(_line(f"{kind} {'budget' if with_budget else 'none'} #{i // 2 + 1}", r))
-                    sys.stdout.flush()
+                modes = {"on": [True], "off": [False], "both": [True, False]}[args.yield_cpu]
+                plan = [(None, True)] + [(budget, y) for y in modes]  # one repeat
+                for i in range(0 if args.skip_publish else args.repeat):
+                    for budget_ms, yielding in plan:
+                        n += 1
+                        with namespace(kind, server, work, n) as (url, target):
+                            r = trial(kind, url, target, root, keys, args, budget_ms, None,
+                                      yielding)  # fmt: skip
+                        runs.append(r)
+                        what = "none" if budget_ms is None else (
+                            "budget" if yielding else "budget-noyield")  # fmt: skip
+                        print(_line(f"{kind} {what} #{i + 1}", r))
+                        sys.stdout.flush()
                 fresh = []
                 for i in range(args.repeat * 2 if args.fresh_dumps else 0):
                     n += 1

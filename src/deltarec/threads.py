@@ -6,6 +6,12 @@ hand its allocator arenas from thread to thread, and the process's resident memo
 tens of MB over a long publish. :func:`start` runs a job on an idle kept thread, or on a new
 one that then stays for the next job. A thread idle for :data:`IDLE_S` ends.
 
+A thread starts with the scheduling priority of the thread that starts it, and a publish
+under a read budget lowers its own (:mod:`deltarec.publish.yieldcpu`): each kept thread is
+known by its priority, and a job goes to an idle thread of the caller's priority only (or to a
+new one, started by the caller), so a job of a lowered publisher never raises its priority
+and a job of anyone else (the dumper's checksums) never runs lowered.
+
 The threads are daemons: a job still running when the interpreter exits is dropped, as a daemon
 thread's would be. The standard library only: every layer may use it.
 """
@@ -49,10 +55,24 @@ class Job:
         return self.thread is threading.current_thread()
 
 
-class _Kept:
-    """One kept thread: runs the jobs handed to it, one at a time."""
+def _priority() -> tuple[int, int] | None:
+    """The calling thread's scheduling policy and nice value (None: not known here)."""
+    if not hasattr(os, "sched_getscheduler"):
+        return None
+    try:
+        return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        return None
 
-    def __init__(self) -> None:
+
+class _Kept:
+    """One kept thread: runs the jobs handed to it, one at a time.
+
+    ``priority``: the thread's own (that of the thread that started it, until a job changes it).
+    """
+
+    def __init__(self, priority: tuple[int, int] | None) -> None:
+        self.priority = priority
         self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name=IDLE_NAME, daemon=True)
 
@@ -76,6 +96,7 @@ class _Kept:
             finally:
                 me.name = IDLE_NAME
                 job.thread = None
+                self.priority = _priority()  # a job may have changed it
                 with _lock:
                     _idle.append(self)
                 job._done.set()
@@ -86,12 +107,18 @@ _idle: list[_Kept] = []
 
 
 def start(fn: Callable[[], object], name: str) -> Job:
-    """Run ``fn`` on a kept daemon thread named ``name`` while it runs; returns its job."""
+    """Run ``fn`` on a kept daemon thread named ``name`` while it runs; returns its job.
+
+    The thread has the caller's scheduling priority (see the module doc).
+    """
     job = Job(fn, name)
+    mine = _priority()
     with _lock:
-        kept = _idle.pop() if _idle else None
+        kept = next((k for k in reversed(_idle) if k.priority == mine), None)
+        if kept is not None:
+            _idle.remove(kept)
     if kept is None:
-        kept = _Kept()
+        kept = _Kept(mine)
         kept.jobs.put(job)
         kept.thread.start()
     else:

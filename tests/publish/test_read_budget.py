@@ -293,3 +293,128 @@ def test_publish_under_a_budget_says_what_it_held_back(tmp_path, capsys):
     assert "--read-p99-ms must be a positive number of milliseconds" in capsys.readouterr().err
     with open_store(url, run="r") as store:
         assert store.read(T, data.keys).found.all()
+
+
+# ---- the publisher's threads yield the CPU -----------------------------------------------------
+def _on_a_thread(work) -> None:  # type: ignore[no-untyped-def]
+    """``work()`` on a thread of its own (the test's thread keeps its priority); its error."""
+    import threading
+
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # raised again on the test's thread
+            error.append(e)
+
+    thread = threading.Thread(target=run, name="test-publisher")
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive() and not error, error
+
+
+def _priorities_while_publishing(tmp_path, redis_server, yield_cpu: bool | None):  # type: ignore[no-untyped-def]
+    """The priorities of the publishing thread, its helper threads and the probe mid-publish.
+
+    ``yield_cpu`` None: no budget.
+    """
+    import os
+    import threading
+
+    from deltarec.publish import yieldcpu
+
+    root, manifest, data = _dump(tmp_path, 3000, seed=6)
+    store = open_store(f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:", run="r")
+    seen: dict[str, object] = {}
+    marks = []
+    throttles: list[Throttle | None] = []
+
+    def hook(mark, n):  # type: ignore[no-untyped-def]
+        marks.append(mark)
+        if seen:
+            return
+        seen["publisher"] = yieldcpu.thread_priority()
+        seen["helpers"] = {
+            t.name: yieldcpu.thread_priority(t.native_id)
+            for t in threading.enumerate()
+            if t.name.startswith(("publish-read", "shard-sha256")) and t.native_id
+        }
+        probe = throttles[0]._probe if throttles and throttles[0] else None
+        if probe is not None:
+            pid = probe._process.pid
+            assert pid is not None
+            seen["probe"] = yieldcpu.Priority(os.sched_getscheduler(pid), os.getpriority(0, pid))
+
+    pub = DumpPublisher(store, root, "r", after_batch=hook)
+    pub.batch_bytes = 64 << 10  # several transactions
+
+    def publish() -> None:  # the throttle is made on the publishing thread, as the CLI does
+        throttles.append(None if yield_cpu is None else Throttle(pub, 50.0, yield_cpu=yield_cpu))
+        try:
+            pub.publish_generation(1)
+        finally:
+            if throttles[0] is not None:
+                throttles[0].close()
+
+    _on_a_thread(publish)
+    _check_everything_landed(store, manifest, data, marks)
+    store.close()
+    return seen
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling only")
+def test_under_a_budget_the_publishers_threads_run_at_the_lowest_priority_the_probe_does_not(
+    tmp_path, redis_server
+):
+    import os
+
+    from deltarec.publish import yieldcpu
+
+    mine = yieldcpu.thread_priority()
+    seen = _priorities_while_publishing(tmp_path, redis_server, yield_cpu=True)
+    publisher = seen["publisher"]
+    assert isinstance(publisher, yieldcpu.Priority) and publisher.policy == os.SCHED_IDLE
+    helpers = seen["helpers"]
+    assert isinstance(helpers, dict) and helpers  # the read-ahead thread at least
+    assert {p.policy for p in helpers.values()} == {os.SCHED_IDLE}
+    assert seen["probe"] == mine  # the probe times reads at serving's priority
+    assert yieldcpu.thread_priority() == mine  # the test's own thread never changed
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling only")
+@pytest.mark.parametrize("yield_cpu", [None, False], ids=["no budget", "budget, no-yield-cpu"])
+def test_without_a_budget_or_with_yield_cpu_off_the_publisher_keeps_its_priority(
+    tmp_path, redis_server, yield_cpu
+):
+    from deltarec.publish import yieldcpu
+
+    mine = yieldcpu.thread_priority()
+    seen = _priorities_while_publishing(tmp_path, redis_server, yield_cpu=yield_cpu)
+    assert seen["publisher"] == mine
+    helpers = seen["helpers"]
+    assert isinstance(helpers, dict) and helpers and set(helpers.values()) == {mine}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling only")
+def test_a_kept_thread_runs_jobs_of_its_own_priority_only():
+    import os
+
+    from deltarec import threads
+    from deltarec.publish import yieldcpu
+
+    def priority_of_a_job() -> yieldcpu.Priority | None:
+        got: list[yieldcpu.Priority | None] = []
+        threads.start(lambda: got.append(yieldcpu.thread_priority()), "test-job").join(10)
+        return got[0]
+
+    normal = priority_of_a_job()  # leaves a kept thread of normal priority idle
+    lowered: list[yieldcpu.Priority | None] = []
+
+    def on_a_lowered_thread() -> None:
+        assert yieldcpu.lower() == normal
+        lowered.append(priority_of_a_job())  # not the normal one left idle
+
+    _on_a_thread(on_a_lowered_thread)
+    assert lowered[0] is not None and lowered[0].policy == os.SCHED_IDLE
+    assert priority_of_a_job() == normal  # never the lowered kept thread left idle

@@ -68,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "milliseconds (default: no budget, write as fast as the store takes it)",
     )
     parser.add_argument(
+        "--no-yield-cpu",
+        dest="yield_cpu",
+        action="store_false",
+        help="under --read-p99-ms, keep the publisher's threads at their CPU priority (default: "
+        "they run at the lowest, so that serving's threads on the same machine take a core "
+        "first)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -137,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             metrics=metrics,
             after_batch=progress.batch,
         )
-        throttle = throttled(publisher, args.read_p99_ms)
+        throttle = throttled(publisher, args.read_p99_ms, args.yield_cpu)
         try:
             parts = publisher.publish_generation(generation, ranks, on_part=progress.part)
         finally:

@@ -69,6 +69,9 @@ class BackgroundPublisher:
         metrics: Prometheus metrics (default: a private registry).
         metrics_port: serve the metrics over HTTP on this port (None: do not serve).
         read_p99_ms: a read-latency budget (:mod:`deltarec.publish.budget`); None: none.
+        yield_cpu: under the budget, the publisher's own thread (and the threads it starts)
+            runs at the lowest CPU priority (:mod:`deltarec.publish.yieldcpu`); never the
+            caller's (the training thread).
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class BackgroundPublisher:
         metrics: PublishMetrics | None = None,
         metrics_port: int | None = None,
         read_p99_ms: float | None = None,
+        yield_cpu: bool = True,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
@@ -99,6 +103,7 @@ class BackgroundPublisher:
         self.batch_bytes = batch_bytes
         self.retry = retry or RetryPolicy()
         self.read_p99_ms = check_budget(read_p99_ms)
+        self.yield_cpu = yield_cpu
         self.throttle: Throttle | None = None
         """The read budget's throttle, once the publisher runs (None without a budget)."""
         self.metrics = metrics or PublishMetrics()
@@ -206,7 +211,7 @@ class BackgroundPublisher:
             self.retry,
             self.metrics,
         )
-        self.throttle = throttled(publisher, self.read_p99_ms)
+        self.throttle = throttled(publisher, self.read_p99_ms, self.yield_cpu)  # on this thread
         return publisher
 
     def _work(self) -> None:

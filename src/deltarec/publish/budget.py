@@ -52,12 +52,14 @@ import json
 import logging
 import posixpath
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deltarec.artifacts import ArtifactRoot, codec
 from deltarec.errors import ConfigError
+from deltarec.publish import yieldcpu
 from deltarec.publish.probe import Probe, probe_target
 from deltarec.stats import quantile
 from deltarec.stores.types import ProgressMark, Write
@@ -293,10 +295,16 @@ class Throttle:
         publisher: the publisher to throttle.
         read_p99_ms: the budget: the p99 of reads of serving keys, milliseconds.
         probe_interval_s: seconds between two probe reads.
+        yield_cpu: the calling thread, which publishes, and the threads it starts from now on
+            run at the lowest CPU priority until :meth:`close` (:mod:`deltarec.publish.yieldcpu`).
     """
 
     def __init__(
-        self, publisher: DumpPublisher, read_p99_ms: float, probe_interval_s: float = 0.005
+        self,
+        publisher: DumpPublisher,
+        read_p99_ms: float,
+        probe_interval_s: float = 0.005,
+        yield_cpu: bool = True,
     ) -> None:
         check_budget(read_p99_ms)
         store = publisher.store
@@ -325,6 +333,13 @@ class Throttle:
         self._timing = hasattr(store, "server_timing")  # a store that can time its writes
         if self._timing:
             store.server_timing = True  # type: ignore[attr-defined]
+        self._spawner: yieldcpu.NormalSpawner | None = None
+        self._lowered: tuple[int, yieldcpu.Priority] | None = None
+        if yield_cpu:
+            self._spawner = yieldcpu.NormalSpawner()  # the probe starts at serving's priority
+            former = yieldcpu.lower()
+            if former is not None:
+                self._lowered = (threading.get_native_id(), former)
         self._since = time.monotonic()
 
     @property
@@ -386,7 +401,12 @@ class Throttle:
                 self.publisher.store.describe(),
             )
             return False
-        self._probe = Probe(target, self.probe_interval_s)
+        interval = self.probe_interval_s
+        if self._spawner is not None:
+            self._probe = self._spawner.call(lambda: Probe(target, interval))
+            self._spawner.close()
+        else:
+            self._probe = Probe(target, interval)
         started = time.monotonic()
         self._probe.wait_first(PROBE_START_S, BASELINE_PROBES)
         self._since = time.monotonic()  # the reads so far were made with nothing written
@@ -400,6 +420,11 @@ class Throttle:
             self._latencies.extend(lat for _, lat in self._probe.take())
             self._probe.close()
             self._probe = None
+        if self._spawner is not None:
+            self._spawner.close()
+        if self._lowered is not None:
+            yieldcpu.restore(*self._lowered)
+            self._lowered = None
         if self.publisher.after_batch == self.after_batch:
             vars(self.publisher.store).pop("apply", None)  # the store's own again
             self.publisher.after_batch = self._chained
@@ -431,12 +456,17 @@ class Throttle:
         self.close()
 
 
-def throttled(publisher: DumpPublisher, read_p99_ms: float | None) -> Throttle | None:
-    """A :class:`Throttle` of ``publisher`` when a budget is given, else None (no change)."""
+def throttled(
+    publisher: DumpPublisher, read_p99_ms: float | None, yield_cpu: bool = True
+) -> Throttle | None:
+    """A :class:`Throttle` of ``publisher`` when a budget is given, else None (no change).
+
+    Call it on the thread that publishes: with ``yield_cpu`` that thread is lowered.
+    """
     if check_budget(read_p99_ms) is None:
         return None
     assert read_p99_ms is not None
-    return Throttle(publisher, read_p99_ms)
+    return Throttle(publisher, read_p99_ms, yield_cpu=yield_cpu)
 
 
 def report_path(root: ArtifactRoot, run: str, generation: int, rank: int) -> str:

@@ -1,0 +1,132 @@
+"""The publisher's threads yield the CPU to serving while a read-latency budget is set.
+
+On a machine whose cores the publisher shares with the store's server and its readers, a
+read often waits for a core rather than for the store: the publisher decodes, checks and
+encodes rows for as long as the scheduler lets it, and the reader or the server woken by a
+request waits for the end of a time slice (milliseconds). Under a budget
+(:mod:`deltarec.publish.budget`) the thread that publishes lowers its own scheduling priority
+(:func:`lower`): Linux's ``SCHED_IDLE`` policy, under which any thread of normal priority that
+wakes up takes the core at once. The threads it starts afterwards inherit it (the store's
+sender, the read-ahead and checksum threads; :mod:`deltarec.threads` keeps threads of a lowered
+priority apart from the others, so a job of normal priority never lands on one). No other
+thread of the process changes: not the trainer's training thread, not a thread started before.
+
+The probe process that times the readers' latency must not inherit it (it would time its own
+wait for a core): :class:`NormalSpawner` keeps a thread of the priority the publisher had, to
+start it from.
+
+Lowering is always allowed on Linux; raising back is not without ``CAP_SYS_NICE`` (or a
+``RLIMIT_NICE`` that allows it): :func:`restore` tries and otherwise leaves the thread lowered
+(the publish CLI exits, the trainer's publisher thread is its own). Where the system has no
+such call (not Linux) or refuses it, the publisher logs it once and goes on at its priority.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_warned = False
+
+
+@dataclass(frozen=True)
+class Priority:
+    """A thread's scheduling policy (``os.SCHED_*``) and nice value."""
+
+    policy: int
+    nice: int
+
+
+def _supported() -> bool:
+    return hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE")
+
+
+def thread_priority(tid: int | None = None) -> Priority | None:
+    """The policy and nice value of thread ``tid`` (native id; None: the calling thread).
+
+    None where the system cannot tell (not Linux, or no such thread).
+    """
+    if not _supported():
+        return None
+    tid = threading.get_native_id() if tid is None else tid
+    try:
+        return Priority(os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid))
+    except OSError:
+        return None
+
+
+def _warn_once(what: str, error: OSError | None) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        why = "not supported here" if error is None else str(error)
+        log.warning("read budget: the publisher cannot %s (%s); it runs as it is", what, why)
+
+
+def lower() -> Priority | None:
+    """Put the calling thread under ``SCHED_IDLE``; the priority it had, or None if it could not.
+
+    A thread already there is left alone (and its priority returned).
+    """
+    former = thread_priority()
+    if former is None:
+        _warn_once("lower its CPU priority", None)
+        return None
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except OSError as e:
+        _warn_once("lower its CPU priority", e)
+        return None
+    return former
+
+
+def restore(tid: int, former: Priority) -> bool:
+    """Give thread ``tid`` its ``former`` priority back; whether the system allowed it.
+
+    Unprivileged, Linux refuses (see the module doc): the thread stays lowered. A thread that
+    has ended is not an error.
+    """
+    try:
+        os.sched_setscheduler(tid, former.policy, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, former.nice)
+    except ProcessLookupError:
+        return True
+    except OSError as e:
+        log.debug("read budget: thread %d keeps its lowered priority (%s)", tid, e)
+        return False
+    return True
+
+
+class NormalSpawner:
+    """A thread started at the caller's priority now, to start things from after it lowers.
+
+    A process or thread inherits the priority of the thread that starts it; the budget's
+    probe process must keep the priority serving has.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            1, thread_name_prefix="deltarec-spawner"
+        )
+        self._pool.submit(lambda: None).result()  # the thread starts now, from the caller
+
+    def call(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on the spawner's thread; its result (or its error)."""
+        if self._pool is None:
+            return fn()
+        return self._pool.submit(fn).result()
+
+    def close(self) -> None:
+        """End the thread (idempotent)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
