@@ -19,7 +19,9 @@ PostgreSQL schema, a Redis key prefix):
 
 The budget is ``--budget-x`` times the readers' idle p99, measured on that store in a
 calibration window before its first trial. Trials alternate (none, budget, none, ...; the
-machine is shared, so alternating spreads its load over both) ``--repeat`` times each.
+machine is shared, so alternating spreads its load over both) ``--repeat`` times each; with
+``--yield-cpu both`` each repeat is none, budget with the publisher's threads yielding the CPU
+(its default), budget with ``--no-yield-cpu``.
 Printed per trial: the readers' p50 / p99 / max per second, then per phase (before, during,
 after), the longest single read, the publish rate, the held-back seconds and the probes'
 figures; the load average before and after. ``--json`` writes everything.
@@ -33,7 +35,7 @@ usage: .venv/bin/python bench/bench_readers.py [--rows 2000000] [--dim 64] [--cl
            [--rate 1000] [--keys-per-read 1] [--stores sqlite,postgres,redis]
            [--budget-x 2] [--repeat 1] [--before 5] [--after 5] [--json PATH]
            [--fresh-dumps N] [--fresh-rows 50000] [--fresh-every 2] [--skip-publish]
-           [--no-aof-rewrite]
+           [--no-aof-rewrite] [--yield-cpu on|off|both]
 """
 
 from __future__ import annotations
