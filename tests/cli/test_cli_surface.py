@@ -116,6 +116,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--batch-mb": F("float"),
         "--retry-deadline": F("seconds", 600.0),  # a finite float >= 0
         "--read-p99-ms": F("float"),
+        "--no-yield-cpu": F("switch", True),  # off: the publisher keeps its CPU priority
         "--metrics-port": F("int"),
         "--json": F("str?", const="-"),
     },
