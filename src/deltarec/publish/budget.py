@@ -37,7 +37,10 @@ pipeline's ``read_p99_ms``) the publisher
 6. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
    ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
    background publisher also leaves its report beside the generation
-   (:func:`record_report`), where verify's KFP metrics find it (:func:`held_back_s`).
+   (:func:`record_report`), where verify's KFP metrics find it (:func:`held_back_s`);
+7. unless told not to (``yield_cpu``), puts the thread that publishes, and the threads it
+   starts, at the lowest CPU priority (:mod:`deltarec.publish.yieldcpu`), the probe process
+   started from a thread of the priority it had.
 
 Without a budget nothing of this runs: the publisher writes as it always did. The throttle
 changes only the publisher's ``batch_bytes`` and the store's ``unit_rows`` between
