@@ -71,7 +71,9 @@ class BackgroundPublisher:
         read_p99_ms: a read-latency budget (:mod:`deltarec.publish.budget`); None: none.
         yield_cpu: under the budget, the publisher's own thread (and the threads it starts)
             runs at the lowest CPU priority (:mod:`deltarec.publish.yieldcpu`); never the
-            caller's (the training thread).
+            caller's (the training thread). Off by default here: on a training host whose
+            cores are all busy a starved publisher's queue fills, and a full queue holds the
+            dump worker's commits and, through the host budget, the training thread.
     """
 
     def __init__(
@@ -89,7 +91,7 @@ class BackgroundPublisher:
         metrics: PublishMetrics | None = None,
         metrics_port: int | None = None,
         read_p99_ms: float | None = None,
-        yield_cpu: bool = True,
+        yield_cpu: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
