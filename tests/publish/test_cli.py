@@ -98,6 +98,7 @@ def test_provision_and_publish_flags_are_frozen():
         "--batch-mb",
         "--retry-deadline",
         "--read-p99-ms",
+        "--no-yield-cpu",
         "--metrics-port",
         "--json",
     }
