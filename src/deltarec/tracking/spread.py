@@ -132,8 +132,7 @@ class SpreadWindow:
         if host_counts is None or host_counts.numel() != len(self.ranges):
             host_counts = range_counts_buffer(self.pending)
         self.host_counts = host_counts
-        self._host_counts = host_counts
-        self._host_counts.copy_(torch.cat(counts), non_blocking=self.cuda)
+        self.host_counts.copy_(torch.cat(counts), non_blocking=self.cuda)
         self._ready: torch.cuda.Event | None = None
         if self.cuda:
             self._ready = torch.cuda.Event()
@@ -178,7 +177,7 @@ class SpreadWindow:
                 return False
             if self._ready is not None:
                 self._ready.synchronize()
-            self.counts = self._host_counts.tolist()
+            self.counts = self.host_counts.tolist()
             self.rows = sum(self.counts)
         return True
 
