@@ -281,6 +281,7 @@ class Bench:
         compacting: bool = False,
     ) -> dict:
         steps, dump_steps, refs, offsets, dump_at, spans = [], [], {}, [], [], []
+        parts: list[tuple[float, float, float]] = []  # a normal step's record / step / after
         d = self.dumper
         graphed = graph_metrics(d.sources)["graphed"]
         self._compacting(compacting)
@@ -292,11 +293,14 @@ class Bench:
             if hooked:
                 for name, x in ids.items():
                     self.tracker.record(name, x)
+            t1 = time.perf_counter()
             loop.step(ids)
+            t2 = time.perf_counter()
             taken = d.dumps_taken
             if hooked:
                 self.hook_step += 1
                 self.probe.after_step(self.hook, self.hook_step)
+            t3 = time.perf_counter()
             sync(self.dev)
             ms = (time.perf_counter() - t0) * 1e3
             if hooked:
@@ -309,9 +313,14 @@ class Bench:
                 refs[d._seq] = self._reference()  # untimed: the rows at the dump step
             else:
                 steps.append(ms)
+                parts.append((t1 - t0, t2 - t1, t3 - t2))
                 spans.append((t0, t0 + ms / 1e3))
                 offsets.append(self.hook_step - self.last_dump if hooked else -1)
         out = {"steps": steps, "dump_steps": dump_steps, "offsets": offsets, "gc": self.gc.take()}
+        # where a normal step's host time went (no sync added): the record calls, the step
+        # itself (its GPU wait included, loss.item()), after_step
+        cols = zip(*parts, strict=True)
+        out["parts_ms"] = [float(np.mean(c)) * 1e3 for c in cols] if parts else []
         out["dump_at"] = dump_at
         out["graphed"] = graph_metrics(d.sources)["graphed"] - graphed
         out["dump_wall"] = list(d.dump_host_seconds)[-len(dump_steps) :] if dump_steps else []

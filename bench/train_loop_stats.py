@@ -85,6 +85,7 @@ def summarize(runs: list[dict], holds: list[float], targets: dict[str, float]) -
                 "dumps": len(r["dump_steps"]),
                 **stats(r["steps"]),
                 "worst_at": int(np.argmax(r["steps"])),
+                "parts_ms": r.get("parts_ms", []),
             }
             for r in runs
         ],
@@ -148,6 +149,12 @@ def report(name: str, s: dict[str, Any]) -> None:
         for x in s["blocks"]
     )
     print(f"  blocks in order (mean/max@step): {blocks}")
+    parts = "  ".join(
+        f"{'H' if x['hooked'] else 'b'} " + "/".join(f"{v:.3f}" for v in x["parts_ms"])
+        for x in s["blocks"]
+        if x.get("parts_ms")
+    )
+    print(f"  normal steps' host ms, record/step/after_step, by block: {parts}")
     phases = "  ".join(
         f"{k}: {v['mean']:.2f} ({v['n']})" for k, v in s["after_dump"].items() if v.get("n")
     )
