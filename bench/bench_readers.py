@@ -36,6 +36,12 @@ usage: .venv/bin/python bench/bench_readers.py [--rows 2000000] [--dim 64] [--cl
            [--budget-x 2] [--repeat 1] [--before 5] [--after 5] [--json PATH]
            [--fresh-dumps N] [--fresh-rows 50000] [--fresh-every 2] [--skip-publish]
            [--no-aof-rewrite] [--yield-cpu on|off|both]
+           [--pin readers=0-3,server=4-7,publisher=8-15]
+
+``--pin``: on a machine of many cores, the reader process, the server (every process and
+thread of it) and the ``deltarec publish`` process each on CPUs of their own
+(``sched_setaffinity``), so that none waits for a core behind another (the calibration's
+readers and server too).
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ import multiprocessing
 import os
 import platform
 import random
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,8 +154,10 @@ def _client(kind, target, keys, rate, per_read, stop, out, seed):  # type: ignor
     out.extend(got)
 
 
-def _reader_main(kind, target, keys, clients, rate, per_read, stop, queue):  # type: ignore[no-untyped-def]
+def _reader_main(kind, target, keys, clients, rate, per_read, stop, queue, cpus):  # type: ignore[no-untyped-def]
     """The reader process: ``clients`` threads; sends back [(due, response, service)]."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     out: list[tuple[float, float, float]] = []
     threads = [
         threading.Thread(
@@ -173,7 +183,7 @@ class Readers:
         self._process = ctx.Process(
             target=_reader_main,
             args=(kind, target, sample, args.clients, args.rate, args.keys_per_read, self._stop,
-                  self._queue),
+                  self._queue, args.pin.get("readers")),
         )  # fmt: skip
         self._process.start()
 
@@ -197,7 +207,9 @@ def _stats(lat: list[float]) -> dict[str, Any]:
     }
 
 
-def _publish(root: str, url: str, budget_ms: float | None, yield_cpu: bool) -> dict[str, Any]:
+def _publish(
+    root: str, url: str, budget_ms: float | None, yield_cpu: bool, cpus: list[int] | None = None
+) -> dict[str, Any]:
     cmd = [sys.executable, "-c", "import sys; from deltarec.cli import main; sys.exit(main())",
            "publish", "--artifacts", root, "--run", RUN,
            "--store", url, "--generation", "1", "--json", "-"]  # fmt: skip
@@ -205,8 +217,59 @@ def _publish(root: str, url: str, budget_ms: float | None, yield_cpu: bool) -> d
         cmd += ["--read-p99-ms", f"{budget_ms:.4f}"]
         if not yield_cpu:
             cmd += ["--no-yield-cpu"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, check=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )  # fmt: skip
     return dict(json.loads(done.stdout))
+
+
+def cpu_list(text: str) -> set[int]:
+    """``"0-3,8"`` -> {0, 1, 2, 3, 8}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def parse_pin(text: str | None) -> dict[str, list[int]]:
+    """``--pin readers=0-3,server=4-7,publisher=8-15`` -> {role: CPUs} (any subset of roles)."""
+    if not text:
+        return {}
+    pin: dict[str, list[int]] = {}
+    for item in text.replace(";", " ").split():
+        for role_cpus in re.split(r",(?=[a-z])", item):
+            role, sep, cpus = role_cpus.partition("=")
+            if not sep or role not in ("readers", "server", "publisher"):
+                raise SystemExit(f"--pin: {role_cpus!r} is not readers|server|publisher=CPUS")
+            pin[role] = sorted(cpu_list(cpus))
+    return pin
+
+
+def pin_process_tree(pid: int, cpus: list[int]) -> int:
+    """Every thread of ``pid`` and of its descendants on ``cpus``; how many threads were pinned.
+
+    A server's later children (a PostgreSQL backend per connection) inherit the affinity.
+    """
+    tree, parents = {pid}, {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{stat}/stat") as f:
+                parents[int(stat)] = int(f.read().rsplit(")", 1)[1].split()[1])
+    grew = True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    n = 0
+    for p in tree:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cpus)
+                    n += 1
+    return n
 
 
 def server_stats(kind: str, target: dict[str, Any]) -> dict[str, int]:
@@ -243,7 +306,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
     load = os.getloadavg()
     stats = server_stats(kind, target)
     p0 = time.time()
-    result = _publish(root.uri, url, budget_ms, yield_cpu)
+    result = _publish(root.uri, url, budget_ms, yield_cpu, args.pin.get("publisher"))
     p1 = time.time()
     stats_after = server_stats(kind, target)
     time.sleep(args.after)
@@ -352,12 +415,21 @@ def namespace(kind: str, server: Any, work: str, n: int):  # type: ignore[no-unt
 
 
 @contextlib.contextmanager
-def server_for(kind: str, no_aof_rewrite: bool = False):  # type: ignore[no-untyped-def]
+def server_for(kind: str, no_aof_rewrite: bool = False, cpus: list[int] | None = None):  # type: ignore[no-untyped-def]
+    """The server of ``kind`` as the fixtures start it; every thread of it on ``cpus`` if given."""
     if kind == "postgres":
         with PostgresServer() as pg:
+            if cpus:
+                with open(os.path.join(pg.datadir, "postmaster.pid")) as f:
+                    print(
+                        f"postgres: {pin_process_tree(int(f.readline()), cpus)} threads on {cpus}"
+                    )
             yield pg
     elif kind == "redis":
         with RedisServer() as rd:
+            if cpus:
+                assert rd.proc is not None
+                print(f"redis: {pin_process_tree(rd.proc.pid, cpus)} threads on {cpus}")
             if no_aof_rewrite:  # the server's own fork out of the figures (see --no-aof-rewrite)
                 import redis
 
@@ -444,9 +516,16 @@ def main() -> None:
         "publisher's default), keep theirs (off: --no-yield-cpu), or both: each repeat is "
         "then a trial without the budget, one with it yielding and one with it not",
     )
+    p.add_argument(
+        "--pin",
+        default=None,
+        help="CPUs of their own for the readers, the server and the publisher, e.g. "
+        "readers=0-3,server=4-7,publisher=8-15 (any of the three; unpinned by default)",
+    )
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    args.pin = parse_pin(args.pin)
     work = tempfile.mkdtemp(prefix="bench-readers-", dir=args.dir)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -456,15 +535,18 @@ def main() -> None:
         f"{platform.node()} ({os.cpu_count()} cores), commit {commit}, {args.rows:,} rows dim "
         f"{args.dim}, {args.clients} clients at {args.rate:g} reads/s, "
         f"{args.keys_per_read} key(s) a read; load {os.getloadavg()}"
+        + (f"; pinned {args.pin}" if args.pin else "")
     )
     out: dict[str, Any] = {"args": vars(args), "commit": commit, "stores": {}}
+    # a `timeout` stops the run with SIGTERM: leave through the `with`s, which stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         t = time.time()
         root, keys = make_artifacts(os.path.join(work, "art"), args.rows, args.dim)
         print(f"artifacts written in {time.time() - t:.1f} s")
         n = 0
         for kind in args.stores.split(","):
-            with server_for(kind, args.no_aof_rewrite) as server:
+            with server_for(kind, args.no_aof_rewrite, args.pin.get("server")) as server:
                 runs: list[dict[str, Any]] = []
                 n += 1
                 with namespace(kind, server, work, n) as (url, target):
@@ -499,11 +581,16 @@ def main() -> None:
                 out["stores"][kind] = {
                     "idle": idle["idle"], "budget_ms": budget, "runs": runs, "freshness": fresh
                 }  # fmt: skip
+                _write_json(args.json, out)  # each store's as soon as it is done
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"load at the end {os.getloadavg()}")
-    if args.json:
-        with open(args.json, "w") as f:
+    _write_json(args.json, out)
+
+
+def _write_json(path: str | None, out: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(out, f, indent=1)
 
 
