@@ -73,6 +73,9 @@ from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation
 from deltarec.testing.servers import PostgresServer, RedisServer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from readers_server import ServerWatch, describe, process_tree
+
 RUN, TABLE = "bench", "sparse.ebc.item_id"
 CHUNK = 1 << 18  # rows per shard row group written
 
@@ -186,6 +189,7 @@ class Readers:
                   self._queue, args.pin.get("readers")),
         )  # fmt: skip
         self._process.start()
+        self.pid = self._process.pid
 
     def stop(self) -> list[tuple[float, float, float]]:
         self._stop.set()
@@ -252,18 +256,8 @@ def pin_process_tree(pid: int, cpus: list[int]) -> int:
 
     A server's later children (a PostgreSQL backend per connection) inherit the affinity.
     """
-    tree, parents = {pid}, {}
-    for stat in os.listdir("/proc"):
-        if stat.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{stat}/stat") as f:
-                parents[int(stat)] = int(f.read().rsplit(")", 1)[1].split()[1])
-    grew = True
-    while grew:
-        more = {p for p, pp in parents.items() if pp in tree} - tree
-        tree |= more
-        grew = bool(more)
     n = 0
-    for p in tree:
+    for p in process_tree(pid):
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{p}/task"):
                 with contextlib.suppress(OSError):
@@ -305,9 +299,12 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
     time.sleep(args.before)
     load = os.getloadavg()
     stats = server_stats(kind, target)
+    watch = ServerWatch(kind, target.get("port"), target.get("pid"), readers.pid)
+    watch.start()
     p0 = time.time()
     result = _publish(root.uri, url, budget_ms, yield_cpu, args.pin.get("publisher"))
     p1 = time.time()
+    diag = watch.stop()
     stats_after = server_stats(kind, target)
     time.sleep(args.after)
     got = [(d, x, y) for d, x, y in readers.stop() if d >= t0]
@@ -318,6 +315,9 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
         phase = "during" if p0 - t0 <= s + 0.5 < p1 - t0 else ("before" if s < p0 - t0 else "after")
         seconds.append({"s": s, "phase": phase, **_stats(lat)})
     longest = max(got, key=lambda g: g[2])
+    diag["longest_reads"] = [
+        (round(d - p0, 3), round(y * 1e3, 2)) for d, _, y in sorted(got, key=lambda g: -g[2])[:8]
+    ]
     return {
         "budget_ms": budget_ms,
         "yield_cpu": yield_cpu if budget_ms is not None else None,
@@ -336,6 +336,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
         "server_during": {
             k: (v if k == "latest_fork_usec" else v - stats[k]) for k, v in stats_after.items()
         },
+        "server_watch": diag,
         "per_second": seconds,
     }
 
@@ -399,8 +400,10 @@ def namespace(kind: str, server: Any, work: str, n: int):  # type: ignore[no-unt
                 os.remove(path + suffix)
     elif kind == "postgres":
         schema = f"bench{n}"
+        with open(os.path.join(server.datadir, "postmaster.pid")) as f:
+            postmaster = int(f.readline())
         yield f"{server.url}?schema={schema}", {
-            "url": server.url, "name": f"{schema}.emb_sparse_ebc_item_id"
+            "url": server.url, "name": f"{schema}.emb_sparse_ebc_item_id", "pid": postmaster
         }  # fmt: skip
         import psycopg
 
@@ -408,7 +411,9 @@ def namespace(kind: str, server: Any, work: str, n: int):  # type: ignore[no-unt
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
     else:
         prefix = f"b{n}:"
-        yield f"{server.url}?prefix={prefix}", {"port": server.port, "name": f"{prefix}{TABLE}"}
+        yield f"{server.url}?prefix={prefix}", {
+            "port": server.port, "name": f"{prefix}{TABLE}", "pid": server.proc.pid
+        }  # fmt: skip
         import redis
 
         redis.Redis(host="127.0.0.1", port=server.port).flushall()
@@ -565,6 +570,9 @@ def main() -> None:
                         what = "none" if budget_ms is None else (
                             "budget" if yielding else "budget-noyield")  # fmt: skip
                         print(_line(f"{kind} {what} #{i + 1}", r))
+                        watched = r["server_watch"]
+                        print(f"    {describe(watched)}; longest reads (s, ms) "
+                              f"{watched['longest_reads'][:5]}")  # fmt: skip
                         sys.stdout.flush()
                 fresh = []
                 for i in range(args.repeat * 2 if args.fresh_dumps else 0):

@@ -1,0 +1,164 @@
+"""What the server and the CPUs did while a trial of ``bench_readers.py`` published.
+
+Where a reader's worst reads come from: Redis's own latency monitor (``LATENCY``: commands
+and scripts slower than the threshold, writes of the append-only file, forks), its slowlog,
+``INFO`` counters before and after, and the time each process's threads spent ready to run but
+waiting for a CPU (``/proc/<pid>/task/<tid>/schedstat``, the run-queue delay), for the
+server's threads and the reader process's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+LATENCY_MS = 1
+"""Redis's latency monitor threshold: every event of at least this many ms is kept."""
+
+_INFO = (
+    "total_commands_processed", "total_net_input_bytes", "aof_current_size", "aof_delayed_fsync",
+    "total_forks", "used_memory", "used_memory_rss", "mem_fragmentation_ratio",
+    "allocator_frag_ratio", "lazyfreed_objects", "instantaneous_ops_per_sec",
+)  # fmt: skip
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and its descendants (a PostgreSQL server: the postmaster and its backends)."""
+    tree, parents = {pid}, {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/stat") as f:
+                parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+    grew = True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
+def run_queue_ns(pid: int) -> dict[int, tuple[int, int]]:
+    """Per thread of ``pid`` and its descendants: (on-CPU, waiting-for-a-CPU) ns so far."""
+    out: dict[int, tuple[int, int]] = {}
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    cpu, wait, _ = (int(x) for x in f.read().split())
+                    out[int(tid)] = (cpu, wait)
+    return out
+
+
+def _delta(now: dict[int, tuple[int, int]], then: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """Summed over the threads alive now (a thread started since counts from zero)."""
+    cpu = sum(c - then.get(t, (0, 0))[0] for t, (c, _) in now.items())
+    wait = sum(w - then.get(t, (0, 0))[1] for t, (_, w) in now.items())
+    return cpu, wait
+
+
+class ServerWatch:
+    """Snapshots before a publish, the differences after it (see the module doc).
+
+    Args:
+        kind: the store kind; only Redis has a latency monitor, every kind gets the run queue.
+        port: Redis's port.
+        server_pid: the server's process (its threads), or None.
+        reader_pid: the reader process, or None.
+    """
+
+    def __init__(
+        self, kind: str, port: int | None, server_pid: int | None, reader_pid: int | None
+    ) -> None:
+        self.kind, self.port = kind, port
+        self.pids = {"server": server_pid, "readers": reader_pid}
+        self._client: Any = None
+        if kind == "redis" and port is not None:
+            import redis
+
+            self._client = redis.Redis(host="127.0.0.1", port=port)
+        self._start: dict[str, Any] = {}
+
+    def start(self) -> None:
+        """Reset the latency monitor and the slowlog; snapshot the counters."""
+        c = self._client
+        if c is not None:
+            c.config_set("latency-monitor-threshold", LATENCY_MS)
+            c.config_set("slowlog-log-slower-than", LATENCY_MS * 1000)
+            c.config_set("slowlog-max-len", 1000)
+            c.execute_command("LATENCY", "RESET")
+            c.slowlog_reset()
+            self._start["info"] = self._info()
+        self._start["t"] = time.time()
+        self._start["rq"] = {k: run_queue_ns(p) for k, p in self.pids.items() if p}
+
+    def _info(self) -> dict[str, float]:
+        info: Any = self._client.info("all")
+        return {k: float(info[k]) for k in _INFO if k in info}
+
+    def stop(self) -> dict[str, Any]:
+        """What happened since :meth:`start`: events, slow commands, counters, run queues."""
+        out: dict[str, Any] = {}
+        elapsed = time.time() - self._start["t"]
+        rq = {}
+        for k, p in self.pids.items():
+            if p and k in self._start["rq"]:
+                now = run_queue_ns(p)
+                cpu, wait = _delta(now, self._start["rq"][k])
+                rq[k] = {
+                    "cpu_s": round(cpu / 1e9, 3),
+                    "wait_s": round(wait / 1e9, 3),
+                    "threads": len(now),
+                    "of_s": round(elapsed, 3),
+                }
+        out["run_queue"] = rq
+        c = self._client
+        if c is None:
+            return out
+        latest = c.execute_command("LATENCY", "LATEST")
+        out["latency_latest"] = {
+            _s(e[0]): {"max_ms": int(e[2]), "last_ms": int(e[3])} for e in latest
+        }
+        out["latency_history"] = {
+            _s(e[0]): [
+                (round(int(ts) - self._start["t"], 0), int(ms))
+                for ts, ms in c.execute_command("LATENCY", "HISTORY", e[0])
+            ]
+            for e in latest
+        }
+        slow = c.slowlog_get(1000)
+        out["slowlog_n"] = len(slow)
+        out["slowlog_top"] = [
+            {
+                "at_s": round(int(s["start_time"]) - self._start["t"], 0),
+                "ms": round(int(s["duration"]) / 1e3, 2),
+                "cmd": _s(s["command"])[:60],
+            }
+            for s in sorted(slow, key=lambda s: -int(s["duration"]))[:8]
+        ]
+        after, before = self._info(), self._start["info"]
+        out["info"] = {
+            k: (round(after[k] - before.get(k, 0), 3) if k.startswith(("total_", "aof_")) else
+                after[k])
+            for k in after
+        }  # fmt: skip
+        return out
+
+
+def _s(x: Any) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else str(x)
+
+
+def describe(diag: dict[str, Any]) -> str:
+    """One line: run-queue waits, the latency events' maxima, the slowest commands."""
+    parts = []
+    for k, v in diag.get("run_queue", {}).items():
+        parts.append(f"{k} cpu {v['cpu_s']} s wait-for-cpu {v['wait_s']} s")
+    for event, v in diag.get("latency_latest", {}).items():
+        n = len(diag["latency_history"].get(event, []))
+        parts.append(f"LATENCY {event} max {v['max_ms']} ms ({n} s with one)")
+    if "slowlog_n" in diag:
+        top = ", ".join(f"{s['ms']} ms @{s['at_s']:g}s" for s in diag["slowlog_top"][:4])
+        parts.append(f"slowlog {diag['slowlog_n']} >= {LATENCY_MS} ms: {top}")
+    return "; ".join(parts)
