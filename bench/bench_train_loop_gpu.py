@@ -243,6 +243,8 @@ class Bench:
         options: dict[str, Any] = {"encoder": a.encoder}
         if a.encode_workers:
             options["encode_workers"] = a.encode_workers
+        if a.chunk_rows:
+            options["chunk_rows"] = a.chunk_rows
         if a.compact_every_dumps:
             options["compact_every_dumps"] = a.compact_every_dumps
         if a.spread_steps:
@@ -282,6 +284,8 @@ class Bench:
     ) -> dict:
         steps, dump_steps, refs, offsets, dump_at, spans = [], [], {}, [], [], []
         parts: list[tuple[float, float, float]] = []  # a normal step's record / step / after
+        absorbs: list[float] = []  # after_step of the steps that marked the recorded lookups
+        plain: list[float] = []  # after_step of the other normal steps
         d = self.dumper
         graphed = graph_metrics(d.sources)["graphed"]
         self._compacting(compacting)
@@ -314,6 +318,8 @@ class Bench:
             else:
                 steps.append(ms)
                 parts.append((t1 - t0, t2 - t1, t3 - t2))
+                if hooked:
+                    (absorbs if d._since_absorb == 0 else plain).append(t3 - t2)
                 spans.append((t0, t0 + ms / 1e3))
                 offsets.append(self.hook_step - self.last_dump if hooked else -1)
         out = {"steps": steps, "dump_steps": dump_steps, "offsets": offsets, "gc": self.gc.take()}
@@ -321,6 +327,11 @@ class Bench:
         # itself (its GPU wait included, loss.item()), after_step
         cols = zip(*parts, strict=True)
         out["parts_ms"] = [float(np.mean(c)) * 1e3 for c in cols] if parts else []
+        out["after_ms"] = {  # after_step: marking steps against the others
+            "absorb": float(np.mean(absorbs)) * 1e3 if absorbs else 0.0,
+            "absorb_n": len(absorbs),
+            "other": float(np.mean(plain)) * 1e3 if plain else 0.0,
+        }
         out["dump_at"] = dump_at
         out["graphed"] = graph_metrics(d.sources)["graphed"] - graphed
         out["dump_wall"] = list(d.dump_host_seconds)[-len(dump_steps) :] if dump_steps else []
@@ -550,6 +561,21 @@ def main() -> None:
     p.add_argument("--time-budget-s", type=float, default=540.0)
     p.add_argument("--encode-workers", type=int, default=None, help="DumperConfig")
     p.add_argument(
+        "--chunk-rows", type=int, default=None, help="DumperConfig: rows a copy to host holds"
+    )
+    p.add_argument(
+        "--counted-pad-mb",
+        type=float,
+        default=None,
+        help="padding a counted dump may gather (COUNTED_PAD_BYTES; 0: the exact path)",
+    )
+    p.add_argument(
+        "--absorb-steps",
+        type=int,
+        default=None,
+        help="steps between the dumper's markings of recorded lookups (ABSORB_STEPS)",
+    )
+    p.add_argument(
         "--compact-every-dumps",
         type=int,
         default=None,
@@ -583,6 +609,14 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the dumps are removed
     if a.switch_interval_ms is not None:
         sys.setswitchinterval(a.switch_interval_ms / 1e3)
+    if a.absorb_steps is not None:
+        import deltarec.dump.dumper as dumper_module
+
+        dumper_module.ABSORB_STEPS = a.absorb_steps  # type: ignore[misc]
+    if a.counted_pad_mb is not None:
+        import deltarec.tracking.unique as unique_module
+
+        unique_module.COUNTED_PAD_BYTES = int(a.counted_pad_mb * 2**20)  # type: ignore[misc]
     began = time.perf_counter()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
@@ -595,6 +629,9 @@ def main() -> None:
         "switch_interval_s": sys.getswitchinterval(),
         "encoder": a.encoder,
         "encode_workers": a.encode_workers,
+        "chunk_rows": a.chunk_rows,
+        "absorb_steps": a.absorb_steps,
+        "counted_pad_mb": a.counted_pad_mb,
         "every": None if a.every_s else a.every,
         "every_s": a.every_s,
         "encoder_sched": a.encoder_sched,

@@ -86,6 +86,7 @@ def summarize(runs: list[dict], holds: list[float], targets: dict[str, float]) -
                 **stats(r["steps"]),
                 "worst_at": int(np.argmax(r["steps"])),
                 "parts_ms": r.get("parts_ms", []),
+                "after_ms": r.get("after_ms", {}),
             }
             for r in runs
         ],
@@ -155,6 +156,12 @@ def report(name: str, s: dict[str, Any]) -> None:
         if x.get("parts_ms")
     )
     print(f"  normal steps' host ms, record/step/after_step, by block: {parts}")
+    after = "  ".join(
+        f"{a['absorb']:.3f} ({a['absorb_n']}) / {a['other']:.3f}"
+        for x in s["blocks"]
+        if x["hooked"] and (a := x.get("after_ms"))
+    )
+    print(f"  hooked blocks' after_step ms, marking steps (n) / other steps: {after}")
     phases = "  ".join(
         f"{k}: {v['mean']:.2f} ({v['n']})" for k, v in s["after_dump"].items() if v.get("n")
     )

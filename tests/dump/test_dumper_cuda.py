@@ -80,7 +80,7 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
     src = RowShardSource("m.a", spec, hub, "a", w, 0)
     cfg = DumperConfig(
         artifacts=str(tmp_path), run="s", snapshot=False, chunk_rows=1000, device_graph_bytes=0
-    )  # the exact path: a staging buffer of the rows
+    )  # no graph: a counted dump where its buffer fits, else a staging buffer of the rows
     d = Dumper(cfg, [src])
     d.device_budget.fixed = device_room  # 1 KiB: under a chunk, the table goes to host memory
     d.start(step=0)
@@ -98,9 +98,9 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
     assert np.array_equal(got_keys[order], keys.cpu().numpy())
     assert np.array_equal(got_rows[order], want)
     assert stats["held_bytes"] == 0
-    if device_room is None:
+    if device_room is None:  # a counted dump: a buffer as long as the ids recorded
         assert stats["staged"] == 1 and stats["full"] == 0
-        assert stats["peak_bytes"] == len(keys) * (32 * 4 + 8)
+        assert stats["peak_bytes"] == len(ids) * (32 * 4 + 8)
     elif device_room == 1024:
         assert stats["staged"] == 0 and stats["full"] == 1
     else:  # 6,000 rows staged, the rest gathered into host memory

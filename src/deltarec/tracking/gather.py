@@ -179,8 +179,7 @@ class DeviceRows(HostRows):
     def resolve(self) -> None:
         """Learn the buffer's length where it was not known when queued (here it always is).
 
-        The dump worker calls it before it reads the length; see
-        :class:`~deltarec.tracking.graphed.GraphedRows`.
+        The dump worker calls it before it reads the length; see :class:`CountedRows`.
         """
 
     def host_bytes(self, start: int, stop: int, ring: PinnedRing | None = None) -> int:
@@ -237,6 +236,32 @@ class DeviceRows(HostRows):
             self.valid = None
             self.budget.give_back(device, self.device_bytes)
             self.device_bytes = 0
+
+
+class CountedRows(DeviceRows):
+    """A table's rows gathered into a buffer longer than them; their count comes later.
+
+    The training thread queued the gather without waiting for the deduplication: the buffers
+    hold an upper bound of rows, the table's unique touched rows first (ascending keys), then
+    padding. The count is copied to ``counts[table]`` (pinned host memory) before the
+    ``gathered`` event; :meth:`resolve` (the dump worker) waits for it and cuts the buffers.
+    Used by a group's graphed dumps (:class:`~deltarec.tracking.graphed.GraphedRows`) and its
+    counted dumps (:meth:`~deltarec.tracking.unique.UniqueBatch.gather_counted`).
+    """
+
+    counts: torch.Tensor | None = None
+    table: int = 0
+    resolved: bool = False
+
+    def resolve(self) -> None:
+        """Wait for the gather and cut the buffers to the table's count (worker thread)."""
+        if self.resolved or self.counts is None:
+            return
+        if self.gathered is not None:
+            self.gathered.synchronize()
+        n = int(self.counts[self.table])
+        self.keys, self.rows, self.ops = self.keys[:n], self.rows[:n], self.ops[:n]
+        self.resolved = True
 
 
 def warm_up_gather(weight: torch.Tensor, ids: torch.Tensor) -> None:

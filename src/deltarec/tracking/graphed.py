@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 import torch
 
-from deltarec.tracking.gather import DeviceRows, current_stream
+from deltarec.tracking.gather import CountedRows, current_stream
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class GraphedSet:
             self._held -= 1
 
 
-class GraphedRows(DeviceRows):
+class GraphedRows(CountedRows):
     """One table's rows of a :class:`GraphedSet` replay, in the set's buffers.
 
     Until :meth:`resolve` the tensors are the whole buffers (the capacity); afterwards their
@@ -229,25 +229,13 @@ class GraphedRows(DeviceRows):
     """
 
     owner: GraphedSet | None = None
-    table: int = 0
-    resolved: bool = False
 
     @classmethod
     def of(cls, owner: GraphedSet, table: int) -> GraphedRows:
         """Table ``table``'s rows of ``owner``'s last replay."""
         rows = cls(owner.keys[table], owner.rows[table], owner.no_ops[table], gathered=owner.ready)
-        rows.owner, rows.table = owner, table
+        rows.owner, rows.counts, rows.table = owner, owner.host_counts, table
         return rows
-
-    def resolve(self) -> None:
-        """Wait for the replay and cut the buffers to the table's count (worker thread)."""
-        if self.resolved or self.owner is None:
-            return
-        if self.owner.ready is not None:
-            self.owner.ready.synchronize()
-        n = int(self.owner.host_counts[self.table])
-        self.keys, self.rows, self.ops = self.keys[:n], self.rows[:n], self.ops[:n]
-        self.resolved = True
 
     def release(self) -> None:
         """Hand the table's buffers back to the set (idempotent); its copies must be done."""

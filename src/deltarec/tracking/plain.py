@@ -23,13 +23,14 @@ import torch
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.tracking.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
+from deltarec.tracking.device_budget import current_budget
 from deltarec.tracking.gather import (
+    CountedRows,
     HostRows,
     dedup_ids,
     gather_to_host,
     rows_to_host,
 )
-from deltarec.tracking.graphed import GraphedRows
 from deltarec.tracking.groups import TableGroup, batches
 from deltarec.tracking.tracker import TrackerHub
 from deltarec.tracking.types import Gathered, RankGroup, SourceOptions, TableSource, TouchedRows
@@ -161,7 +162,7 @@ class RowShardSource(_TrackedSource):
         self.weight = weight
         self.row_offset = int(row_offset)
         self.writes = weight is not None and weight.shape[0] > 0
-        self._prepared: tuple[BatchedIds, int] | GraphedRows | object | None = None
+        self._prepared: tuple[BatchedIds, int] | CountedRows | object | None = None
         self.group: TableGroup | None = None
         self.graph_bytes: int | None = 0
         self.spread_steps: int | None = None
@@ -183,8 +184,8 @@ class RowShardSource(_TrackedSource):
         prepared, self._prepared = self._prepared, None
         if prepared is _SPREAD:
             return  # read over the next steps by the group's spread dump
-        if isinstance(prepared, GraphedRows):
-            yield prepared  # gathered by the group's graph: the worker copies its rows out
+        if isinstance(prepared, CountedRows):
+            yield prepared  # gathered by the group's graph or counted dump: the worker copies
             return
         if isinstance(prepared, tuple):
             ids = prepared[0].ids(prepared[1])
@@ -236,6 +237,16 @@ class RowShardSource(_TrackedSource):
                     s._prepared = _SPREAD
                 continue
             recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
+            budget = current_budget()
+            if budget is not None and group.batch.device.type == "cuda":
+                weights = [s.weight for s in members if s.weight is not None]
+                offsets = [s.row_offset for s in members]
+                counted = group.batch.gather_counted(recorded, weights, offsets, budget)
+                if counted is not None:
+                    for s, got in zip(members, counted, strict=True):
+                        s._prepared = got
+                    continue
+                recorded = [None] * len(members)  # marked by gather_counted already
             dump = group.batch.queue(recorded)
             for i, s in enumerate(members):
                 s._prepared = (dump, i)
@@ -243,8 +254,8 @@ class RowShardSource(_TrackedSource):
     def _drop_prepared(self) -> None:
         """Forget a prepared collection never taken (its graph buffers go back to the set)."""
         prepared, self._prepared = self._prepared, None
-        if isinstance(prepared, GraphedRows):
-            prepared.release()
+        if isinstance(prepared, CountedRows):
+            prepared.release()  # graph buffers back to their set, staging bytes to the budget
 
     @classmethod
     def absorb_recorded(cls, sources: Sequence[TableSource]) -> None:

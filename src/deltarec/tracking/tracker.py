@@ -282,7 +282,7 @@ class ManualTracker:
 
     def record(self, fqn: str, ids: torch.Tensor) -> None:
         """Record the local row ids one lookup touched (before the step updates them)."""
-        flat = ids.reshape(-1)
+        flat = ids if ids.dim() == 1 else ids.reshape(-1)  # a reshape is a dispatched call
         self.per_fqn_lookups.setdefault(fqn, []).append(flat)
         for fn in self.listeners:
             fn(fqn, flat)
