@@ -80,7 +80,7 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
     src = RowShardSource("m.a", spec, hub, "a", w, 0)
     cfg = DumperConfig(
         artifacts=str(tmp_path), run="s", snapshot=False, chunk_rows=1000, device_graph_bytes=0
-    )  # no graph: a counted dump where its buffer fits, else a staging buffer of the rows
+    )  # the exact path: a staging buffer of the rows
     d = Dumper(cfg, [src])
     d.device_budget.fixed = device_room  # 1 KiB: under a chunk, the table goes to host memory
     d.start(step=0)
@@ -98,9 +98,9 @@ def test_a_cuda_dump_is_staged_on_the_device_or_gathered_to_host_when_the_buffer
     assert np.array_equal(got_keys[order], keys.cpu().numpy())
     assert np.array_equal(got_rows[order], want)
     assert stats["held_bytes"] == 0
-    if device_room is None:  # a counted dump: a buffer as long as the ids recorded
+    if device_room is None:
         assert stats["staged"] == 1 and stats["full"] == 0
-        assert stats["peak_bytes"] == len(ids) * (32 * 4 + 8)
+        assert stats["peak_bytes"] == len(keys) * (32 * 4 + 8)
     elif device_room == 1024:
         assert stats["staged"] == 0 and stats["full"] == 1
     else:  # 6,000 rows staged, the rest gathered into host memory
@@ -294,3 +294,72 @@ def test_lookups_marked_between_dumps_are_dumped_with_the_rows_of_the_dump_step(
             gk, gr, _, _ = got[table]
             order = np.argsort(gk)
             assert np.array_equal(gk[order], keys) and np.array_equal(gr[order], rows)
+
+
+def test_counted_dumps_write_each_dump_steps_rows_of_several_tables(tmp_path, monkeypatch):
+    import deltarec.tracking.unique as unique
+
+    monkeypatch.setattr(unique, "COUNTED_PAD_BYTES", 256 << 20)
+    counted: list[bool] = []
+    gather_counted = unique.UniqueBatch.gather_counted
+
+    def spy(self, *args, **kwargs):
+        got = gather_counted(self, *args, **kwargs)
+        counted.append(got is not None)
+        return got
+
+    monkeypatch.setattr(unique.UniqueBatch, "gather_counted", spy)
+    tracker = ManualTracker()
+    hub = TrackerHub(tracker, {"a", "b"})
+    ws = {"a": torch.randn(30_000, 16, device="cuda"), "b": torch.randn(5_000, 8, device="cuda")}
+    offsets = {"a": 0, "b": 40_000}
+    srcs = [
+        RowShardSource(
+            f"m.{n}",
+            TableSpec(dim=int(w.shape[1]), kind=TableKind.PLAIN, num_embeddings=int(w.shape[0])),
+            hub,
+            n,
+            w,
+            offsets[n],
+        )
+        for n, w in ws.items()
+    ]
+    cfg = DumperConfig(
+        artifacts=str(tmp_path),
+        run="k",
+        snapshot=False,
+        every_steps=40,
+        chunk_rows=777,
+        device_graph_bytes=0,
+    )
+    d = Dumper(cfg, srcs)
+    d.start(step=0)
+    want: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    touched: dict[str, set[int]] = {n: set() for n in ws}
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for step in range(1, 121):  # 40 steps a dump: the lookups are marked and counted between
+        for n, w in ws.items():
+            ids = torch.randint(0, int(w.shape[0]), (300,), device="cuda", generator=gen)
+            tracker.record(n, ids)
+            touched[n].update(ids.tolist())
+            w[ids] += 0.25
+        if d.maybe_dump(step) is not None:
+            want[step] = {}
+            for n, w in ws.items():
+                keys = np.array(sorted(touched[n]))
+                want[step][n] = (keys + offsets[n], w[torch.from_numpy(keys).cuda()].cpu().numpy())
+                touched[n] = set()
+    d.wait_idle(timeout=60)
+    stats = d.device_budget.metrics()
+    d.close()
+    assert counted == [True, True, True]  # every dump took the counted path
+    assert stats["staged"] == 6 and stats["full"] == 0 and stats["held_bytes"] == 0
+    root = ArtifactRoot(str(tmp_path))
+    for seq in (1, 2, 3):
+        m = root.read_manifest("k", 1, seq)
+        got = read_dump(root, "k", 1, seq)
+        for n in ws:
+            keys, rows, _, _ = got[f"m.{n}"]
+            order = np.argsort(keys)
+            wk, wr = want[m.last_step][n]
+            assert np.array_equal(keys[order], wk) and np.array_equal(rows[order], wr)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deltarec.tracking import unique
 from deltarec.tracking.device_budget import DeviceBudget
 from deltarec.tracking.gather import CountedRows, dedup_ids
 from deltarec.tracking.unique import UniqueBatch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+PAD = 256 << 20  # the padding a counted dump may gather, when turned on
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -104,7 +106,8 @@ def test_a_counted_dump_gathers_each_tables_unique_rows_without_waiting_dump_aft
             for i, ids in enumerate(step):
                 batch.mark(i, ids.to(dev))
         batch.count_marks()
-        got = batch.gather_counted([s.to(dev) for s in steps[2]], weights, offsets, budget)
+        recorded = [s.to(dev) for s in steps[2]]
+        got = batch.gather_counted(recorded, weights, offsets, budget, pad_bytes=PAD)
         assert got is not None and budget.held(dev) > 0
         for i, counted in enumerate(got):
             want = dedup_ids(torch.cat([step[i] for step in steps]))
@@ -131,15 +134,31 @@ def test_without_a_trusted_count_or_room_the_dump_falls_back_to_the_exact_path()
     batch.mark(0, torch.tensor([1, 2]))
     batch.count_marks()
     batch.clear(0)  # the count on its way still holds table 0's old marks
-    assert batch.gather_counted([None, torch.tensor([4])], weights, [0, 0], None) is None
+    assert batch.gather_counted([None, torch.tensor([4])], weights, [0, 0], None, PAD) is None
     dump = batch.queue([None, None])  # the ids given to gather_counted stay marked
     assert dump.ids(0).tolist() == [] and dump.ids(1).tolist() == [4]
 
     full = DeviceBudget(0.0, capacity_bytes=8)  # room for no row
-    assert batch.gather_counted([torch.tensor([3, 3]), None], weights, [0, 0], full) is None
+    assert batch.gather_counted([torch.tensor([3, 3]), None], weights, [0, 0], full, PAD) is None
     assert full.held(torch.device("cpu")) == 0
     assert batch.queue([None, None]).ids(0).tolist() == [3]
 
     batch.mark(1, torch.arange(20))  # 20 ids since the last clear: padding over the limit
     assert batch.gather_counted([None, None], weights, [0, 0], None, pad_bytes=16) is None
     assert batch.queue([None, None]).ids(1).tolist() == list(range(20))
+
+
+def test_counted_dumps_are_off_by_default_and_warming_them_up_leaves_the_batch_clear(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weights = [torch.randn(10, 2), torch.randn(20, 2)]
+    batch = UniqueBatch([10, 20], torch.device("cpu"))
+    assert not batch.counting
+    assert batch.gather_counted([torch.tensor([1]), None], weights, [0, 0], None) is None
+    assert batch.queue([None, None]).ids(0).tolist() == [1]
+    monkeypatch.setattr(unique, "COUNTED_PAD_BYTES", PAD)
+    batch.warm_up(weights)
+    assert batch.counting and not bool(batch.bitmap.any()) and batch.bounds() == [0, 0]
+    got = batch.gather_counted([torch.tensor([7, 7]), torch.tensor([19])], weights, [0, 5], None)
+    assert got is not None
+    assert [_resolved(g)[0] for g in got] == [[7], [24]]

@@ -17,13 +17,15 @@ from deltarec.tracking.gather import CountedRows, current_stream, warm_up_gather
 BATCH_ROWS_MAX = (1 << 31) - 1
 """Rows of one shared bitmap at most (torch's CUDA compaction counts positions in int32)."""
 
-COUNTED_PAD_BYTES = 256 << 20
-"""The most bytes of padding a counted dump may gather (:meth:`UniqueBatch.gather_counted`).
+COUNTED_PAD_BYTES = 0
+"""The most bytes of padding a counted dump may gather (:meth:`UniqueBatch.gather_counted`);
+0 (the default) turns counted dumps off.
 
-Its buffers are as long as the rows marked when the batch last counted its marks plus every
+Its buffers are as long as the rows flagged when the batch last counted its marks plus every
 id marked since (a few steps' lookups): the padding is gathered too, at ~3 TB/s about 0.1 ms
-for 256 MiB of device time, against the host synchronization and the staging calls of the
-exact path it replaces. 0 turns counted dumps off."""
+of device time for 256 MiB (``256 << 20`` is the value to try), against the host
+synchronization and the staging calls of the exact path it replaces. Off until a GPU training
+loop has measured it (docs/dump.md, *Counted dumps*)."""
 
 
 class UniqueBatch:
@@ -156,6 +158,11 @@ class UniqueBatch:
             self.ready.record(current_stream(self.device))
         return BatchedIds(self, unique)
 
+    @property
+    def counting(self) -> bool:
+        """Whether counted dumps are on (:data:`COUNTED_PAD_BYTES`): marks are then counted."""
+        return COUNTED_PAD_BYTES > 0
+
     def count_marks(self) -> None:
         """Count each table's flagged rows on the device, the counts on their way to the host.
 
@@ -261,14 +268,15 @@ class UniqueBatch:
         A dump's first calls otherwise load their kernels and allocate on the training thread.
         """
         one = torch.zeros(1, dtype=torch.int64, device=self.device)
-        for i in range(len(self.rows)):
-            self.mark(i, one)
-        self.count_marks()
-        if self._counted is not None:
-            self._counted.synchronize()
-        counted = self.gather_counted([None] * len(self.rows), weights, [1] * len(weights), None)
-        for rows in counted or []:
-            rows.resolve()
+        if self.counting:
+            for i in range(len(self.rows)):
+                self.mark(i, one)
+            self.count_marks()
+            if self._counted is not None:
+                self._counted.synchronize()
+            ones = [1] * len(weights)
+            for rows in self.gather_counted([None] * len(ones), weights, ones, None) or []:
+                rows.resolve()
         dump = self.queue([one] * len(self.rows))
         for i, w in enumerate(weights):
             warm_up_gather(w, dump.ids(i))
