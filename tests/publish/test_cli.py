@@ -39,9 +39,12 @@ def test_provision_then_publish_only_what_the_store_lacks(tmp_path, capsys):
     }
     assert main(["provision", *_args(root, url)]) == 0  # idempotent
 
-    assert main(["publish", *_args(root, url), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    assert main(["publish", *_args(root, url), "--json", str(tmp_path / "published.json")]) == 0
+    out = json.loads((tmp_path / "published.json").read_text())
     assert out["rows"] == 21
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dump ")]
+    assert [x.split(":")[0] for x in lines] == ["dump 0 ranks 0-1", "dump 1 ranks 0-1"]
+    assert "20 rows" in lines[0] and "1 rows" in lines[1]  # one line a dump, its parts summed
     parts = [(p["seq"], p["rank"], p["rows"]) for p in out["parts"]]
     assert parts == [(0, 0, 10), (0, 1, 10), (1, 0, 1), (1, 1, 0)]  # rank 1 had no row in dump 1
     with open_store(url) as store:

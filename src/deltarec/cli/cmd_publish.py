@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             parts = publisher.publish_generation(generation, ranks, on_part=progress.part)
         finally:
+            progress.finish()
             budget = None if throttle is None else throttle.close()
     result: dict[str, Any] = {
         "run": args.run,
@@ -182,13 +183,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """Progress lines on stderr: one per dump part, and every few seconds within a part."""
+    """Progress lines on stderr: one per dump, and every few seconds within a part.
+
+    A dump's parts (one per rank) are summed into one line, printed when the next dump's first
+    part comes or at :meth:`finish`: a 256-rank job publishes 256 parts a dump.
+    """
 
     def __init__(self, quiet: bool, every_s: float = 2.0) -> None:
         self.quiet = quiet
         self.every_s = every_s
         self.last = time.monotonic()
         self.rows = 0
+        self._parts: list[Any] = []  # the parts of the dump being published
 
     def batch(self, mark: Any, n: int) -> None:
         self.rows += n
@@ -202,10 +208,27 @@ class _Progress:
             )
 
     def part(self, part: Any) -> None:
-        if not self.quiet:
-            lag = f", lag {part.lag_s:.1f}s" if part.lag_s is not None else ""
-            print(
-                f"dump {part.seq} rank {part.rank}: {part.rows:,} rows "
-                f"({part.bytes / 1e6:.1f} MB) in {part.seconds:.2f}s{lag}",
-                file=sys.stderr,
-            )
+        if self._parts and self._parts[0].seq != part.seq:
+            self.finish()
+        self._parts.append(part)
+
+    def finish(self) -> None:
+        """Print the dump whose parts came last (published so far)."""
+        parts, self._parts = self._parts, []
+        if self.quiet or not parts:
+            return
+        ranks = sorted({p.rank for p in parts})
+        if len(ranks) == 1:
+            who = f"rank {ranks[0]}"
+        elif ranks == list(range(ranks[0], ranks[-1] + 1)):
+            who = f"ranks {ranks[0]}-{ranks[-1]}"
+        else:
+            who = f"{len(ranks)} ranks"
+        lags = [p.lag_s for p in parts if p.lag_s is not None]
+        lag = f", lag {max(lags):.1f}s" if lags else ""
+        print(
+            f"dump {parts[0].seq} {who}: {sum(p.rows for p in parts):,} rows "
+            f"({sum(p.bytes for p in parts) / 1e6:.1f} MB) in "
+            f"{sum(p.seconds for p in parts):.2f}s{lag}",
+            file=sys.stderr,
+        )
