@@ -152,17 +152,20 @@ class TableGroup:
         (the dump may replay a graph on them); once one does not, the dump takes the exact
         path, and they are marked: one ``torch.cat`` and one ``index_fill_`` per member.
         """
-        before = [(len(h), n) for h, n in zip(self.held, self.held_ids, strict=True)]
-        parts = self.take()
-        counts = [
-            n + sum(int(p.numel()) for p in got[k:])
-            for (k, n), got in zip(before, parts, strict=True)
-        ]
         graphs = self.graphs
         cap = graphs.capacity if graphs is not None and graphs.sets else 0
-        if not any(self.batch.marked) and max(counts, default=0) <= cap:
-            self.held, self.held_ids = parts, counts
-            return
+        if cap and not any(self.batch.marked):  # a graph may still take them: count the ids
+            before = [(len(h), n) for h, n in zip(self.held, self.held_ids, strict=True)]
+            parts = self.take()
+            counts = [
+                n + sum(int(p.numel()) for p in got[k:])
+                for (k, n), got in zip(before, parts, strict=True)
+            ]
+            if max(counts, default=0) <= cap:
+                self.held, self.held_ids = parts, counts
+                return
+        else:  # marked already, or no graph: the count would decide nothing
+            parts = self.take()
         for i, got in enumerate(parts):
             if got:
                 self.batch.mark(i, got[0] if len(got) == 1 else torch.cat(got))
