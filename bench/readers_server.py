@@ -81,14 +81,16 @@ class ServerWatch:
         self._start: dict[str, Any] = {}
 
     def start(self) -> None:
-        """Reset the latency monitor and the slowlog; snapshot the counters."""
+        """Reset the latency monitor; note the slowlog's newest entry; snapshot the counters."""
         c = self._client
         if c is not None:
             c.config_set("latency-monitor-threshold", LATENCY_MS)
             c.config_set("slowlog-log-slower-than", LATENCY_MS * 1000)
             c.config_set("slowlog-max-len", 1000)
             c.execute_command("LATENCY", "RESET")
-            c.slowlog_reset()
+            # the slowlog's newest entry, not a reset: freeing 1000 entries stalls the server
+            newest = c.slowlog_get(1)
+            self._start["slow_id"] = int(newest[0]["id"]) if newest else -1
             self._start["info"] = self._info()
         self._start["t"] = time.time()
         self._start["rq"] = {k: run_queue_ns(p) for k, p in self.pids.items() if p}
@@ -117,8 +119,8 @@ class ServerWatch:
         if c is None:
             return out
         latest = c.execute_command("LATENCY", "LATEST")
-        out["latency_latest"] = {
-            _s(e[0]): {"max_ms": int(e[2]), "last_ms": int(e[3])} for e in latest
+        out["latency_latest"] = {  # event, when last, the last's ms, the most ms
+            _s(e[0]): {"max_ms": int(e[3]), "last_ms": int(e[2])} for e in latest
         }
         out["latency_history"] = {
             _s(e[0]): [
@@ -127,7 +129,7 @@ class ServerWatch:
             ]
             for e in latest
         }
-        slow = c.slowlog_get(1000)
+        slow = [s for s in c.slowlog_get(1000) if int(s["id"]) > self._start["slow_id"]]
         out["slowlog_n"] = len(slow)
         out["slowlog_top"] = [
             {
@@ -144,6 +146,30 @@ class ServerWatch:
             for k in after
         }  # fmt: skip
         return out
+
+
+def move_aof(port: int, where: str) -> str:
+    """Redis's append-only file as the fixture keeps it (``disk``), off, or on tmpfs (``shm``).
+
+    ``shm``: the server's folder becomes a new one under ``/dev/shm`` and the file is rewritten
+    there (``BGREWRITEAOF`` of the still empty data set), so every later write of the file goes to
+    memory instead of the disk: whether the disk's writes are what stalls the server.
+    """
+    import redis
+
+    c = redis.Redis(host="127.0.0.1", port=port)
+    if where == "off":
+        c.config_set("appendonly", "no")
+    elif where == "shm":
+        import tempfile
+
+        c.config_set("dir", tempfile.mkdtemp(prefix="deltarec-redis-aof-", dir="/dev/shm"))
+        c.bgrewriteaof()
+        deadline = time.time() + 30
+        while c.info("persistence")["aof_rewrite_in_progress"] and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the rewrite's file is swapped in by the server's next cron
+    return str(c.config_get("dir")["dir"])
 
 
 def _s(x: Any) -> str:
