@@ -16,6 +16,7 @@ from tests._helpers.dump import read_dump
 from deltarec.artifacts import ArtifactRoot, TableKind, TableSpec
 from deltarec.artifacts.lineage import expected_state
 from deltarec.dump import Dumper, DumperConfig
+from deltarec.dump.metrics import DumpCollector
 from deltarec.tracking import spread
 from deltarec.tracking.gather import HostRows
 from deltarec.tracking.plain import RowShardSource
@@ -118,14 +119,24 @@ def test_a_spread_dump_holds_every_touched_row_at_its_dump_step(tmp_path, device
     loop = Loop(tmp_path, device, every_steps=6, spread_steps=4)
     d = loop.dumper
     d.start(step=0)
-    opened = []
+    opened, windows = [], set()
     for step in range(1, 24):
         loop.step(step, twice=step % 3 == 0)
         opened.append(d.spread.open)
+        windows.add(d.spread.last_window)
     d.final_dump(23)
     d.close()
     # the dumps at 6, 12 and 18 were read over the steps after them, not at their step
     assert d.spread.opened >= 3 and any(opened[6:9])
+    # here a step reads at most 200 rows: windows the next dump (6 steps on) cut short
+    assert 1 <= d.spread.finished_early <= d.spread.opened
+    read_over = sorted(w[0] for w in windows if w is not None)
+    assert read_over and read_over[0] >= 1 and read_over[-1] < 6  # read over the next steps
+    assert d.spread.last_window[0] == 0  # the final dump: no step follows, read at once
+    got = {m.name: m.samples[0].value for m in DumpCollector(d).collect()}
+    assert got["deltarec_dump_spread"] == d.spread.opened
+    assert got["deltarec_dump_spread_finished_early"] == d.spread.finished_early
+    assert got["deltarec_dump_spread_last_window_steps"] == 0
     loop.remember(23)
     loop.check(range(1, 5))
     for name, w in loop.tables.items():
@@ -147,6 +158,7 @@ def test_the_next_dump_a_checkpoint_and_the_end_read_what_a_spread_dump_still_ho
     assert d.spread.open
     d.wait_idle(timeout=60)  # before a checkpoint: every dump so far committed
     assert not d.spread.open
+    assert d.spread.finished_early == 2  # the dump at 2 read at 4, the one at 4 by the wait
     assert d.root.read_manifest("s", 1, 2).last_step == 4
     loop.step(6)
     loop.step(7)

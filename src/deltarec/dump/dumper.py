@@ -538,7 +538,7 @@ class Dumper:
         if not self.spread.start(self.sources, end):
             self.queue.put(end, 0)
         elif kind is DumpKind.FINAL:  # no step follows it
-            self.spread.advance(finish=True)
+            self.spread.advance(finish=True, early=False)
         self.dumps_taken += 1
         self.holds.end(started, timing)
         self.last_dump_timing = timing

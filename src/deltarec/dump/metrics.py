@@ -23,6 +23,12 @@ Exported:
   seconds the training thread waited for host budget.
 * ``deltarec_dump_last_hold_seconds``: seconds the training thread spent in the last dump.
 * ``deltarec_dumps_total``: dumps taken by this rank.
+* With spread dumps (``spread_steps``, docs/dump.md): ``deltarec_dump_spread_total`` (dumps
+  read over the steps after them), ``deltarec_dump_spread_finished_early_total`` (of those,
+  the ones whose rest the training thread read at once: the next dump or a checkpoint came
+  first; a rising count means dumps come too often for the window), and the last completed
+  window's ``deltarec_dump_spread_last_window_steps`` and ``..._seconds`` (a spread dump is
+  committed only after its window: its rows become visible that much later).
 """
 
 from __future__ import annotations
@@ -137,3 +143,21 @@ class DumpCollector(Collector):
             held[-1] if held else 0.0,
         )
         yield counter("deltarec_dumps", "Dumps taken by this rank", d.dumps_taken)
+        spread = d.spread
+        yield counter("deltarec_dump_spread", "Dumps read over the steps after them", spread.opened)
+        yield counter(
+            "deltarec_dump_spread_finished_early",
+            "Spread dumps whose rows left the training thread read at once",
+            spread.finished_early,
+        )
+        steps, seconds = spread.last_window or (0, 0.0)
+        yield gauge(
+            "deltarec_dump_spread_last_window_steps",
+            "Training steps the last completed spread dump was read over",
+            steps,
+        )
+        yield gauge(
+            "deltarec_dump_spread_last_window_seconds",
+            "Seconds the last completed spread dump's window was open",
+            seconds,
+        )

@@ -11,6 +11,7 @@ and the end of training read what is left first.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from deltarec.dump.queue import ByteBoundedQueue
@@ -36,6 +37,13 @@ class SpreadDumps:
         self.end: EndOfDump | None = None
         self.opened = 0
         """Dumps that were spread (for metrics and benchmarks)."""
+        self.finished_early = 0
+        """Spread dumps whose rows left were read at once, on the training thread (the next
+        dump, a checkpoint's wait or the end came before their window had read them)."""
+        self.last_window: tuple[int, float] | None = None
+        """The last completed window: training steps it was read over, seconds it was open."""
+        self._steps = 0
+        self._since = 0.0
 
     @property
     def open(self) -> bool:
@@ -49,17 +57,24 @@ class SpreadDumps:
             return False
         self.windows, self.end = windows, end
         self.opened += 1
+        self._steps, self._since = 0, time.perf_counter()
         return True
 
-    def advance(self, finish: bool = False) -> None:
+    def advance(self, finish: bool = False, early: bool = True) -> None:
         """Queue the rows read this step; queue the dump's end once every row is read.
 
         Args:
             finish: read every row still pending now (waits for the device).
+            early: with ``finish``, count the window as cut short (``finished_early``); not
+                for the final dump, which no step follows.
         """
         if self.end is None:
             return
         seq, step = self.end.seq, self.end.last_step
+        if finish:
+            self.finished_early += early
+        else:
+            self._steps += 1
         for window, tables in self.windows:
             for member, rows in window.advance(finish):
                 if isinstance(rows, DeviceRows):  # the worker copies it out: no host bytes yet
@@ -68,6 +83,7 @@ class SpreadDumps:
                     self.queue.put(Chunk(seq, tables[member], step, rows), rows.nbytes)
         if all(w.closed for w, _ in self.windows):
             end, self.end, self.windows = self.end, None, []
+            self.last_window = (self._steps, time.perf_counter() - self._since)
             self.queue.put(end, 0)
 
     def close(self) -> None:
