@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
+import pytest
 from tests.artifacts.test_compact import RUN, History, _read_base_independently, _same
 
 from deltarec.artifacts import ArtifactRoot, DumpKind
 from deltarec.artifacts.base import list_bases
 from deltarec.dump.compactor import BackgroundCompactor, compactor_for
 from deltarec.dump.config import DumperConfig
+from deltarec.publish import yieldcpu
 
 
 def _wait(predicate, seconds=60.0):
@@ -38,6 +42,12 @@ def test_every_nth_committed_dump_is_compacted_in_the_background(tmp_path):
         assert c.compactions == 1 and c.failures == 0
         ((start, end),) = c.spans  # the one compaction's wall time, nothing running now
         assert end > start and c.running_since is None
+        report = c.last_report
+        assert report is not None and report["dumps_read"] == 3
+        if hasattr(os, "SCHED_IDLE"):  # the child yields the CPU and the disk to training
+            assert report["policy"] == os.SCHED_IDLE
+        if yieldcpu.io_priority_class() is not None:
+            assert report["io_class"] == yieldcpu.IOPRIO_CLASS_IDLE
     finally:
         c.close()
     assert list_bases(h.root, RUN) == [(info.generation, 2)]
@@ -50,3 +60,19 @@ def test_only_rank_0_of_a_trainer_that_asks_compacts(tmp_path):
     c = compactor_for(config, 1, 0)
     assert c is not None and c.every == 10
     c.close()
+
+
+@pytest.mark.skipif(yieldcpu.io_priority_class() is None, reason="Linux I/O priorities only")
+def test_lowering_io_priority_changes_the_calling_thread_only():
+    mine = yieldcpu.io_priority_class()
+    seen: list[object] = []
+
+    def lowered() -> None:
+        seen.append(yieldcpu.lower_io())
+        seen.append(yieldcpu.io_priority_class())
+
+    t = threading.Thread(target=lowered)
+    t.start()
+    t.join()
+    assert seen == [True, yieldcpu.IOPRIO_CLASS_IDLE]
+    assert yieldcpu.io_priority_class() == mine != yieldcpu.IOPRIO_CLASS_IDLE

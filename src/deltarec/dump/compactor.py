@@ -3,9 +3,13 @@
 Rank 0 of a trainer with :attr:`~deltarec.dump.config.DumperConfig.compact_every_dumps` runs
 ``deltarec compact`` of its generation through the dump just committed, in a child process
 (never on the training thread, nor holding its GIL), one at a time: while one runs, later
-triggers wait for the next multiple. A compaction that fails is logged and never fails
-training; one still running at :meth:`BackgroundCompactor.close` is stopped, which leaves the
-previous state valid (a base without BASE.json is ignored) and the next run completes it.
+triggers wait for the next multiple. The child runs under ``SCHED_IDLE`` with its disk I/O in
+the idle class (:mod:`deltarec.publish.yieldcpu`): it takes a core only when no thread of
+normal priority wants one, and the disk when no other request waits. It still shares the
+host's memory bandwidth and caches (docs/history.md, "The trainer compacts in the
+background"). A compaction that fails is logged and never fails training; one still running at
+:meth:`BackgroundCompactor.close` is stopped, which leaves the previous state valid (a base
+without BASE.json is ignored) and the next run completes it.
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ log = logging.getLogger(__name__)
 
 _PROGRAM = """
 import json, sys
+from deltarec.publish import yieldcpu
+yieldcpu.lower("the background compaction")  # before any thread starts: they inherit it
+yieldcpu.lower_io()
 from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.compact import compact
 a = json.loads(sys.stdin.read())
 r = compact(ArtifactRoot(a["root"], a["options"]), a["run"], a["generation"], a["seq"])
-print(json.dumps({"written": r.written, "dumps_read": r.dumps_read}))
+p = yieldcpu.thread_priority()
+print(json.dumps({"written": r.written, "dumps_read": r.dumps_read,
+                  "policy": p.policy if p else None, "io_class": yieldcpu.io_priority_class()}))
 """
 
 
@@ -61,6 +70,9 @@ class BackgroundCompactor:
         """``(start, end)`` of each compaction that completed, ``time.perf_counter`` seconds."""
         self.running_since: float | None = None
         """When the compaction now running started (``time.perf_counter``), else None."""
+        self.last_report: dict[str, Any] | None = None
+        """What the last compaction that completed printed: ``written``, ``dumps_read``, and
+        the scheduling ``policy`` and I/O priority class (``io_class``) it ran under."""
         self._committed = 0
         self._want: int | None = None
         self._cond = threading.Condition()
@@ -112,6 +124,7 @@ class BackgroundCompactor:
         if code == 0:
             self.compactions += 1
             self.spans.append((started, time.perf_counter()))
+            self.last_report = _report(out)
             log.info(
                 "compacted generation %d through dump %d: %s", self.generation, seq, out.strip()
             )
@@ -135,6 +148,15 @@ class BackgroundCompactor:
                 proc.kill()
                 proc.wait()
         self._thread.join(timeout)
+
+
+def _report(out: str) -> dict[str, Any] | None:
+    """The child's one JSON line (None if it printed something else: only logged)."""
+    try:
+        report = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def compactor_for(config: DumperConfig, generation: int, rank: int) -> BackgroundCompactor | None:

@@ -19,12 +19,18 @@ Lowering is always allowed on Linux; raising back is not without ``CAP_SYS_NICE`
 ``RLIMIT_NICE`` that allows it): :func:`restore` tries and otherwise leaves the thread lowered
 (the publish CLI exits, the trainer's publisher thread is its own). Where the system has no
 such call (not Linux) or refuses it, the publisher logs it once and goes on at its priority.
+
+The trainer's background compaction (:mod:`deltarec.dump.compactor`) lowers its child process
+the same way, before the child starts any thread, and puts its disk I/O in the idle class
+(:func:`lower_io`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import platform
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -64,29 +70,64 @@ def thread_priority(tid: int | None = None) -> Priority | None:
         return None
 
 
-def _warn_once(what: str, error: OSError | None) -> None:
+def _warn_once(what: str, error: OSError | None, who: str) -> None:
     global _warned
     if not _warned:
         _warned = True
         why = "not supported here" if error is None else str(error)
-        log.warning("read budget: the publisher cannot %s (%s); it runs as it is", what, why)
+        log.warning("%s cannot %s (%s); it runs as it is", who, what, why)
 
 
-def lower() -> Priority | None:
+def lower(who: str = "read budget: the publisher") -> Priority | None:
     """Put the calling thread under ``SCHED_IDLE``; the priority it had, or None if it could not.
 
-    A thread already there is left alone (and its priority returned).
+    A thread already there is left alone (and its priority returned). ``who``: the subject of
+    the one warning logged where the system cannot or will not.
     """
     former = thread_priority()
     if former is None:
-        _warn_once("lower its CPU priority", None)
+        _warn_once("lower its CPU priority", None, who)
         return None
     try:
         os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
     except OSError as e:
-        _warn_once("lower its CPU priority", e)
+        _warn_once("lower its CPU priority", e, who)
         return None
     return former
+
+
+_IOPRIO_CALLS = {"x86_64": (251, 252), "aarch64": (30, 31), "riscv64": (30, 31)}
+"""``(ioprio_set, ioprio_get)`` system call numbers by machine (Linux)."""
+_IOPRIO_WHO_PROCESS, _IOPRIO_CLASS_SHIFT = 1, 13
+IOPRIO_CLASS_IDLE = 3
+
+
+def _ioprio(call: int, *args: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(call, _IOPRIO_WHO_PROCESS, 0, *args))
+
+
+def lower_io() -> bool:
+    """Put the calling thread's disk I/O in the idle class; whether the system allowed it.
+
+    ``ioprio_set(IOPRIO_CLASS_IDLE)``: an I/O scheduler that knows classes (BFQ, mq-deadline)
+    serves the thread's requests after everyone else's; ``none`` ignores the class. Threads and
+    processes the thread starts afterwards inherit it. Unprivileged and one-way, like
+    :func:`lower`. False, nothing changed, where there is no such call (not Linux).
+    """
+    calls = _IOPRIO_CALLS.get(platform.machine())
+    if not calls or not hasattr(os, "sched_setscheduler"):
+        return False
+    return _ioprio(calls[0], IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT) == 0
+
+
+def io_priority_class() -> int | None:
+    """The calling thread's I/O priority class (``ioprio_get``), None where it cannot tell."""
+    calls = _IOPRIO_CALLS.get(platform.machine())
+    if not calls or not hasattr(os, "sched_setscheduler"):
+        return None
+    value = _ioprio(calls[1])
+    return None if value < 0 else value >> _IOPRIO_CLASS_SHIFT
 
 
 def restore(tid: int, former: Priority) -> bool:
