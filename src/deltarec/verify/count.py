@@ -97,13 +97,16 @@ def newer_tables(
     if not (store.capabilities.scan and store.capabilities.deletes):
         return set()
     registry = store.registry
-    if not registry.progress(run, point_version >> 32):
+    point_generation = point_version >> 32
+    own = registry.progress(run, point_generation)  # read once: a mark a part, thousands
+    if not own:
         return None
     out: set[str] = set()
     for generation in registry.generations(run):
-        if generation < point_version >> 32 or generation in rollbacks:
+        if generation < point_generation or generation in rollbacks:
             continue
-        for mark in registry.progress(run, generation):
+        marks = own if generation == point_generation else registry.progress(run, generation)
+        for mark in marks:
             if make_version(mark.generation, mark.seq) > point_version:
                 out.add(mark.table)
     return out
