@@ -54,7 +54,6 @@ import multiprocessing
 import os
 import platform
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -74,7 +73,15 @@ from deltarec.testing.dumps import new_generation
 from deltarec.testing.servers import PostgresServer, RedisServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from readers_server import ServerWatch, describe, move_aof, process_tree
+from readers_server import (
+    ServerWatch,
+    describe,
+    move_aof,
+    parse_pin,
+    pin_process_tree,
+    queues_now,
+    queues_since,
+)
 
 RUN, TABLE = "bench", "sparse.ebc.item_id"
 CHUNK = 1 << 18  # rows per shard row group written
@@ -228,44 +235,6 @@ def _publish(
     return dict(json.loads(done.stdout))
 
 
-def cpu_list(text: str) -> set[int]:
-    """``"0-3,8"`` -> {0, 1, 2, 3, 8}."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def parse_pin(text: str | None) -> dict[str, list[int]]:
-    """``--pin readers=0-3,server=4-7,publisher=8-15`` -> {role: CPUs} (any subset of roles)."""
-    if not text:
-        return {}
-    pin: dict[str, list[int]] = {}
-    for item in text.replace(";", " ").split():
-        for role_cpus in re.split(r",(?=[a-z])", item):
-            role, sep, cpus = role_cpus.partition("=")
-            if not sep or role not in ("readers", "server", "publisher"):
-                raise SystemExit(f"--pin: {role_cpus!r} is not readers|server|publisher=CPUS")
-            pin[role] = sorted(cpu_list(cpus))
-    return pin
-
-
-def pin_process_tree(pid: int, cpus: list[int]) -> int:
-    """Every thread of ``pid`` and of its descendants on ``cpus``; how many threads were pinned.
-
-    A server's later children (a PostgreSQL backend per connection) inherit the affinity.
-    """
-    n = 0
-    for p in process_tree(pid):
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(tid), cpus)
-                    n += 1
-    return n
-
-
 def server_stats(kind: str, target: dict[str, Any]) -> dict[str, int]:
     """Redis's own stalls, which no budget can avoid: forks (the append-only file's rewrite
     copies the page tables of the whole data set) and writes of the file delayed by its fsync.
@@ -296,7 +265,9 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
         time.sleep(window)
         lat = [x for d, _, x in readers.stop() if d >= t0]
         return {"idle": _stats(lat)}
+    queues = queues_now({"server": target.get("pid"), "readers": readers.pid})
     time.sleep(args.before)
+    queues_before = queues_since(queues, time.time() - t0)
     load = os.getloadavg()
     stats = server_stats(kind, target)
     watch = ServerWatch(kind, target.get("port"), target.get("pid"), readers.pid)
@@ -305,6 +276,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
     result = _publish(root.uri, url, budget_ms, yield_cpu, args.pin.get("publisher"))
     p1 = time.time()
     diag = watch.stop()
+    diag["run_queue_before"] = queues_before
     stats_after = server_stats(kind, target)
     time.sleep(args.after)
     got = [(d, x, y) for d, x, y in readers.stop() if d >= t0]

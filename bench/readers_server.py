@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from typing import Any
 
@@ -58,6 +59,68 @@ def _delta(now: dict[int, tuple[int, int]], then: dict[int, tuple[int, int]]) ->
     return cpu, wait
 
 
+def cpu_list(text: str) -> set[int]:
+    """``"0-3,8"`` -> {0, 1, 2, 3, 8}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def parse_pin(text: str | None) -> dict[str, list[int]]:
+    """``--pin readers=0-3,server=4-7,publisher=8-15`` -> {role: CPUs} (any subset of roles)."""
+    if not text:
+        return {}
+    pin: dict[str, list[int]] = {}
+    for item in text.replace(";", " ").split():
+        for role_cpus in re.split(r",(?=[a-z])", item):
+            role, sep, cpus = role_cpus.partition("=")
+            if not sep or role not in ("readers", "server", "publisher"):
+                raise SystemExit(f"--pin: {role_cpus!r} is not readers|server|publisher=CPUS")
+            pin[role] = sorted(cpu_list(cpus))
+    return pin
+
+
+def pin_process_tree(pid: int, cpus: list[int]) -> int:
+    """Every thread of ``pid`` and of its descendants on ``cpus``; how many threads were pinned.
+
+    A server's later children (a PostgreSQL backend per connection) inherit the affinity.
+    """
+    n = 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cpus)
+                    n += 1
+    return n
+
+
+Queues = dict[str, tuple[int, dict[int, tuple[int, int]]]]
+"""Per role (``server``, ``readers``): its pid and :func:`run_queue_ns` of it."""
+
+
+def queues_now(pids: dict[str, int | None]) -> Queues:
+    """:func:`run_queue_ns` of each role's process (those with a pid)."""
+    return {k: (p, run_queue_ns(p)) for k, p in pids.items() if p}
+
+
+def queues_since(then: Queues, elapsed: float) -> dict[str, dict[str, float]]:
+    """Each role's CPU seconds and seconds ready but waiting for a CPU since ``then``."""
+    out = {}
+    for k, (pid, before) in then.items():
+        now = run_queue_ns(pid)
+        cpu, wait = _delta(now, before)
+        out[k] = {
+            "cpu_s": round(cpu / 1e9, 3),
+            "wait_s": round(wait / 1e9, 3),
+            "threads": len(now),
+            "of_s": round(elapsed, 3),
+        }
+    return out
+
+
 class ServerWatch:
     """Snapshots before a publish, the differences after it (see the module doc).
 
@@ -93,7 +156,7 @@ class ServerWatch:
             self._start["slow_id"] = int(newest[0]["id"]) if newest else -1
             self._start["info"] = self._info()
         self._start["t"] = time.time()
-        self._start["rq"] = {k: run_queue_ns(p) for k, p in self.pids.items() if p}
+        self._start["rq"] = queues_now(self.pids)
 
     def _info(self) -> dict[str, float]:
         info: Any = self._client.info("all")
@@ -103,18 +166,7 @@ class ServerWatch:
         """What happened since :meth:`start`: events, slow commands, counters, run queues."""
         out: dict[str, Any] = {}
         elapsed = time.time() - self._start["t"]
-        rq = {}
-        for k, p in self.pids.items():
-            if p and k in self._start["rq"]:
-                now = run_queue_ns(p)
-                cpu, wait = _delta(now, self._start["rq"][k])
-                rq[k] = {
-                    "cpu_s": round(cpu / 1e9, 3),
-                    "wait_s": round(wait / 1e9, 3),
-                    "threads": len(now),
-                    "of_s": round(elapsed, 3),
-                }
-        out["run_queue"] = rq
+        out["run_queue"] = queues_since(self._start["rq"], elapsed)
         c = self._client
         if c is None:
             return out
@@ -181,6 +233,8 @@ def describe(diag: dict[str, Any]) -> str:
     parts = []
     for k, v in diag.get("run_queue", {}).items():
         parts.append(f"{k} cpu {v['cpu_s']} s wait-for-cpu {v['wait_s']} s")
+    for k, v in diag.get("run_queue_before", {}).items():
+        parts.append(f"(before the publish {v['of_s']:.1f} s: {k} {v['cpu_s']} / {v['wait_s']} s)")
     for event, v in diag.get("latency_latest", {}).items():
         n = len(diag["latency_history"].get(event, []))
         parts.append(f"LATENCY {event} max {v['max_ms']} ms ({n} s with one)")
