@@ -36,7 +36,7 @@ usage: .venv/bin/python bench/bench_readers.py [--rows 2000000] [--dim 64] [--cl
            [--budget-x 2] [--repeat 1] [--before 5] [--after 5] [--json PATH]
            [--fresh-dumps N] [--fresh-rows 50000] [--fresh-every 2] [--skip-publish]
            [--no-aof-rewrite] [--yield-cpu on|off|both]
-           [--pin readers=0-3,server=4-7,publisher=8-15] [--redis-aof disk|shm|off]
+           [--pin readers=0-3,server=4-7,publisher=8-15] [--redis-aof disk|shm|nofsync|off]
 
 ``--pin``: on a machine of many cores, the reader process, the server (every process and
 thread of it) and the ``deltarec publish`` process each on CPUs of their own
@@ -512,10 +512,10 @@ def main() -> None:
     )
     p.add_argument(
         "--redis-aof",
-        choices=("disk", "shm", "off"),
+        choices=("disk", "shm", "nofsync", "off"),
         default="disk",
         help="Redis's append-only file as the fixtures keep it (disk), on tmpfs (shm: its "
-        "writes never wait for the disk) or off",
+        "writes never wait for the disk), on the disk with appendfsync no (nofsync) or off",
     )
     p.add_argument(
         "--pin",

@@ -201,7 +201,10 @@ class ServerWatch:
 
 
 def move_aof(port: int, where: str) -> str:
-    """Redis's append-only file as the fixture keeps it (``disk``), off, or on tmpfs (``shm``).
+    """Redis's append-only file: as the fixture keeps it, off, on tmpfs, or never fsynced.
+
+    ``disk``: unchanged; ``off``: ``appendonly no``; ``nofsync``: on the disk, ``appendfsync
+    no`` (the kernel writes it back when it will).
 
     ``shm``: the server's folder becomes a new one under ``/dev/shm`` and the file is rewritten
     there (``BGREWRITEAOF`` of the still empty data set), so every later write of the file goes to
@@ -212,6 +215,8 @@ def move_aof(port: int, where: str) -> str:
     c = redis.Redis(host="127.0.0.1", port=port)
     if where == "off":
         c.config_set("appendonly", "no")
+    elif where == "nofsync":  # on the disk, written but never fsynced by the server
+        c.config_set("appendfsync", "no")
     elif where == "shm":
         import tempfile
 
