@@ -159,6 +159,28 @@ def test_without_a_budget_the_publisher_is_left_as_it_was(tmp_path):
     store.close()
 
 
+def test_a_budget_on_a_redis_that_fsyncs_its_file_warns_that_it_cannot_hold_those_stalls(
+    tmp_path, redis_server, caplog
+):
+    root, _, _ = _dump(tmp_path, 10)
+    store = open_store(f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:", run="r")
+    pub = DumpPublisher(store, root, "r")
+    with caplog.at_level("WARNING", logger=budget_module.__name__):
+        Throttle(pub, 5.0, yield_cpu=False).close()
+    (warning,) = [r.getMessage() for r in caplog.records if "append-only" in r.getMessage()]
+    assert store.describe() in warning and "appendfsync everysec" in warning
+    store.close()
+
+
+def test_a_budget_on_sqlite_warns_of_no_server_stall(tmp_path, caplog):
+    root, _, _ = _dump(tmp_path, 10)
+    store = open_store(f"sqlite:///{tmp_path}/s.db", run="r")
+    with caplog.at_level("WARNING", logger=budget_module.__name__):
+        Throttle(DumpPublisher(store, root, "r"), 5.0, yield_cpu=False).close()
+    assert not [r for r in caplog.records if "append-only" in r.getMessage()]
+    store.close()
+
+
 def test_a_slowed_redis_gets_small_units_probed_reads_and_loses_nothing(
     tmp_path, redis_server, monkeypatch
 ):

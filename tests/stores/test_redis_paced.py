@@ -130,3 +130,18 @@ def test_a_newer_generation_registered_meanwhile_refuses_the_paced_mark(pair):
     with pytest.raises(StaleGenerationError):
         paced.write_batches(T, batches, mark=_mark(100))
     assert paced.registry.progress("r", 1) == []
+
+
+def test_a_server_fsyncing_its_append_only_file_is_named_as_what_no_budget_can_hold(
+    pair, redis_server
+):
+    paced, _ = pair
+    admin = redis.Redis(port=redis_server.port)
+    assert admin.config_get("appendfsync")["appendfsync"] == "everysec"  # the fixture's
+    assert "appendfsync everysec" in (paced.read_stall_note() or "")
+    admin.config_set("appendfsync", "no")
+    try:
+        assert paced.read_stall_note() is None
+    finally:
+        admin.config_set("appendfsync", "everysec")
+    assert "appendfsync everysec" in (paced.read_stall_note() or "")

@@ -333,6 +333,10 @@ class Throttle:
         self._inner_apply = store.apply
         self._write_start: float | None = None
         store.apply = self._timed_apply  # type: ignore[method-assign]
+        note = getattr(store, "read_stall_note", None)  # what no pause or unit size can hold
+        why = note() if note is not None else None
+        if why:
+            log.warning("read budget: %s: %s", store.describe(), why)
         self._timing = hasattr(store, "server_timing")  # a store that can time its writes
         if self._timing:
             store.server_timing = True  # type: ignore[attr-defined]

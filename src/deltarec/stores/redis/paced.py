@@ -168,3 +168,31 @@ def script_usec(client: Any) -> int | None:
         return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval"))
     except (redis_lib.RedisError, TypeError, ValueError):
         return None
+
+
+def fsync_stall(client: Any) -> str | None:
+    """Why this server's reads can stall whatever a read budget does, or None.
+
+    A server that fsyncs its append-only file (``appendfsync everysec``, Redis's default, or
+    ``always``) makes the writes of the file, which its one command thread does, wait for the
+    file system now and then: every client waits with them (tens of ms measured; see
+    docs/publish.md). None where the file is off or never fsynced, or where ``CONFIG`` is
+    refused (a managed server may rename it).
+    """
+    try:
+        conf: Any = client.config_get("append*")
+    except redis_lib.RedisError:
+        return None
+    got = {_text(k): _text(v) for k, v in conf.items()}
+    fsync = got.get("appendfsync", "no")
+    if got.get("appendonly") != "yes" or fsync == "no":
+        return None
+    return (
+        f"the server fsyncs its append-only file (appendfsync {fsync}): its writes of the file "
+        "can hold every reader for tens of ms whatever the budget (appendfsync no avoids it; "
+        "docs/publish.md)"
+    )
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)

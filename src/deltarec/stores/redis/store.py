@@ -72,7 +72,7 @@ from deltarec.stores.redis.lua import (
     pack_version,
     slow_commands,
 )
-from deltarec.stores.redis.paced import apply_paced
+from deltarec.stores.redis.paced import apply_paced, fsync_stall
 from deltarec.stores.redis.plain import Outranked, PlainBatch, PlainKeys, write_plain
 from deltarec.stores.redis.reads import RedisReads
 from deltarec.stores.redis.registry import ERRORS as _ERRORS
@@ -170,6 +170,13 @@ class RedisStore(RedisRegistry, RunViews, RedisReads, Store):
     def describe(self) -> str:
         """``redis://host:port/db``."""
         return f"redis://{self.config.host}:{self.config.port}/{self.config.db}"
+
+    def read_stall_note(self) -> str | None:
+        """What can stall this server's readers whatever a read budget does, or None.
+
+        Its append-only file's fsync (:func:`~deltarec.stores.redis.paced.fsync_stall`).
+        """
+        return fsync_stall(self._client)
 
     def place(self) -> str:
         """See :meth:`Store.place`: server, database and key prefix."""
