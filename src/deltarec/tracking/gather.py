@@ -388,7 +388,7 @@ def stage_on_device(
         budget.full += 1
         return None
     # all upserts; the host copy makes its own (to_host), so none is written on the device
-    ops = _NO_OPS.expand(n)
+    ops = upserts(n)
     event = torch.cuda.Event()
     event.record(current_stream(device))  # the gather's stream
     return DeviceRows(k, rows, ops, gathered=event, budget=budget, device_bytes=nbytes)
@@ -405,4 +405,11 @@ def current_stream(device: torch.device | None = None) -> torch.cuda.Stream:
 
 
 _NO_OPS = torch.zeros((), dtype=torch.int8)
-"""A staged table's ops, expanded to its length (a host tensor: staging writes none)."""
+
+
+def upserts(n: int) -> torch.Tensor:
+    """The ops of ``n`` device rows that are all upserts: one host scalar expanded, nothing written.
+
+    The host copy makes its own (:meth:`DeviceRows.to_host`), so no device tensor is needed.
+    """
+    return _NO_OPS.expand(n)

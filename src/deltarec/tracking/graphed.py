@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 import torch
 
-from deltarec.tracking.gather import CountedRows, current_stream
+from deltarec.tracking.gather import CountedRows, current_stream, upserts
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ The padding's gather costs device time at every dump: at about 3 TB/s, 256 MiB o
 SORT_RATIO = 32
 """A table sorts its ids when it has more than this many rows per id of capacity; otherwise it
 marks them in a bitmap of its rows (a pass over every row: cheaper only for small tables)."""
-
-_NO_OPS = torch.zeros((), dtype=torch.int8)
 
 
 def default_set_bytes(device: torch.device) -> int:
@@ -125,7 +123,7 @@ class GraphedSet:
                       for c, r in zip(self.caps, self.rows_of, strict=True)]  # fmt: skip
         for ids, fill in zip(self.inputs, self.fills, strict=True):
             ids.copy_(fill)
-        self.no_ops = [_NO_OPS.expand(c) for c in self.caps]
+        self.no_ops = [upserts(c) for c in self.caps]
         self.bitmaps = [
             torch.zeros(r + 1, dtype=torch.bool, device=dev) if r <= SORT_RATIO * c else None
             for c, r in zip(self.caps, self.rows_of, strict=True)

@@ -238,7 +238,7 @@ class RowShardSource(_TrackedSource):
                 continue
             recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
             budget = current_budget()
-            if budget is not None and group.batch.device.type == "cuda":
+            if budget is not None and group.batch.counting and group.batch.device.type == "cuda":
                 weights = [s.weight for s in members if s.weight is not None]
                 offsets = [s.row_offset for s in members]
                 counted = group.batch.gather_counted(recorded, weights, offsets, budget)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from deltarec.tracking.device_budget import DeviceBudget
-from deltarec.tracking.gather import DeviceRows, HostRows, current_stream
+from deltarec.tracking.gather import DeviceRows, HostRows, current_stream, upserts
 from deltarec.tracking.pinned import PinnedRing, copy_engine
 
 RANGE_ROWS = 1 << 18
@@ -58,9 +58,6 @@ buffers on the device, and reads of 0.5-1 GB made the first step after a dump of
 
 FINISH_READ_ROWS = 1 << 22
 """Rows of one read when what is left is read at once (bounds its device memory)."""
-
-
-_NO_OPS = torch.zeros((), dtype=torch.int8)
 
 
 def _row_bytes(rows: torch.Tensor) -> int:
@@ -288,7 +285,7 @@ class SpreadWindow:
         if held:
             event = torch.cuda.Event()
             event.record(current_stream(self.device))
-            ops = _NO_OPS.expand(n)
+            ops = upserts(n)
             yield (
                 member,
                 DeviceRows(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from deltarec.tracking.device_budget import DeviceBudget
-from deltarec.tracking.gather import CountedRows, current_stream, warm_up_gather
+from deltarec.tracking.gather import CountedRows, current_stream, upserts, warm_up_gather
 
 BATCH_ROWS_MAX = (1 << 31) - 1
 """Rows of one shared bitmap at most (torch's CUDA compaction counts positions in int32)."""
@@ -240,7 +240,7 @@ class UniqueBatch:
             torch.sum(unique >= 0, dim=0, out=self._counts[i])
             values = w.detach().index_select(0, unique.clamp_(min=0))
             keys = unique + offsets[i] if offsets[i] else unique
-            out.append(CountedRows(keys, values, _NO_OPS.expand(bound), budget=budget))
+            out.append(CountedRows(keys, values, upserts(bound), budget=budget))
             out[-1].device_bytes = shares[i] if budget is not None else 0
             out[-1].counts, out[-1].table = counts, i
         self.bitmap.zero_()  # in stream order: after the compactions, before the next marks
@@ -256,11 +256,8 @@ class UniqueBatch:
     def _cleared(self) -> None:
         """Every flag is clear (the bitmap was compacted and zeroed, or swapped for a clear one)."""
         self.marked = [0] * len(self.rows)
-        self.known, self.since, self._count_pending = (
-            [0] * len(self.rows),
-            [0] * len(self.rows),
-            False,
-        )
+        self.known, self.since = [0] * len(self.rows), [0] * len(self.rows)
+        self._count_pending = False
 
     def warm_up(self, weights: Sequence[torch.Tensor]) -> None:
         """Deduplicate one id per table and gather its row once (before training), both ways.
@@ -280,10 +277,6 @@ class UniqueBatch:
         dump = self.queue([one] * len(self.rows))
         for i, w in enumerate(weights):
             warm_up_gather(w, dump.ids(i))
-
-
-_NO_OPS = torch.zeros((), dtype=torch.int8)
-"""A counted dump's ops, expanded to its bound (a host tensor: all upserts)."""
 
 
 class BatchedIds:
