@@ -31,7 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def _run(rank: int, world_size: int, a: dict, compact_every: int | None, tmp: str) -> dict:
+def _run(
+    rank: int, world_size: int, a: dict, compact_every: int | None, share: float, tmp: str
+) -> dict:
     import torch
 
     from deltarec.dump import make_train_hook
@@ -43,7 +45,9 @@ def _run(rank: int, world_size: int, a: dict, compact_every: int | None, tmp: st
     tables["user_id"] = TableConfig(num_embeddings=a["rows"], dim=32, sharding="table_wise")
     cfg = ModelConfig(tables=tables)
     sm = build_sharded_model(cfg, torch.device("cpu"), seed=0, max_batch_size=a["batch"])
-    options = {} if compact_every is None else {"compact_every_dumps": compact_every}
+    options: dict = {}
+    if compact_every is not None:
+        options = {"compact_every_dumps": compact_every, "compact_busy_share": share}
     hook = make_train_hook(artifacts=f"{tmp}/art", run="bench", every_steps=a["every"], **options)
     hook.on_start(sm.dmp, 0, None)
     stream = ClickStream(cfg, DataConfig(), a["batch"], 0, rank)
@@ -74,6 +78,9 @@ def _run(rank: int, world_size: int, a: dict, compact_every: int | None, tmp: st
         "spans": spans,
         "window": [first, end],
         "failures": compactor.failures if compactor is not None else 0,
+        "skipped": compactor.skipped if compactor is not None else 0,
+        "triggers": compactor.triggered if compactor is not None else 0,
+        "report": compactor.last_report if compactor is not None else None,
     }
 
 
@@ -104,6 +111,9 @@ def _summary(r: dict, warmup: int) -> dict:
         "mean_during_ms": statistics.fmean(during) * 1e3 if during else None,
         "mean_outside_ms": statistics.fmean(outside) * 1e3 if during and outside else None,
         "failures": r["failures"],
+        "triggers": r["triggers"],
+        "skipped": r["skipped"],
+        "last_report": r["report"],
     }
 
 
@@ -116,17 +126,30 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1_000_000, help="rows of the user_id table")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--warmup", type=int, default=20, help="steps left out of the statistics")
+    p.add_argument(
+        "--busy-share",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="compact_busy_share of the on runs; several: an on kind for each (on@S)",
+    )
     p.add_argument("--json", default=None)
     a = p.parse_args()
     from deltarec.testing.multiprocess import run_on_ranks
 
-    order = [k for _ in range(a.pairs) for k in ("off", "on", "on", "off")][: 2 * a.pairs]
+    ons = [f"on@{s:g}" for s in a.busy_share] if len(a.busy_share) > 1 else ["on"]
+    share_of = dict(zip(ons, a.busy_share, strict=True))
+    kinds = ["off", *ons]
+    order = [k for i in range(a.pairs) for k in (kinds if i % 2 == 0 else kinds[::-1])]
+    if len(kinds) == 2:  # off on on off: as before
+        order = [k for _ in range(a.pairs) for k in ("off", "on", "on", "off")][: 2 * a.pairs]
     runs: list[dict] = []
     for kind in order:
         with tempfile.TemporaryDirectory(prefix="deltarec-compact-bench-") as tmp:
-            every = a.compact_every if kind == "on" else None
+            every = a.compact_every if kind != "off" else None
+            share = share_of.get(kind, 1.0)
             load = os.getloadavg()[0]
-            (res,) = run_on_ranks(_run, 1, args=(vars(a), every, tmp), timeout_s=1800)
+            (res,) = run_on_ranks(_run, 1, args=(vars(a), every, share, tmp), timeout_s=1800)
         s = {"kind": kind, "load": load, **_summary(res, a.warmup)}
         runs.append(s)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}),
@@ -135,8 +158,9 @@ def main() -> None:
     def agg(kind: str, key: str) -> float:
         return statistics.fmean(r[key] for r in runs if r["kind"] == kind)
 
-    ratios = {k: agg("on", k) / agg("off", k) for k in ("mean_ms", "p99_ms", "max_ms")}
-    during = [r["mean_during_ms"] for r in runs if r["kind"] == "on" and r["mean_during_ms"]]
+    ratios = {
+        on: {k: agg(on, k) / agg("off", k) for k in ("mean_ms", "p99_ms", "max_ms")} for on in ons
+    }
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"],
         capture_output=True,
@@ -151,28 +175,47 @@ def main() -> None:
         f"{a.steps} steps a run, a dump every {a.every} steps, on: compact every "
         f"{a.compact_every} dumps; runs {' '.join(order)}"
     )
+    for on in ons:
+        _report_kind(runs, on, share_of[on], ratios[on], agg)
+    if a.json:
+        report = {"args": vars(a), "commit": commit, "runs": runs, "ratios": ratios}
+        Path(a.json).write_text(json.dumps(report, indent=2))
+
+
+def _report_kind(runs: list[dict], on: str, share: float, ratios: dict, agg) -> None:  # type: ignore[no-untyped-def]
+    """The lines of one on kind against the off runs."""
+    print(f"-- {on} (compact_busy_share {share:g})")
     for k, v in ratios.items():
-        print(f"on / off  {k[:-3]:<6} {agg('on', k):8.2f} / {agg('off', k):8.2f} ms = {v:.3f}")
+        print(f"{on} / off  {k[:-3]:<6} {agg(on, k):8.2f} / {agg('off', k):8.2f} ms = {v:.3f}")
+    mine = [r for r in runs if r["kind"] == on]
+    during = [r["mean_during_ms"] for r in mine if r["mean_during_ms"]]
     if during:
         print(
             f"steps overlapping a compaction: mean {statistics.fmean(during):.2f} ms "
             f"({statistics.fmean(during) / agg('off', 'mean_ms'):.3f} of off's mean)"
         )
-    for r in runs:  # the same process with and without a compaction running: no run-to-run drift
+    for r in mine:  # the same process with and without a compaction running: no run-to-run drift
         if r["mean_during_ms"] and r["mean_outside_ms"]:
             print(
-                f"on run  steps during / outside a compaction: {r['mean_during_ms']:.2f} / "
+                f"{on} run  steps during / outside a compaction: {r['mean_during_ms']:.2f} / "
                 f"{r['mean_outside_ms']:.2f} ms = {r['mean_during_ms'] / r['mean_outside_ms']:.3f}"
             )
-    secs = [s for r in runs for s in r["compaction_s"]]
+    secs = [s for r in mine for s in r["compaction_s"]]
     if secs:
         print(
             f"compaction  {len(secs)} runs, wall s: median {statistics.median(secs):.2f}, "
-            f"max {max(secs):.2f}; compacting {agg('on', 'compacting_share'):.0%} of the on runs"
+            f"max {max(secs):.2f}; compacting {agg(on, 'compacting_share'):.0%} of the runs; "
+            f"triggers {sum(r['triggers'] for r in mine)}, folded into a later one "
+            f"{sum(r['skipped'] for r in mine)} (fallen behind)"
         )
-    if a.json:
-        report = {"args": vars(a), "commit": commit, "runs": runs, "ratios": ratios}
-        Path(a.json).write_text(json.dumps(report, indent=2))
+    paced = [r["last_report"] for r in mine if r["last_report"]]
+    if paced:
+        busy = sum(p.get("busy_s", 0.0) for p in paced)
+        slept = sum(p.get("paced_s", 0.0) for p in paced)
+        print(
+            f"last compaction of each run: busy {busy:.2f} s, paced {slept:.2f} s "
+            f"(busy share {busy / max(busy + slept, 1e-9):.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltarec.artifacts import codec
+from deltarec.artifacts import codec, pacing
 from deltarec.artifacts.base import (
     BaseInfo,
     BasePart,
@@ -171,18 +171,19 @@ def write_table_parts(
     with ExpectedRows(table) as rows:
         for p in span if span is not None else range(-(-n // part_rows)):
             lo, hi = p * part_rows, min(n, (p + 1) * part_rows)
-            pos = np.arange(lo, hi, dtype=np.int64)
-            data = _part_bytes(table, pos, rows.take(pos))
+            data = _part_bytes(table, rows, lo, hi)
             relpath = part_relpath(table.table, p)
             failpoint("compact.part")
+            digest = _sha256(data)
             root.write_bytes_atomic(posixpath.join(base_dir, relpath), data)
+            pacing.checkpoint()
             parts.append(
                 BasePart(
                     path=relpath,
                     table=table.table,
                     rows=hi - lo,
                     bytes=len(data),
-                    sha256=hashlib.sha256(data).hexdigest(),
+                    sha256=digest,
                     min_key=int(table.keys[lo]),
                     max_key=int(table.keys[hi - 1]),
                 )
@@ -190,14 +191,48 @@ def write_table_parts(
     return parts
 
 
-def _part_bytes(table: ExpectedTable, pos: np.ndarray, embedding: np.ndarray) -> bytes:
-    """One part as parquet: key, embedding, op, step, version (SPEC §3a)."""
+def _part_bytes(table: ExpectedTable, rows: ExpectedRows, lo: int, hi: int) -> bytes:
+    """Records ``[lo, hi)`` as one parquet part: key, embedding, op, step, version (SPEC §3a).
+
+    Gathered, encoded and written a row group at a time (the bytes are those of one
+    ``pq.write_table`` of the whole part with the same row group size): a bounded chunk of
+    work between two pacing checkpoints, and only one row group's rows gathered at once.
+    """
+    spec = table.spec
+    group = codec.row_group_rows(spec.dtype, spec.dim)
+    buf = io.BytesIO()
+    writer: pq.ParquetWriter | None = None
+    try:
+        for a in range(lo, hi, group):
+            pos = np.arange(a, min(hi, a + group), dtype=np.int64)
+            chunk = _arrow(table, pos, rows.take(pos))
+            if writer is None:
+                writer = pq.ParquetWriter(buf, chunk.schema)
+            writer.write_table(chunk, row_group_size=group)
+            pacing.checkpoint()
+    finally:
+        if writer is not None:
+            writer.close()
+    return buf.getvalue()
+
+
+def _arrow(table: ExpectedTable, pos: np.ndarray, embedding: np.ndarray) -> pa.Table:
     spec = table.spec
     shard = codec.to_arrow(table.keys[pos], embedding, table.ops[pos], table.steps[pos], spec.dtype)
-    arrow = shard.append_column(
+    return shard.append_column(
         pa.field(codec.VERSION, pa.int64(), nullable=False),
         pa.array(np.asarray(table.versions[pos], np.int64)),
     )
-    buf = io.BytesIO()
-    pq.write_table(arrow, buf, row_group_size=codec.row_group_rows(spec.dtype, spec.dim))
-    return buf.getvalue()
+
+
+_HASH_SLICE = 16 << 20
+"""Bytes hashed between two pacing checkpoints."""
+
+
+def _sha256(data: bytes) -> str:
+    digest = hashlib.sha256()
+    view = memoryview(data)
+    for at in range(0, len(view), _HASH_SLICE):
+        digest.update(view[at : at + _HASH_SLICE])
+        pacing.checkpoint()
+    return digest.hexdigest()

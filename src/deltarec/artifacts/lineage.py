@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deltarec.artifacts import codec
+from deltarec.artifacts import codec, pacing
 from deltarec.artifacts.base import BaseInfo, list_bases, part_shard, read_base, usable_base
 from deltarec.artifacts.expected import (
     ExpectedRows,
@@ -243,6 +243,7 @@ def expected_state(
                 f"dumps hold table {table!r} that no GENERATION.json of the lineage describes",
             )
         keys, versions, ops, steps, ref_idx, row_idx = acc.resolve()
+        pacing.checkpoint()  # a paced compaction's chunk: one table's records resolved
         tables[table] = ExpectedTable(
             table, specs[table], keys, versions, ops, steps, refs, ref_idx, row_idx, root, checked
         )
@@ -304,6 +305,7 @@ def _add_base(
         refs.append(ref)
         versions = np.asarray(cols[codec.VERSION], dtype=np.int64)
         accs.setdefault(part.table, _Accumulator()).add(len(refs) - 1, versions, cols)
+        pacing.checkpoint()  # a paced compaction's chunk: one part read
 
 
 def _add_dump(
@@ -333,6 +335,7 @@ def _add_dump(
             keep = _before(group, cutoff) if not include_all else None
             acc.add_group(len(refs), [s.rows for s in shards], m.version, group, keep)
             refs.extend(ShardRef(dump_dir, shard, m.version) for shard in shards)
+            pacing.checkpoint()
             continue
         for shard in shards:
             ref = ShardRef(dump_dir, shard, m.version)
@@ -340,6 +343,7 @@ def _add_dump(
             keep = _before(cols, cutoff) if not include_all else None
             refs.append(ref)
             acc.add(len(refs) - 1, m.version, cols, keep)
+            pacing.checkpoint()  # a paced compaction's chunk: one shard read
 
 
 def _before(cols: dict[str, np.ndarray], cutoff: int | None) -> np.ndarray | None:

@@ -2,14 +2,19 @@
 
 Rank 0 of a trainer with :attr:`~deltarec.dump.config.DumperConfig.compact_every_dumps` runs
 ``deltarec compact`` of its generation through the dump just committed, in a child process
-(never on the training thread, nor holding its GIL), one at a time: while one runs, later
-triggers wait for the next multiple. The child runs under ``SCHED_IDLE`` with its disk I/O in
-the idle class (:mod:`deltarec.publish.yieldcpu`): it takes a core only when no thread of
-normal priority wants one, and the disk when no other request waits. It still shares the
-host's memory bandwidth and caches (docs/history.md, "The trainer compacts in the
-background"). A compaction that fails is logged and never fails training; one still running at
-:meth:`BackgroundCompactor.close` is stopped, which leaves the previous state valid (a base
-without BASE.json is ignored) and the next run completes it.
+(never on the training thread, nor holding its GIL), one at a time: a compaction fallen
+behind is never doubled; the triggers that come while it runs are folded into one, through
+the newest dump they name, run as soon as it ends (:attr:`BackgroundCompactor.skipped` counts
+those folded away). The child runs under ``SCHED_IDLE`` with its disk I/O in the idle class
+(:mod:`deltarec.publish.yieldcpu`): it takes a core only when no thread of normal priority
+wants one, and the disk when no other request waits. It still shares the host's memory
+bandwidth and caches, so it also paces itself (:mod:`deltarec.artifacts.pacing`): between
+bounded chunks of its work it sleeps, working at most ``busy_share`` of its wall time
+(:attr:`~deltarec.dump.config.DumperConfig.compact_busy_share`; docs/history.md, "The trainer
+compacts in the background"). A compaction that fails is logged and never fails training;
+one still running at :meth:`BackgroundCompactor.close` is stopped (asleep or not), which
+leaves the previous state valid (a base without BASE.json is ignored) and the next run
+completes it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from deltarec.artifacts.pacing import check_busy_share
 from deltarec.artifacts.types import Manifest
 from deltarec.dump.config import DumperConfig
 
@@ -32,13 +38,15 @@ import json, sys
 from deltarec.publish import yieldcpu
 yieldcpu.lower("the background compaction")  # before any thread starts: they inherit it
 yieldcpu.lower_io()
-from deltarec.artifacts import ArtifactRoot
+from deltarec.artifacts import ArtifactRoot, pacing
 from deltarec.artifacts.compact import compact
 a = json.loads(sys.stdin.read())
-r = compact(ArtifactRoot(a["root"], a["options"]), a["run"], a["generation"], a["seq"])
+with pacing.paced(a["busy_share"]) as pacer:
+    r = compact(ArtifactRoot(a["root"], a["options"]), a["run"], a["generation"], a["seq"])
 p = yieldcpu.thread_priority()
 print(json.dumps({"written": r.written, "dumps_read": r.dumps_read,
-                  "policy": p.policy if p else None, "io_class": yieldcpu.io_priority_class()}))
+                  "policy": p.policy if p else None, "io_class": yieldcpu.io_priority_class(),
+                  **pacer.report()}))
 """
 
 
@@ -51,6 +59,11 @@ class BackgroundCompactor:
         run: the run.
         generation: the generation this trainer writes.
         every: compact after every ``every``-th committed dump.
+        busy_share: the most of its wall time the child spends working, in ``(0, 1]``
+            (:class:`~deltarec.artifacts.pacing.Pacer`); 1: never pauses.
+
+    Raises:
+        BadInputError: a ``busy_share`` outside ``(0, 1]``.
     """
 
     def __init__(
@@ -60,19 +73,32 @@ class BackgroundCompactor:
         run: str,
         generation: int,
         every: int,
+        busy_share: float = 1.0,
     ) -> None:
-        self._args = {"root": root, "options": storage_options, "run": run}
+        check_busy_share(busy_share)
+        self._args = {
+            "root": root,
+            "options": storage_options,
+            "run": run,
+            "busy_share": busy_share,
+        }
         self.generation = generation
         self.every = every
         self.compactions = 0
         self.failures = 0
+        self.triggered = 0
+        """Committed dumps that asked for a compaction (every ``every``-th)."""
+        self.skipped = 0
+        """Triggers folded into a later one because a compaction was running (fallen behind)."""
         self.spans: list[tuple[float, float]] = []
         """``(start, end)`` of each compaction that completed, ``time.perf_counter`` seconds."""
         self.running_since: float | None = None
         """When the compaction now running started (``time.perf_counter``), else None."""
         self.last_report: dict[str, Any] | None = None
-        """What the last compaction that completed printed: ``written``, ``dumps_read``, and
-        the scheduling ``policy`` and I/O priority class (``io_class``) it ran under."""
+        """What the last compaction that completed printed: ``written``, ``dumps_read``, the
+        scheduling ``policy`` and I/O priority class (``io_class``) it ran under, and its
+        pacing (:meth:`~deltarec.artifacts.pacing.Pacer.report`): ``busy_share`` asked,
+        ``busy_s`` worked, ``paced_s`` slept, ``pauses`` and ``checkpoints``."""
         self._committed = 0
         self._want: int | None = None
         self._cond = threading.Condition()
@@ -88,6 +114,9 @@ class BackgroundCompactor:
         with self._cond:
             self._committed += 1
             if self._committed % self.every == 0:
+                self.triggered += 1
+                if self._want is not None:  # the one before still waits: fold it into this
+                    self.skipped += 1
                 self._want = manifest.seq
                 self._cond.notify_all()
 
@@ -165,5 +194,10 @@ def compactor_for(config: DumperConfig, generation: int, rank: int) -> Backgroun
     if every is None or rank != 0:
         return None
     return BackgroundCompactor(
-        config.artifacts, config.storage_options, config.run, generation, every
+        config.artifacts,
+        config.storage_options,
+        config.run,
+        generation,
+        every,
+        busy_share=config.compact_busy_share,
     )

@@ -112,6 +112,13 @@ class DumperConfig(BaseModel):
     cores the steps during a compaction kept their mean and p99 (H100, 20 ms steps); on a
     2-core CPU host they were 1.3-2.1x as slow. Its duration and memory grow with every rank's
     tables, so N is chosen per job (docs/history.md says how)."""
+    compact_busy_share: float = Field(default=0.5, gt=0, le=1)
+    """With ``compact_every_dumps``: the most of its wall time the background compaction spends
+    working; between bounded chunks of its work (a part or shard read, a row group gathered
+    and encoded) it sleeps to stay under it (:mod:`deltarec.artifacts.pacing`), which spreads
+    its memory traffic, the cost that idle priority leaves to the training loop, over a longer
+    compaction. 1: never pauses. A base written paced is byte for byte the one written
+    unpaced."""
     zch_misses: bool = False
     """ZCH tables: also dump the raw ids that training looked up but the table did not hold
     (never admitted, or not admitted yet), each as ``op = 1`` with the fallback row the model
