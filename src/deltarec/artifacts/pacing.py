@@ -50,14 +50,16 @@ def check_busy_share(value: float, what: str = "busy_share") -> float:
 class Pacer:
     """Sleeps at :meth:`checkpoint` so that busy time stays within ``busy_share`` of the total.
 
-    Busy time is the wall time between the end of one pause and the next checkpoint (time the
-    worker waited for a core counts as busy: the pacer then pauses more, never less). Over
-    any run of checkpoints ``busy_s <= busy_share * (busy_s + paced_s)`` up to one
+    Busy time is the CPU time the process used since the last checkpoint, not the wall time:
+    a worker at idle priority that waits for a core makes no memory traffic meanwhile, and
+    pausing for that wait as well would only slow it further on a loaded host. Over any run
+    of checkpoints ``busy_s <= busy_share * (busy_s + paced_s)`` up to one
     :data:`MIN_PAUSE_S` owed.
 
     Args:
-        busy_share: the most of the wall time spent working, in ``(0, 1]``; 1: never sleep.
-        clock: seconds, monotonic (tests pass their own).
+        busy_share: the most of the time spent working, in ``(0, 1]``; 1: never sleeps.
+        cpu_clock: the process's CPU seconds (tests pass their own).
+        clock: wall seconds, monotonic: measures the pauses (tests pass their own).
         sleep: sleeps the given seconds (tests pass their own).
     """
 
@@ -65,35 +67,37 @@ class Pacer:
         self,
         busy_share: float,
         *,
+        cpu_clock: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.busy_share = check_busy_share(busy_share)
+        self._cpu_clock = cpu_clock
         self._clock = clock
         self._sleep = sleep
         self.busy_s = 0.0
-        """Seconds worked between checkpoints so far."""
+        """CPU seconds worked between checkpoints so far."""
         self.paced_s = 0.0
-        """Seconds slept by the pacer so far (measured, not asked for)."""
+        """Wall seconds slept by the pacer so far (measured, not asked for)."""
         self.pauses = 0
         """How many times it slept."""
         self.checkpoints = 0
         """How many chunk boundaries were passed."""
-        self._since = clock()
+        self._since = cpu_clock()
 
     def checkpoint(self) -> None:
         """A chunk of work ended: sleep what keeps the busy share, if that is long enough."""
-        now = self._clock()
+        now = self._cpu_clock()
         self.busy_s += now - self._since
+        self._since = now
         self.checkpoints += 1
         owed = self.busy_s * (1.0 - self.busy_share) / self.busy_share - self.paced_s
         if owed >= MIN_PAUSE_S:
+            start = self._clock()
             self._sleep(owed)
-            after = self._clock()
-            self.paced_s += after - now
+            self.paced_s += self._clock() - start
             self.pauses += 1
-            now = after
-        self._since = now
+            self._since = self._cpu_clock()  # a sleep's own CPU (its wakeup) is not work
 
     def report(self) -> dict[str, Any]:
         """What it did: ``busy_share``, ``busy_s``, ``paced_s``, ``pauses``, ``checkpoints``."""

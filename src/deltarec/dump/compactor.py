@@ -84,6 +84,7 @@ class BackgroundCompactor:
         }
         self.generation = generation
         self.every = every
+        self.busy_share = busy_share
         self.compactions = 0
         self.failures = 0
         self.triggered = 0
