@@ -8,10 +8,13 @@ process), in ABBA order for ``--pairs`` pairs, so both see the same drift of the
 Per run: step-time mean, p99 and max (first ``--warmup`` steps left out); for ``on`` also the
 steps that overlapped a compaction against the steps of the same run that did not, each
 compaction's own wall time and how much of the run a compaction was running. Ratios are
-``on / off`` over the runs of each kind.
+``on / off`` over the runs of each kind. With several ``--busy-share`` values there is an ``on``
+kind for each (``on@S``: ``compact_busy_share = S``), run in the order off, each share, then
+the same reversed, for each pair; each on run also gives its triggers, how many were folded
+into a later one (the compaction had fallen behind) and the last compaction's pacing report.
 
     python bench/bench_compact_beside_training.py [--pairs 2] [--steps 1500] [--every 20]
-        [--compact-every 5] [--rows 1000000] [--json PATH]
+        [--compact-every 5] [--rows 1000000] [--busy-share 1 0.5 0.25] [--json PATH]
 """
 
 from __future__ import annotations
