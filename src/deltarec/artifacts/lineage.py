@@ -320,16 +320,16 @@ def _add_dump(
     """The records of one dump; of a parent, only rows read at or before ``cutoff``."""
     dump_dir = root.dump_dir(m.run, m.generation, m.seq)
     include_all = cutoff is None or m.last_step <= cutoff
-    for table in m.tables:
-        if only is not None and table not in only:
-            continue
+    tables = [t for t in m.tables if only is None or t in only]
+    groups = [m.shards_of(table) for table in tables]
+    for i, (table, shards) in enumerate(zip(tables, groups, strict=True)):
         acc = accs.setdefault(table, _Accumulator())
         if m.kind is DumpKind.SNAPSHOT and include_all:
             acc.snapshot_version = m.version
-        shards = m.shards_of(table)
         columns = [codec.KEY, codec.OP, codec.STEP]
         group = None
         if checked is not None and len(shards) > 1:  # a rank's shard each: read as one block
+            checked.prefetch(dump_dir, [g for g in groups[i:] if len(g) > 1])
             group = checked.read_group(dump_dir, shards, columns)
         if group is not None:
             keep = _before(group, cutoff) if not include_all else None

@@ -12,6 +12,7 @@ shard's bytes and its rows, so callers use it for shards they would hold whole a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import posixpath
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow._parquet as _parquet
 
-from deltarec.artifacts import codec
+from deltarec.artifacts import codec, shardpool
 from deltarec.artifacts.root import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import DType, ShardInfo
@@ -29,6 +30,8 @@ from deltarec.errors import ArtifactError, ChecksumError
 
 WHOLE_SHARD_BYTES = 64 << 20
 """Shards up to this size are read whole by the callers that hold their rows anyway."""
+PREFETCH_BYTES = 128 << 20
+"""At most this many bytes of shards are read ahead at once by :meth:`CheckedShards.prefetch`."""
 
 
 def checked_bytes(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> bytes:
@@ -131,6 +134,49 @@ class CheckedShards:
         self._next_block = 0
         self._matrices: dict[int, np.ndarray] = {}
         self._located: tuple[Sequence[Any], int, np.ndarray, np.ndarray] | None = None
+        self._fetched: dict[tuple[tuple[str, str], ...], list[pa.Table]] = {}
+
+    def prefetch(self, dump_dir: str, groups: Sequence[Sequence[ShardInfo]]) -> None:
+        """Read ``groups[0]`` and the next groups (a table's shards each) now, if it pays.
+
+        Where :func:`~deltarec.artifacts.shardpool.can_pool` (a dump of hundreds of ranks on a
+        local root), the groups from the first on, up to :data:`PREFETCH_BYTES` of shards, are
+        read with a forked child reading a share, each shard checked as :meth:`read` does;
+        :meth:`read_group` then takes their tables from here. Nothing is done if the first
+        group was fetched already or is not one :meth:`read_group` reads as a block; groups
+        after it that are not are left out.
+
+        Raises:
+            ArtifactError, ChecksumError: as :meth:`read`, for the first bad shard.
+        """
+        if not groups or self._key(dump_dir, groups[0]) in self._fetched:
+            return
+        window: list[Sequence[ShardInfo]] = []
+        nbytes = 0
+        for g in groups:
+            size = sum(s.bytes for s in g)
+            if window and nbytes + size > min(PREFETCH_BYTES, self.budget):
+                break
+            if self._groupable(dump_dir, g):
+                window.append(g)
+                nbytes += size
+            elif not window:
+                return
+        if not shardpool.can_pool(sum(len(g) for g in window), self.root.is_local):
+            return
+        read = functools.partial(read_whole_table, self.root, dump_dir)
+        for group, tables in zip(window, shardpool.read_groups(window, read, True), strict=True):
+            self._fetched[self._key(dump_dir, group)] = tables
+
+    @staticmethod
+    def _key(dump_dir: str, shards: Sequence[ShardInfo]) -> tuple[tuple[str, str], ...]:
+        return tuple((dump_dir, s.path) for s in shards)
+
+    def _groupable(self, dump_dir: str, shards: Sequence[ShardInfo]) -> bool:
+        """Whether :meth:`read_group` reads ``shards`` as a block (small, none read before)."""
+        return all(
+            s.bytes <= WHOLE_SHARD_BYTES and (dump_dir, s.path) not in self._checked for s in shards
+        )
 
     def read(
         self, dump_dir: str, shard: ShardInfo, columns: list[str]
@@ -155,21 +201,25 @@ class CheckedShards:
     ) -> dict[str, pa.ChunkedArray] | None:
         """``columns`` of several small shards of one table, their rows one after the other.
 
-        Each shard is read, checked and decoded as :meth:`read` does, before the next; the
-        decoded tables are held as one block. None, having read nothing, if a shard is large
-        or was read before; None, with every shard read and held on its own, if their schemas
-        differ (then :meth:`read` each).
+        Each shard is read, checked and decoded as :meth:`read` does, before the next (or was,
+        by :meth:`prefetch`); the decoded tables are held as one block. None, having read
+        nothing, if a shard is large or was read before; None, with every shard read and held
+        on its own, if their schemas differ (then :meth:`read` each).
 
         Raises:
             ArtifactError, ChecksumError: as :meth:`read`, for the first bad shard.
         """
-        keys = [(dump_dir, s.path) for s in shards]
-        if any(s.bytes > WHOLE_SHARD_BYTES for s in shards) or not self._checked.isdisjoint(keys):
-            return None
-        tables = [read_whole_table(self.root, dump_dir, s) for s in shards]
+        keys = self._key(dump_dir, shards)
+        tables = self._fetched.pop(keys, None)
+        if tables is None:
+            if not self._groupable(dump_dir, shards):
+                return None
+            tables = [read_whole_table(self.root, dump_dir, s) for s in shards]
         try:
             block = pa.concat_tables(tables).combine_chunks()
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # shards of other schemas (column order)
+            if len(tables) != len(keys):  # runs of shards (prefetched): one table a shard
+                tables = [read_whole_table(self.root, dump_dir, s) for s in shards]
             for key, table in zip(keys, tables, strict=True):
                 self._hold(key, table)
             return None
@@ -179,7 +229,7 @@ class CheckedShards:
             self._held += size
             b = self._next_block
             self._next_block += 1
-            self._blocks[b] = (block, keys)
+            self._blocks[b] = (block, list(keys))
             first = 0
             for key, shard in zip(keys, shards, strict=True):
                 self._in_block[key] = (b, first)

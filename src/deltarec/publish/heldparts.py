@@ -12,6 +12,7 @@ row checked, all of it before the first write, as the streaming path does.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
+from deltarec.artifacts import shardpool
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import Manifest, ShardInfo, TableSpec
 from deltarec.artifacts.wholeshard import WHOLE_SHARD_BYTES, read_whole_table
@@ -67,39 +69,48 @@ def read_parts(
         ArtifactError: a shard is missing, outside its dump, or not readable parquet.
         InvalidRowError: a row cannot be published.
     """
-    jobs = [
-        (table, spec, shard)
-        for table, spec in tables
-        for rank in ranks
-        for shard in manifest.shards_of_rank(table, rank)
+    groups = [
+        [shard for rank in ranks for shard in manifest.shards_of_rank(table, rank)]
+        for table, _ in tables
     ]
-    sizes = [shard.bytes for _, _, shard in jobs]
+    sizes = [shard.bytes for group in groups for shard in group]
     if sum(sizes) > HELD_BYTES or any(size > WHOLE_SHARD_BYTES for size in sizes):
         return None
     dump_dir = pub.root.dump_dir(pub.run, manifest.generation, manifest.seq)
     where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
-
-    def read(job: tuple[str, TableSpec, ShardInfo]) -> pa.Table:
-        return read_whole_table(pub.root, dump_dir, job[2])
-
-    shards: dict[str, list[tuple[ShardInfo, pa.Table]]] = {table: [] for table, _ in tables}
-    for (table, _, shard), got in zip(jobs, on_readers(read, jobs, sum(sizes)), strict=True):
-        shards[table].append((shard, got))
+    read = functools.partial(read_whole_table, pub.root, dump_dir)
     held: dict[str, list[ShardRows]] = {}
-    for table, spec in tables:
+    for (table, spec), group, got in zip(tables, groups, _read(groups, read, pub), strict=True):
         # one conversion and one check per table; a bad row is then found shard by shard, so
         # that its message names the rank
-        parts = shards.pop(table)
-        rows = _rows(spec, [t for _, t in parts])
+        rows = _rows(spec, got)
         try:
             TablePart(pub.root, manifest, 0, table, spec).check(rows, f"{where}s {ranks}")
         except InvalidRowError:
-            for shard, got in parts:
+            first = 0
+            for shard in group:  # each shard's row count is its manifest's (read_whole_table)
                 part = TablePart(pub.root, manifest, shard.rank, table, spec)
-                part.check(ShardRows.from_arrow(got, spec.dtype), f"{where} {shard.rank}")
+                part.check(rows.slice(first, first + shard.rows), f"{where} {shard.rank}")
+                first += shard.rows
             raise
         held[table] = [rows]
     return held
+
+
+def _read(
+    groups: list[list[ShardInfo]], read: Callable[[ShardInfo], pa.Table], pub: PublisherFace
+) -> list[list[pa.Table]]:
+    """Each group's shards read by ``read``: tables whose rows, in order, are the group's.
+
+    Many small shards on two processes (:mod:`~deltarec.artifacts.shardpool`), large ones on
+    ``READERS`` threads, else one by one here.
+    """
+    count = sum(len(g) for g in groups)
+    if shardpool.can_pool(count, pub.root.is_local):
+        return shardpool.read_groups(groups, read, True)
+    jobs = [shard for group in groups for shard in group]
+    got = iter(on_readers(read, jobs, sum(s.bytes for s in jobs)))
+    return [[next(got) for _ in group] for group in groups]
 
 
 def _rows(spec: TableSpec, parts: list[pa.Table]) -> ShardRows:
