@@ -169,3 +169,18 @@ def test_a_paced_compaction_killed_asleep_leaves_the_previous_base_and_a_rerun_c
     assert compact(h.root, RUN, info.generation, 4, part_rows=20).written
     _, got = _read_base_independently(h.root, new_dir)
     _same(h.state, got)
+
+
+def test_the_cli_paces_a_compaction_when_asked_and_reports_it(tmp_path, capsys):
+    from deltarec.cli import main
+
+    h, info = _history(tmp_path)
+    argv = ["compact", "--artifacts", h.root.uri, "--run", RUN, "--part-rows", "70", "--json"]
+    assert main([*argv, "--busy-share", "0"]) == 2
+    assert "--busy-share must be in (0, 1], got 0.0" in capsys.readouterr().err
+    assert main([*argv, "--busy-share", "0.2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["written"] and out["pacing"]["busy_share"] == 0.2
+    assert out["pacing"]["pauses"] > 0 and out["pacing"]["paced_s"] > 0
+    _, got = _read_base_independently(h.root, h.root.base_dir(RUN, info.generation, 4))
+    _same(h.state, got)

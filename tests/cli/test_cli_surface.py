@@ -163,6 +163,7 @@ FROZEN: dict[str, dict[str, F]] = {
         "--tables": F("str"),
         "--key-range": F("str"),
         "--commit": F("switch", False),
+        "--busy-share": F("float", 1.0),
         "--json": F("switch", False),
     },
     "gc": {

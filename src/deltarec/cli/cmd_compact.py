@@ -2,7 +2,9 @@
 
 Readers then start from the base and read only the dumps after it; retention (``deltarec gc``)
 may delete the dumps it covers. Safe to run beside a training job and to run again after a
-crash: BASE.json is written last.
+crash: BASE.json is written last. ``--busy-share S`` paces it (:mod:`deltarec.artifacts.pacing`):
+it sleeps between chunks of its work so that it works at most ``S`` of its time, which spreads
+its memory traffic on a host it shares with training (docs/history.md); the base is the same.
 
 Fanned out (SPEC §3a: a base is partitionable by table and key range): ``--key-range I/N``
 (and/or ``--tables``) writes one partition of the base of ``--through-seq`` and no BASE.json;
@@ -48,30 +50,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write BASE.json of the partitions written (needs --through-seq)",
     )
+    parser.add_argument(
+        "--busy-share",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="work at most this share of the time, sleeping between chunks of work "
+        "(0 < S <= 1; default 1: no pauses); the base written is the same",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (for machines)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the base (or find it committed) and print what it holds."""
-    from deltarec.artifacts import ArtifactRoot
+    from deltarec.artifacts import ArtifactRoot, pacing
     from deltarec.artifacts.compact import PART_ROWS, compact
     from deltarec.artifacts.history import RunHistory
 
+    pacing.check_busy_share(args.busy_share, "--busy-share")
     root = RunHistory(ArtifactRoot(args.artifacts))
     partitioned = args.tables is not None or args.key_range is not None
-    if partitioned or args.commit:
-        return _partitioned(root, args, part_rows=args.part_rows or PART_ROWS)
-    result = compact(
-        root,
-        args.run,
-        args.generation,
-        args.through_seq,
-        part_rows=args.part_rows or PART_ROWS,
-    )
-    return _report(root, args, result)
+    with pacing.paced(args.busy_share) as pacer:
+        if partitioned or args.commit:
+            return _partitioned(root, args, part_rows=args.part_rows or PART_ROWS)
+        result = compact(
+            root,
+            args.run,
+            args.generation,
+            args.through_seq,
+            part_rows=args.part_rows or PART_ROWS,
+        )
+    return _report(root, args, result, pacer.report() if args.busy_share < 1 else None)
 
 
-def _report(root: Any, args: argparse.Namespace, result: Any) -> int:
+def _report(
+    root: Any, args: argparse.Namespace, result: Any, paced: dict[str, Any] | None = None
+) -> int:
     import sys
 
     b = result.base
@@ -87,6 +101,8 @@ def _report(root: Any, args: argparse.Namespace, result: Any) -> int:
         "rows": b.rows,
         "parts": len(b.parts),
     }
+    if paced is not None:  # --busy-share: what the pacing did
+        out["pacing"] = paced
     if args.json:
         print(json.dumps(out, indent=2))
     else:
