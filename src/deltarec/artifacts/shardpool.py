@@ -132,9 +132,18 @@ def _take(queue: int, chunks: list[_Chunk], read: Read, got: dict[int, list[pa.T
     """Read chunks from the queue here until it is empty or a shard fails (read again later)."""
     while (c := _next(queue)) is not None:
         try:
-            got[c] = [read(s) for s in chunks[c].shards]
+            tables = [read(s) for s in chunks[c].shards]
         except Exception:  # read again in order by read_groups, which raises it there
             return
+        try:  # one table a chunk: the group's block is then made of a few (cheaper to join)
+            got[c] = [_joined(tables)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # shards of other schemas
+            got[c] = tables
+
+
+def _joined(tables: list[pa.Table]) -> pa.Table:
+    """``tables`` (of one schema) as one table of one chunk a column."""
+    return pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
 
 
 class _Child:
@@ -218,8 +227,7 @@ def _child_main(queue: int, chunks: list[_Chunk], read: Read, memfd: int) -> Non
     with pa.OSFile(f"/proc/self/fd/{memfd}", "wb") as sink:
         try:
             while (c := _next(queue)) is not None:
-                tables = [read(s) for s in chunks[c].shards]
-                table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+                table = _joined([read(s) for s in chunks[c].shards])
                 offset = sink.tell()
                 with pa.ipc.new_stream(sink, table.schema) as writer:
                     writer.write_table(table)

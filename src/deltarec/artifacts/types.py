@@ -353,6 +353,18 @@ class Manifest:
         """The shards of one table written by one rank."""
         return list(self._by_table.get(table, {}).get(rank, ()))
 
+    def part_rows(self, table: str, rank: int) -> int:
+        """Rows of one table's shards written by one rank (0 if it wrote none)."""
+        return self._part_rows.get((table, rank), 0)
+
+    @functools.cached_property
+    def _part_rows(self) -> dict[tuple[str, int], int]:
+        """Rows by table and rank, summed once (a publish asks for each part several times)."""
+        rows: dict[tuple[str, int], int] = {}
+        for s in self.shards:
+            rows[s.table, s.rank] = rows.get((s.table, s.rank), 0) + s.rows
+        return rows
+
     @functools.cached_property
     def _by_table(self) -> dict[str, dict[int, list[ShardInfo]]]:
         """The shards by table and rank (ranks ascending), built once.

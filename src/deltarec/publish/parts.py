@@ -58,7 +58,7 @@ def part_rows(
     """Rows of rank ``rank``'s part of ``table``: in ``memory`` if there, else its shards'."""
     if memory is not None and table in memory:
         return len(memory[table])
-    return sum(s.rows for s in manifest.shards_of_rank(table, rank))
+    return manifest.part_rows(table, rank)
 
 
 def marks_of_part(marks: list[ProgressMark], seq: int, rank: int) -> dict[str, ProgressMark]:
