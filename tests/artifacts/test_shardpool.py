@@ -139,9 +139,9 @@ def two_processes(monkeypatch) -> list[int]:
     real_read, real_mapped = wholeshard.read_whole_table, shardpool._mapped
     handed: list[int] = []
 
-    def slow(*args):
+    def slow(*args, **kwargs):
         time.sleep(0.005)
-        return real_read(*args)
+        return real_read(*args, **kwargs)
 
     def mapped(memfd):
         got = real_mapped(memfd)
