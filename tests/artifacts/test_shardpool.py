@@ -139,9 +139,9 @@ def two_processes(monkeypatch) -> list[int]:
     real_read, real_mapped = wholeshard.read_whole_table, shardpool._mapped
     handed: list[int] = []
 
-    def slow(*args, **kwargs):
+    def slow(*args):
         time.sleep(0.005)
-        return real_read(*args, **kwargs)
+        return real_read(*args)
 
     def mapped(memfd):
         got = real_mapped(memfd)

@@ -65,14 +65,8 @@ def read_whole_shard(
     return ShardRows.from_arrow(read_whole_table(root, dump_dir, shard), dtype)
 
 
-def read_whole_table(
-    root: ArtifactRoot, dump_dir: str, shard: ShardInfo, memory_pool: pa.MemoryPool | None = None
-) -> pa.Table:
+def read_whole_table(root: ArtifactRoot, dump_dir: str, shard: ShardInfo) -> pa.Table:
     """One shard as an Arrow table, its bytes checked against the manifest before decoding.
-
-    ``memory_pool``: where the table is decoded (None: the system allocator, see
-    :func:`_decode`); Arrow's default pool for a caller that joins a few shards' tables and
-    drops them (:mod:`~deltarec.artifacts.shardpool`: 7% less CPU a 176-row shard).
 
     Raises:
         ArtifactError: the shard is missing, not a regular file inside ``dump_dir``, or not
@@ -82,7 +76,7 @@ def read_whole_table(
     """
     data = checked_bytes(root, dump_dir, shard)
     try:
-        table = _decode(data, memory_pool or pa.system_memory_pool())
+        table = _decode(data)
     except (pa.ArrowInvalid, OSError) as e:
         path = root.url(posixpath.join(dump_dir, shard.path))
         raise ArtifactError(path, f"unreadable parquet: {e}") from e
@@ -94,8 +88,8 @@ def read_whole_table(
     return table
 
 
-def _decode(data: bytes, memory_pool: pa.MemoryPool) -> pa.Table:
-    """Every column of a parquet file held in memory, decoded into ``memory_pool``.
+def _decode(data: bytes) -> pa.Table:
+    """Every column of a parquet file held in memory, decoded into the system allocator.
 
     No pre-buffering and no threads: on a small in-memory file Arrow's I/O and decoding pools
     cost more than the decoding (~0.5 ms a 2,000-row shard, 2.5-4.4 ms with them). The system
@@ -105,7 +99,7 @@ def _decode(data: bytes, memory_pool: pa.MemoryPool) -> pa.Table:
     malloc, 110-300 us with mimalloc). The parquet reader beneath ``pq.ParquetFile``, which
     takes no memory pool, also skips its Python set-up (~10 us a shard).
     """
-    reader = _parquet.ParquetReader(memory_pool=memory_pool)
+    reader = _parquet.ParquetReader(memory_pool=pa.system_memory_pool())
     reader.open(pa.BufferReader(data), pre_buffer=False)
     return reader.read_all(use_threads=False)
 
@@ -170,8 +164,7 @@ class CheckedShards:
                 return
         if not shardpool.can_pool(sum(len(g) for g in window), self.root.is_local):
             return
-        pool = pa.default_memory_pool()  # each chunk's tables joined and dropped at once
-        read = functools.partial(read_whole_table, self.root, dump_dir, memory_pool=pool)
+        read = functools.partial(read_whole_table, self.root, dump_dir)
         for group, tables in zip(window, shardpool.read_groups(window, read, True), strict=True):
             self._fetched[self._key(dump_dir, group)] = tables
 

@@ -78,8 +78,9 @@ def read_parts(
         return None
     dump_dir = pub.root.dump_dir(pub.run, manifest.generation, manifest.seq)
     where = f"run {pub.run!r} generation {manifest.generation} dump {manifest.seq} rank"
+    read = functools.partial(read_whole_table, pub.root, dump_dir)
     held: dict[str, list[ShardRows]] = {}
-    for (table, spec), group, got in zip(tables, groups, _read(groups, pub, dump_dir), strict=True):
+    for (table, spec), group, got in zip(tables, groups, _read(groups, read, pub), strict=True):
         # one conversion and one check per table; a bad row is then found shard by shard, so
         # that its message names the rank
         rows = _rows(spec, got)
@@ -96,18 +97,17 @@ def read_parts(
     return held
 
 
-def _read(groups: list[list[ShardInfo]], pub: PublisherFace, dump_dir: str) -> list[list[pa.Table]]:
-    """Each group's shards, checked: tables whose rows, in order, are the group's.
+def _read(
+    groups: list[list[ShardInfo]], read: Callable[[ShardInfo], pa.Table], pub: PublisherFace
+) -> list[list[pa.Table]]:
+    """Each group's shards read by ``read``: tables whose rows, in order, are the group's.
 
-    Many small shards on two processes (:mod:`~deltarec.artifacts.shardpool`, into Arrow's
-    default pool: each chunk's tables are joined and dropped at once), large ones on
+    Many small shards on two processes (:mod:`~deltarec.artifacts.shardpool`), large ones on
     ``READERS`` threads, else one by one here.
     """
     count = sum(len(g) for g in groups)
-    read = functools.partial(read_whole_table, pub.root, dump_dir)
     if shardpool.can_pool(count, pub.root.is_local):
-        pooled = functools.partial(read, memory_pool=pa.default_memory_pool())
-        return shardpool.read_groups(groups, pooled, True)
+        return shardpool.read_groups(groups, read, True)
     jobs = [shard for group in groups for shard in group]
     got = iter(on_readers(read, jobs, sum(s.bytes for s in jobs)))
     return [[next(got) for _ in group] for group in groups]
