@@ -136,21 +136,21 @@ def two_processes(monkeypatch) -> list[int]:
     monkeypatch.setattr(shardpool, "POOL_SHARDS", 1)
     monkeypatch.setattr(shardpool, "CHUNK_SHARDS", 1)
     monkeypatch.setattr(shardpool, "_cpus", lambda: 2)
-    real_read, real_handed_back = wholeshard.read_whole_table, shardpool._handed_back
+    real_read, real_mapped = wholeshard.read_whole_table, shardpool._mapped
     handed: list[int] = []
 
     def slow(*args):
         time.sleep(0.005)
         return real_read(*args)
 
-    def counted(memfd):
-        got = real_handed_back(memfd)
+    def mapped(memfd):
+        got = real_mapped(memfd)
         handed.append(len(got))
         return got
 
     monkeypatch.setattr(wholeshard, "read_whole_table", slow)
     monkeypatch.setattr(heldparts, "read_whole_table", slow)
-    monkeypatch.setattr(shardpool, "_handed_back", counted)
+    monkeypatch.setattr(shardpool, "_mapped", mapped)
     return handed
 
 
