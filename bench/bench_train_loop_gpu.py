@@ -564,12 +564,6 @@ def main() -> None:
         "--chunk-rows", type=int, default=None, help="DumperConfig: rows a copy to host holds"
     )
     p.add_argument(
-        "--counted-pad-mb",
-        type=float,
-        default=None,
-        help="padding a counted dump may gather (COUNTED_PAD_BYTES; 0: the exact path)",
-    )
-    p.add_argument(
         "--absorb-steps",
         type=int,
         default=None,
@@ -613,10 +607,6 @@ def main() -> None:
         import deltarec.dump.dumper as dumper_module
 
         dumper_module.ABSORB_STEPS = a.absorb_steps  # type: ignore[misc]
-    if a.counted_pad_mb is not None:
-        import deltarec.tracking.unique as unique_module
-
-        unique_module.COUNTED_PAD_BYTES = int(a.counted_pad_mb * 2**20)  # type: ignore[misc]
     began = time.perf_counter()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     work = tempfile.mkdtemp(prefix="deltarec-train-loop-", dir=a.dir)
@@ -631,7 +621,6 @@ def main() -> None:
         "encode_workers": a.encode_workers,
         "chunk_rows": a.chunk_rows,
         "absorb_steps": a.absorb_steps,
-        "counted_pad_mb": a.counted_pad_mb,
         "every": None if a.every_s else a.every,
         "every_s": a.every_s,
         "encoder_sched": a.encoder_sched,

@@ -151,13 +151,11 @@ class DeviceBudget:
             )
         return take
 
-    def try_take_quietly(self, device: torch.device, nbytes: int, tables: int = 0) -> bool:
+    def try_take_quietly(self, device: torch.device, nbytes: int) -> bool:
         """Take ``nbytes`` on ``device`` if they fit; nothing logged or counted if not.
 
         For reads that wait for room as a matter of course (a spread dump's background reads,
-        :mod:`deltarec.tracking.spread`, go on at a later step) or that another path takes
-        when there is none (a counted dump, :meth:`~deltarec.tracking.unique.UniqueBatch.
-        gather_counted`: ``tables`` staged are counted when taken).
+        :mod:`deltarec.tracking.spread`, go on at a later step).
         """
         with self._lock:
             cap = self._capacity_locked(device)
@@ -165,7 +163,6 @@ class DeviceBudget:
             if cap <= 0 or held + nbytes > cap:
                 return False
             self._held[device] = held + nbytes
-            self.staged += tables
             self.peak_bytes = max(self.peak_bytes, held + nbytes)
             return True
 

@@ -245,8 +245,7 @@ class CountedRows(DeviceRows):
     hold an upper bound of rows, the table's unique touched rows first (ascending keys), then
     padding. The count is copied to ``counts[table]`` (pinned host memory) before the
     ``gathered`` event; :meth:`resolve` (the dump worker) waits for it and cuts the buffers.
-    Used by a group's graphed dumps (:class:`~deltarec.tracking.graphed.GraphedRows`) and its
-    counted dumps (:meth:`~deltarec.tracking.unique.UniqueBatch.gather_counted`).
+    Used by a group's graphed dumps (:class:`~deltarec.tracking.graphed.GraphedRows`).
     """
 
     counts: torch.Tensor | None = None

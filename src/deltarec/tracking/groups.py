@@ -169,8 +169,6 @@ class TableGroup:
         for i, got in enumerate(parts):
             if got:
                 self.batch.mark(i, got[0] if len(got) == 1 else torch.cat(got))
-        if self.batch.device.type == "cuda" and self.batch.counting and any(parts):
-            self.batch.count_marks()  # the dump then knows its bounds without waiting
 
     def forget(self, source: GroupMember) -> None:
         """Drop what ``source`` recorded so far (held and marked)."""

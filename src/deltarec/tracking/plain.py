@@ -23,7 +23,6 @@ import torch
 
 from deltarec.artifacts.types import TableSpec
 from deltarec.tracking.assemble import Assembly, LocalParts, Mode, chunk_count, payload_of
-from deltarec.tracking.device_budget import current_budget
 from deltarec.tracking.gather import (
     CountedRows,
     HostRows,
@@ -185,7 +184,7 @@ class RowShardSource(_TrackedSource):
         if prepared is _SPREAD:
             return  # read over the next steps by the group's spread dump
         if isinstance(prepared, CountedRows):
-            yield prepared  # gathered by the group's graph or counted dump: the worker copies
+            yield prepared  # gathered by the group's graph: the worker copies
             return
         if isinstance(prepared, tuple):
             ids = prepared[0].ids(prepared[1])
@@ -237,16 +236,6 @@ class RowShardSource(_TrackedSource):
                     s._prepared = _SPREAD
                 continue
             recorded = [None if not p else p[0] if len(p) == 1 else torch.cat(p) for p in parts]
-            budget = current_budget()
-            if budget is not None and group.batch.counting and group.batch.device.type == "cuda":
-                weights = [s.weight for s in members if s.weight is not None]
-                offsets = [s.row_offset for s in members]
-                counted = group.batch.gather_counted(recorded, weights, offsets, budget)
-                if counted is not None:
-                    for s, got in zip(members, counted, strict=True):
-                        s._prepared = got
-                    continue
-                recorded = [None] * len(members)  # marked by gather_counted already
             dump = group.batch.queue(recorded)
             for i, s in enumerate(members):
                 s._prepared = (dump, i)
