@@ -23,7 +23,7 @@ import hashlib
 import itertools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,22 @@ _TRANSIENT = (
 )
 _ERRORS = DriverErrors(psycopg.Error, lambda e: isinstance(e, _TRANSIENT))
 """psycopg's errors as the store contract's (see :mod:`deltarec.stores.errors`)."""
+
+
+def _ensure_schema(conn: psycopg.Connection[Any], name: str, quoted: str) -> None:
+    """Create schema ``name`` unless it exists (``conn`` in autocommit).
+
+    ``CREATE SCHEMA IF NOT EXISTS`` is not atomic: run by two ranks at once, the second waits
+    for the first's and then fails on ``pg_namespace``'s unique index. The schema then exists,
+    which is all that was asked. An existing schema is not created again, so a role without
+    ``CREATE`` on the database can use a schema made for it.
+    """
+    found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (name,)).fetchone()
+    if found is not None:
+        return
+    # Created by another connection meanwhile: committed, since its insert was waited for.
+    with suppress(pgerrors.UniqueViolation, pgerrors.DuplicateSchema):
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
 
 
 class PostgresStore(RelationalStore):
@@ -130,7 +146,7 @@ class PostgresStore(RelationalStore):
         with _ERRORS.map_errors(self.describe()):
             conn = psycopg.connect(autocommit=True, **self.connect_params())
             schema = quote(c.schema_name)
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            _ensure_schema(conn, c.schema_name, schema)
             conn.execute(f"SET search_path TO {schema}")
             for setting in _SESSION:  # before the session's first temp table
                 conn.execute(setting)
