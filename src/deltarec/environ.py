@@ -1,12 +1,26 @@
-"""Changes to this process's environment that undo themselves."""
+"""Changes to this process's environment: ones that undo themselves, and numpy's thread pool.
+
+numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins for about
+0.1 s before it sleeps (measured on 2 cores: 0.1 s of CPU for its one extra thread; on a host
+of 16 cores that is 15 threads busy at once). deltarec does no linear algebra in numpy, so
+where a process of its own starts beside a store's server and its readers (a ``deltarec``
+command, the read-latency probe) that burst only takes cores from the readers waking in it
+(on a 16-core host, reads of 4-7 ms against an idle p99 of 0.5 ms, all clients at once, in
+the first 0.1-0.2 s of ``deltarec publish``; bench/results/readers.md run 17):
+:data:`ONE_BLAS_THREAD` keeps that pool to one thread, unless the variable is set already.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
-__all__ = ["environ_set"]
+__all__ = ["ONE_BLAS_THREAD", "environ_default", "environ_set", "one_blas_thread"]
+
+ONE_BLAS_THREAD = ("OPENBLAS_NUM_THREADS", "1")
+"""numpy's OpenBLAS with one thread (see the module doc)."""
 
 
 @contextlib.contextmanager
@@ -25,3 +39,26 @@ def environ_set(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+@contextlib.contextmanager
+def environ_default(name: str, value: str) -> Iterator[None]:
+    """:func:`environ_set`, where ``name`` is not set already (a user's setting wins)."""
+    if name in os.environ:
+        yield
+        return
+    with environ_set(name, value):
+        yield
+
+
+def one_blas_thread() -> bool:
+    """Keep numpy's OpenBLAS to one thread in this process, if numpy is not imported yet.
+
+    The variable is set (unless set already) for this process and the ones it starts; once
+    numpy is imported its pool exists and nothing changes. Whether it was set now.
+    """
+    name, value = ONE_BLAS_THREAD
+    if "numpy" in sys.modules or name in os.environ:
+        return False
+    os.environ[name] = value
+    return True

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from deltarec.credentials import redact_text
+from deltarec.environ import one_blas_thread
 from deltarec.errors import BadInputError, CheckFailedError, DeltarecError
 
 COMMANDS: dict[str, str] = {
@@ -36,6 +37,10 @@ COMMANDS: dict[str, str] = {
     "pipeline": "compile, submit or locally run the pipeline on Kubeflow or Airflow",
 }
 """Command name -> one-line help. The module is ``deltarec.cli.cmd_<name>``."""
+
+TRAINING = frozenset({"demo", "train", "pipeline"})
+"""Commands that run a model (torch and the user's code); every other one does no linear
+algebra in numpy and keeps its OpenBLAS to one thread (:mod:`deltarec.environ`)."""
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -111,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in args_list if not a.startswith("-")), None)
     if command not in COMMANDS:
         command = None
+    if command not in TRAINING:
+        one_blas_thread()  # before any command module imports numpy
     parser = build_parser(command)
     args = parser.parse_args(args_list)
     configure_logging(args.verbose)

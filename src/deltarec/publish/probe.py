@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deltarec.environ import ONE_BLAS_THREAD, environ_default
 from deltarec.stores.base import Store
 from deltarec.stores.naming import quote, view_name
 
@@ -163,7 +164,8 @@ class Probe:
             name="deltarec-probe",
             daemon=True,
         )
-        self._process.start()
+        with environ_default(*ONE_BLAS_THREAD):  # no burst of numpy's threads as it starts
+            self._process.start()
 
     def wait_first(self, timeout_s: float, count: int = 1) -> bool:
         """Wait until ``count`` probe reads are timed (or ``timeout_s``); whether they were."""
