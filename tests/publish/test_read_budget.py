@@ -131,6 +131,47 @@ def test_a_blocking_stores_units_hold_the_server_within_their_share_by_its_time_
     assert whole.bytes == int(share / 2e-6) * UNIT
 
 
+def test_over_the_target_a_blocking_stores_units_shrink_before_any_pause():
+    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
+    judge = budget_module.JUDGE
+    held = 15000 * 2e-6  # the server: 2 us a row
+    policy.step(15000, 15000 * UNIT, 0.1, [], held_s=held)
+    full = policy.unit_rows
+    assert full is not None and policy.share == budget_module.UNIT_SHARE
+    pause = policy.step(15000, 15000 * UNIT, 0.1, [0.003] * judge, held_s=held)  # 1.5x
+    assert pause == 0.0 and policy.duty == 0.0
+    assert policy.share == pytest.approx(budget_module.UNIT_SHARE / 1.5)
+    assert policy.unit_rows is not None and policy.unit_rows < full  # shorter units
+    for _ in range(8):  # far over: the share falls to its floor, then the pauses begin
+        pause = policy.step(15000, 15000 * UNIT, 0.1, [0.1] * judge, held_s=held)
+    assert policy.share == budget_module.MIN_UNIT_SHARE
+    assert pause > 0.0 and policy.duty > 0.0
+
+
+def test_under_the_target_the_pauses_go_first_then_the_units_grow_back():
+    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
+    judge = budget_module.JUDGE
+    held = 15000 * 2e-6
+    for _ in range(8):
+        policy.step(15000, 15000 * UNIT, 0.1, [0.1] * judge, held_s=held)
+    assert policy.duty > 0.0 and policy.share == budget_module.MIN_UNIT_SHARE
+    steps = 0
+    while policy.duty > 0.0:  # well under the target
+        policy.step(15000, 15000 * UNIT, 0.1, [0.0002] * judge, held_s=held)
+        steps += 1
+        assert policy.share == budget_module.MIN_UNIT_SHARE  # held while pausing
+    assert steps > 1
+    for _ in range(8):
+        policy.step(15000, 15000 * UNIT, 0.1, [0.0002] * judge, held_s=held)
+    assert policy.duty == 0.0 and policy.share == budget_module.UNIT_SHARE
+
+
+def test_a_store_whose_writes_do_not_block_reads_is_only_paused():
+    policy = ReadBudget(0.001, max_bytes=64 << 20, blocking=False)
+    policy.step(1000, 1 << 20, 0.08, [0.0015] * budget_module.JUDGE)
+    assert policy.share == budget_module.UNIT_SHARE and policy.duty > 0.0
+
+
 def test_a_budget_must_be_positive_milliseconds():
     assert check_budget(None) is None and check_budget(2.5) == 2.5
     with pytest.raises(ConfigError, match="--read-p99-ms must be a positive number"):

@@ -19,13 +19,23 @@ pipeline's ``read_p99_ms``) the publisher
 3. over the target, pauses after each transaction for a **duty** fraction of the time it took,
    raised in proportion to the excess (at most :data:`MAX_STEP` times a judgement, from
    :data:`MIN_DUTY` up to :data:`MAX_DUTY`, a pause at most :data:`MAX_PAUSE_S`); under
-   :data:`SLACK` of it, lowers the duty in proportion (to nothing below :data:`MIN_DUTY`);
+   :data:`SLACK` of it, lowers the duty in proportion (to nothing below :data:`MIN_DUTY`).
+   Into a store whose writes block its reads the units shrink first (below);
 4. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis)
    sizes what the server runs at once by the server's own time per row (the median of the
    last :data:`TIMED` writes, ``last_write_held_s`` over their rows where the store tells,
-   asked to by ``server_timing``): a unit never holds the server longer than
-   :data:`UNIT_SHARE` of the budget (not the target: the noise adds to a unit's wait) less a
-   read's own time (the probes' median). A store with
+   asked to by ``server_timing``): a unit never holds the server longer than a **share**
+   (:data:`UNIT_SHARE` at first) of the budget (not the target: the noise adds to a unit's
+   wait) less a read's own time (the probes' median). Over the target the share falls in
+   proportion to the excess (at most :data:`MAX_STEP` a judgement, down to
+   :data:`MIN_UNIT_SHARE`) before any pause is made: a read that arrives while a unit runs
+   waits for what is left of it, so the readers' p99 follows the unit's length, and pausing
+   between units, which only makes fewer reads wait as long, barely moves it while it costs
+   the publish its rate (bench/results/readers.md run 17, before this rule: 2.3-3.6 s of
+   pauses in a 14 s publish, the rate 0.43x of an unthrottled one). Only units at their floor (the
+   share at :data:`MIN_UNIT_SHARE` or :data:`MIN_UNIT_ROWS` rows) pause. Under
+   :data:`SLACK` of the target the duty falls first, then the share grows back (to
+   :data:`UNIT_SHARE` at most). A store with
    units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
    interleave with, :mod:`deltarec.stores.redis.paced`) gets that many rows a unit and
    transactions of :data:`UNIT_TXN_BYTES`; any other gets transactions that small;
@@ -101,7 +111,9 @@ after each quarter of a second, not after seconds of writing."""
 UNIT_TXN_BYTES = 4 << 20
 """A transaction into a store with units (each a progress mark and a judgement)."""
 UNIT_SHARE = 0.5
-"""The share of the target (less a read's own time) one server-side unit may take."""
+"""The share of the budget (less a read's own time) one server-side unit may take at most."""
+MIN_UNIT_SHARE = UNIT_SHARE / 8
+"""The least share: below it a unit's own cost (a script call) outweighs its rows'."""
 MIN_UNIT_ROWS = 8
 """The fewest rows of a unit (or a blocking store's transaction): the publish always moves on."""
 MAX_UNIT_ROWS = 1000
@@ -162,6 +174,7 @@ class ReadBudget:
         else:
             self.bytes = min(self.max_bytes, START_BYTES)
         self.duty = 0.0
+        self.share = UNIT_SHARE
         self.last_p99_s: float | None = None
         self.smallest = self.bytes
         self.smallest_unit = self.unit_rows
@@ -230,11 +243,25 @@ class ReadBudget:
         target = self.target_s()
         ratio = min(p99, fresh) / target
         if ratio > 1:
-            self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
+            if self._units_can_shrink():
+                self.share = max(MIN_UNIT_SHARE, self.share / min(MAX_STEP, ratio))
+            else:
+                self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
         elif p99 < SLACK * target:
-            self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
-            if self.duty < MIN_DUTY:
-                self.duty = 0.0
+            if self.duty > 0:
+                self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
+                if self.duty < MIN_DUTY:
+                    self.duty = 0.0
+            elif self.blocking:
+                self.share = min(UNIT_SHARE, self.share * min(MAX_STEP, SLACK * target / p99))
+
+    def _units_can_shrink(self) -> bool:
+        """Whether a blocking store's units are above their floor (module doc, 4)."""
+        if not self.blocking or not self._per_row or self.share <= MIN_UNIT_SHARE:
+            return False
+        if self.unit_rows is not None:
+            return self.unit_rows > MIN_UNIT_ROWS
+        return self.bytes > MIN_BYTES
 
     def _size_blocking(self) -> None:
         """A unit (or transaction) the server runs within its share of the budget.
@@ -246,7 +273,7 @@ class ReadBudget:
             return
         probes = list(self._during) + list(self._quiet)
         own = statistics.median(probes) if probes else 0.0
-        allowed = UNIT_SHARE * max(0.2 * self.p99_s, self.p99_s - own)
+        allowed = self.share * max(0.2 * self.p99_s, self.p99_s - own)
         rows = int(allowed / max(1e-9, statistics.median(self._per_row)))
         rows = max(MIN_UNIT_ROWS, min(MAX_UNIT_ROWS, rows))
         if self.unit_rows is not None:
