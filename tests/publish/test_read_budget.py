@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -210,6 +211,28 @@ def test_a_budget_on_a_redis_that_fsyncs_its_file_warns_that_it_cannot_hold_thos
         Throttle(pub, 5.0, yield_cpu=False).close()
     (warning,) = [r.getMessage() for r in caplog.records if "append-only" in r.getMessage()]
     assert store.describe() in warning and "appendfsync everysec" in warning
+    store.close()
+
+
+def test_the_probe_starts_with_the_throttle_and_reads_nothing_until_the_first_write(tmp_path):
+    root, manifest, data = _dump(tmp_path, 500, seed=4)
+    store = open_store(f"sqlite:///{tmp_path}/s.db", run="r")
+    marks: list = []
+    pub = DumpPublisher(store, root, "r", after_batch=lambda m, n: marks.append(m))
+    throttle = Throttle(pub, 50.0, probe_interval_s=0.002, yield_cpu=False)
+    try:
+        probe = throttle._probe
+        assert probe is not None and probe.alive()  # started before any write
+        time.sleep(0.5)
+        assert probe.take() == []  # no name yet: nothing read
+        pub.publish_generation(1)
+    finally:
+        report = throttle.close()
+    _check_everything_landed(store, manifest, data, marks)
+    assert report.probes >= budget_module.BASELINE_PROBES  # aimed at the first write
+    assert not probe.alive()
+    with pytest.raises(ValueError, match="a serving name of 1 to"):
+        probe.aim("")
     store.close()
 
 

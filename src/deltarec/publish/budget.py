@@ -50,7 +50,7 @@ pipeline's ``read_p99_ms``) the publisher
    (:func:`record_report`), where verify's KFP metrics find it (:func:`held_back_s`);
 7. unless told not to (``yield_cpu``), puts the thread that publishes, and the threads it
    starts, at the lowest CPU priority (:mod:`deltarec.publish.yieldcpu`), the probe process
-   started from a thread of the priority it had.
+   started before it lowers (when the throttle attaches, aimed at the first table written).
 
 Without a budget nothing of this runs: the publisher writes as it always did. The throttle
 changes only the publisher's ``batch_bytes`` and the store's ``unit_rows`` between
@@ -367,10 +367,18 @@ class Throttle:
         self._timing = hasattr(store, "server_timing")  # a store that can time its writes
         if self._timing:
             store.server_timing = True  # type: ignore[attr-defined]
-        self._spawner: yieldcpu.NormalSpawner | None = None
+        # the probe starts now, at the priority serving has (before this thread lowers) and
+        # while the publisher starts; it is aimed at the first table written
+        target = probe_target(store, None)
+        if target is None:
+            log.warning(
+                "read budget: %s cannot be probed; only the write-time cap applies",
+                store.describe(),
+            )
+        else:
+            self._probe = Probe(target, probe_interval_s)
         self._lowered: tuple[int, yieldcpu.Priority] | None = None
         if yield_cpu:
-            self._spawner = yieldcpu.NormalSpawner()  # the probe starts at serving's priority
             former = yieldcpu.lower()
             if former is not None:
                 self._lowered = (threading.get_native_id(), former)
@@ -420,27 +428,17 @@ class Throttle:
         self._since = time.monotonic()
 
     def _start_probe(self, table: str) -> bool:
-        """Start the probe on the serving name of the first table written (once); whether now.
+        """Aim the probe at the serving name of the first table written (once); whether now.
 
         Then wait for :data:`BASELINE_PROBES` reads, nothing written meanwhile: the noise
         before any pause (counted as held back).
         """
-        if self._probed:
+        if self._probed or self._probe is None:
             return False
         self._probed = True
         target = probe_target(self.publisher.store, table)
-        if target is None:
-            log.warning(
-                "read budget: %s cannot be probed; only the write-time cap applies",
-                self.publisher.store.describe(),
-            )
-            return False
-        interval = self.probe_interval_s
-        if self._spawner is not None:
-            self._probe = self._spawner.call(lambda: Probe(target, interval))
-            self._spawner.close()
-        else:
-            self._probe = Probe(target, interval)
+        assert target is not None  # the store had one without a table
+        self._probe.aim(target.name)
         started = time.monotonic()
         self._probe.wait_first(PROBE_START_S, BASELINE_PROBES)
         self._since = time.monotonic()  # the reads so far were made with nothing written
@@ -454,8 +452,6 @@ class Throttle:
             self._latencies.extend(lat for _, lat in self._probe.take())
             self._probe.close()
             self._probe = None
-        if self._spawner is not None:
-            self._spawner.close()
         if self._lowered is not None:
             yieldcpu.restore(*self._lowered)
             self._lowered = None

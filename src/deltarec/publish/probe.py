@@ -12,6 +12,10 @@ the reads made while it wrote from those made while it did not.
 The keys probed are sampled from the serving name itself, again every second (Redis:
 ``HRANDFIELD``; SQL: a run of keys from a random place in the key range), so the probe reads rows
 that exist, spread over the table, as serving does.
+
+The process can be started before the name is known (:func:`probe_target` without a table) and
+aimed later (:meth:`Probe.aim`): its start (a new interpreter, its imports and connection,
+~0.4 s on 2 cores) then overlaps the publisher's own start instead of holding the first write.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ KEYS = 256
 """Keys sampled from the serving name at a time."""
 RESAMPLE_S = 1.0
 """Seconds between two samples of keys (new rows land while the probe runs)."""
+NAME_BYTES = 1024
+"""Room for a serving name given later (:meth:`Probe.aim`)."""
 
 
 @dataclass(frozen=True)
@@ -51,24 +57,28 @@ class ProbeTarget:
     name: str
 
 
-def probe_target(store: Store, table: str) -> ProbeTarget | None:
+def probe_target(store: Store, table: str | None) -> ProbeTarget | None:
     """How a serving client reads ``table`` of ``store``, or None where it cannot be probed.
 
-    PAI FeatureStore and an in-memory SQLite store have no second reader to time.
+    ``table`` None: where to connect, the name left empty (:meth:`Probe.aim` gives it). PAI
+    FeatureStore and an in-memory SQLite store have no second reader to time.
     """
     config: Any = getattr(store, "config", None)
-    if store.kind == "sqlite" and config is not None and config.path != ":memory:":
-        return ProbeTarget("sqlite", {"path": config.path}, quote(view_name(table, config.prefix)))
-    if store.kind == "postgres" and config is not None:
+    if config is None:
+        return None
+    if store.kind == "sqlite" and config.path != ":memory:":
+        name = "" if table is None else quote(view_name(table, config.prefix))
+        return ProbeTarget("sqlite", {"path": config.path}, name)
+    if store.kind == "postgres":
         params = store.connect_params()  # type: ignore[attr-defined]  # the store's own server
         params["application_name"] = "deltarec-probe"
-        name = f"{quote(config.schema_name)}.{quote(view_name(table, config.prefix))}"
-        return ProbeTarget("postgres", params, name)
-    if store.kind == "redis" and config is not None:
+        view = "" if table is None else quote(view_name(table, config.prefix))
+        return ProbeTarget("postgres", params, view and f"{quote(config.schema_name)}.{view}")
+    if store.kind == "redis":
         args = {"host": config.host, "port": config.port, "db": config.db}
         if config.username:
             args["username"] = config.username
-        return ProbeTarget("redis", args, f"{config.prefix}{table}")
+        return ProbeTarget("redis", args, "" if table is None else f"{config.prefix}{table}")
     return None
 
 
@@ -77,22 +87,23 @@ Reader = tuple[Callable[[int], object], Callable[[], list[int]]]
 
 
 def _reader(target: ProbeTarget) -> Reader:
-    """How the probe reads ``target``, and how it finds keys to read (see the module doc)."""
+    """How the probe reads ``target`` (its name set), and how it finds keys to read."""
+    name = target.name
     if target.kind == "sqlite":
         import sqlite3
 
         conn = sqlite3.connect(target.connect["path"], timeout=30)
-        sql = f"SELECT embedding, version FROM {target.name} WHERE key = ?"
+        sql = f"SELECT embedding, version FROM {name} WHERE key = ?"
         return lambda key: conn.execute(sql, (key,)).fetchall(), lambda: _sql_sample(
-            lambda q, a: conn.execute(q.replace("%s", "?"), a).fetchall(), target.name
+            lambda q, a: conn.execute(q.replace("%s", "?"), a).fetchall(), name
         )
     if target.kind == "postgres":
         import psycopg
 
         pg = psycopg.connect(autocommit=True, **target.connect)
-        sql = f"SELECT embedding, version FROM {target.name} WHERE key = %s"
+        sql = f"SELECT embedding, version FROM {name} WHERE key = %s"
         return lambda key: pg.execute(sql, (key,), prepare=True).fetchall(), lambda: _sql_sample(
-            lambda q, a: pg.execute(q, a).fetchall(), target.name
+            lambda q, a: pg.execute(q, a).fetchall(), name
         )
     import redis
 
@@ -101,10 +112,10 @@ def _reader(target: ProbeTarget) -> Reader:
     client = redis.Redis(password=env_password("REDIS_PASSWORD"), **target.connect)
 
     def sample() -> list[int]:
-        fields: Any = client.hrandfield(target.name, KEYS) or []
+        fields: Any = client.hrandfield(name, KEYS) or []
         return [int(f) for f in fields]
 
-    return lambda key: client.hget(target.name, str(key)), sample
+    return lambda key: client.hget(name, str(key)), sample
 
 
 def _sql_sample(query: Callable[[str, tuple[Any, ...]], list[Any]], name: str) -> list[int]:
@@ -117,12 +128,21 @@ def _sql_sample(query: Callable[[str, tuple[Any, ...]], list[Any]], name: str) -
     return [int(r[0]) for r in rows]
 
 
-def _probe_main(target: ProbeTarget, interval_s: float, ring: Any, count: Any, stop: Any) -> None:
+def _probe_main(
+    target: ProbeTarget, interval_s: float, ring: Any, count: Any, stop: Any, aimed: Any
+) -> None:
     """The child: read a key every ``interval_s`` and record each (start, latency), until ``stop``.
 
-    The keys are sampled again every :data:`RESAMPLE_S` (none yet: nothing is timed).
+    The keys are sampled again every :data:`RESAMPLE_S` (none yet: nothing is timed). Until
+    the name is given (``aimed``, when the target came without one) nothing is read.
     """
-    read, sample = _reader(target)
+    name = target.name
+    while not name and not stop.is_set():
+        stop.wait(interval_s)
+        name = aimed.value.decode()
+    if stop.is_set():
+        return
+    read, sample = _reader(ProbeTarget(target.kind, target.connect, name))
     keys: list[int] = []
     sampled = -RESAMPLE_S
     n = 0
@@ -157,15 +177,27 @@ class Probe:
         self._ring = ctx.Array("d", 2 * RING, lock=False)  # (start, latency) pairs
         self._count = ctx.Value("q", 0, lock=False)
         self._stop = ctx.Event()
+        self._aimed = ctx.Array("c", NAME_BYTES, lock=False)  # the name, when given later
         self._read = 0
         self._process = ctx.Process(
             target=_probe_main,
-            args=(target, interval_s, self._ring, self._count, self._stop),
+            args=(target, interval_s, self._ring, self._count, self._stop, self._aimed),
             name="deltarec-probe",
             daemon=True,
         )
         with environ_default(*ONE_BLAS_THREAD):  # no burst of numpy's threads as it starts
             self._process.start()
+
+    def aim(self, name: str) -> None:
+        """Give the serving name to read, where the target came without one (once).
+
+        Raises:
+            ValueError: the name is longer than :data:`NAME_BYTES` bytes.
+        """
+        raw = name.encode()
+        if not raw or len(raw) >= NAME_BYTES:
+            raise ValueError(f"probe: a serving name of 1 to {NAME_BYTES - 1} bytes, got {name!r}")
+        self._aimed.value = raw
 
     def wait_first(self, timeout_s: float, count: int = 1) -> bool:
         """Wait until ``count`` probe reads are timed (or ``timeout_s``); whether they were."""

@@ -12,8 +12,7 @@ priority apart from the others, so a job of normal priority never lands on one).
 thread of the process changes: not the trainer's training thread, not a thread started before.
 
 The probe process that times the readers' latency must not inherit it (it would time its own
-wait for a core): :class:`NormalSpawner` keeps a thread of the priority the publisher had, to
-start it from.
+wait for a core): the budget starts it before the publishing thread lowers.
 
 Lowering is always allowed on Linux; raising back is not without ``CAP_SYS_NICE`` (or a
 ``RLIMIT_NICE`` that allows it): :func:`restore` tries and otherwise leaves the thread lowered
@@ -32,8 +31,6 @@ import logging
 import os
 import platform
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -145,29 +142,3 @@ def restore(tid: int, former: Priority) -> bool:
         log.debug("read budget: thread %d keeps its lowered priority (%s)", tid, e)
         return False
     return True
-
-
-class NormalSpawner:
-    """A thread started at the caller's priority now, to start things from after it lowers.
-
-    A process or thread inherits the priority of the thread that starts it; the budget's
-    probe process must keep the priority serving has.
-    """
-
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            1, thread_name_prefix="deltarec-spawner"
-        )
-        self._pool.submit(lambda: None).result()  # the thread starts now, from the caller
-
-    def call(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` on the spawner's thread; its result (or its error)."""
-        if self._pool is None:
-            return fn()
-        return self._pool.submit(fn).result()
-
-    def close(self) -> None:
-        """End the thread (idempotent)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
