@@ -236,6 +236,39 @@ def test_the_probe_starts_with_the_throttle_and_reads_nothing_until_the_first_wr
     store.close()
 
 
+def test_where_serving_holds_rows_the_noise_is_measured_before_the_first_write(tmp_path):
+    root = ArtifactRoot(str(tmp_path / "art"))
+    info = new_generation(root, "r", {T: SPEC}, world_size=1)
+    keys = np.arange(2000)
+    write_dump(root, info, 1, {T: {0: random_rows(keys, SPEC, seed=1)}})
+    data = random_rows(keys, SPEC, seed=2)
+    manifest = write_dump(root, info, 2, {T: {0: data}})
+    store = open_store(f"sqlite:///{tmp_path}/s.db", run="r")
+    DumpPublisher(store, root, "r").publish_dump(root.read_manifest("r", 1, 1), 0)
+    marks: list = []
+    pub = DumpPublisher(store, root, "r", after_batch=lambda m, n: marks.append(m))
+    pub.batch_bytes = 32 << 10  # several transactions
+    writes: list[float] = []
+    inner = store.apply
+    store.apply = lambda w: (writes.append(time.monotonic()), inner(w))[1]  # type: ignore[method-assign]
+    throttle = Throttle(pub, 50.0, probe_interval_s=0.002, yield_cpu=False)
+    assert throttle._probe is not None
+    taken: list[tuple[float, float]] = []
+    take = throttle._probe.take
+    throttle._probe.take = lambda: (got := take(), taken.extend(got))[0]  # type: ignore[method-assign]
+    try:
+        pub.publish_dump(manifest, 0)
+    finally:
+        throttle.close()
+    before = [at for at, _ in taken if at < writes[0]]
+    assert len(before) >= budget_module.BASELINE_PROBES  # the noise before the first write
+    assert len(marks) > 2
+    got = store.read(T, keys)
+    np.testing.assert_array_equal(got.embedding, data.embedding)
+    assert set(got.versions.tolist()) == {make_version(1, 2)}
+    store.close()
+
+
 def test_a_budget_on_sqlite_warns_of_no_server_stall(tmp_path, caplog):
     root, _, _ = _dump(tmp_path, 10)
     store = open_store(f"sqlite:///{tmp_path}/s.db", run="r")

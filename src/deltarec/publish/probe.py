@@ -38,6 +38,8 @@ KEYS = 256
 """Keys sampled from the serving name at a time."""
 RESAMPLE_S = 1.0
 """Seconds between two samples of keys (new rows land while the probe runs)."""
+RESAMPLE = 2
+"""The parent's request for a sample of keys now (in the child's ``empty`` flag)."""
 NAME_BYTES = 1024
 """Room for a serving name given later (:meth:`Probe.aim`)."""
 
@@ -129,7 +131,13 @@ def _sql_sample(query: Callable[[str, tuple[Any, ...]], list[Any]], name: str) -
 
 
 def _probe_main(
-    target: ProbeTarget, interval_s: float, ring: Any, count: Any, stop: Any, aimed: Any
+    target: ProbeTarget,
+    interval_s: float,
+    ring: Any,
+    count: Any,
+    stop: Any,
+    aimed: Any,
+    empty: Any,
 ) -> None:
     """The child: read a key every ``interval_s`` and record each (start, latency), until ``stop``.
 
@@ -147,10 +155,11 @@ def _probe_main(
     sampled = -RESAMPLE_S
     n = 0
     while not stop.is_set():
-        if time.monotonic() - sampled >= RESAMPLE_S:
+        if time.monotonic() - sampled >= RESAMPLE_S or empty.value == RESAMPLE:
             with contextlib.suppress(Exception):  # not provisioned yet: try again later
                 keys = sample() or keys
             sampled = time.monotonic()
+            empty.value = 0 if keys else 1
         if keys:
             key = random.choice(keys)
             at = time.monotonic()
@@ -178,10 +187,19 @@ class Probe:
         self._count = ctx.Value("q", 0, lock=False)
         self._stop = ctx.Event()
         self._aimed = ctx.Array("c", NAME_BYTES, lock=False)  # the name, when given later
+        self._empty = ctx.Value("b", 0, lock=False)  # 1: the name held no key when sampled
         self._read = 0
         self._process = ctx.Process(
             target=_probe_main,
-            args=(target, interval_s, self._ring, self._count, self._stop, self._aimed),
+            args=(
+                target,
+                interval_s,
+                self._ring,
+                self._count,
+                self._stop,
+                self._aimed,
+                self._empty,
+            ),
             name="deltarec-probe",
             daemon=True,
         )
@@ -199,11 +217,20 @@ class Probe:
             raise ValueError(f"probe: a serving name of 1 to {NAME_BYTES - 1} bytes, got {name!r}")
         self._aimed.value = raw
 
-    def wait_first(self, timeout_s: float, count: int = 1) -> bool:
-        """Wait until ``count`` probe reads are timed (or ``timeout_s``); whether they were."""
+    def resample(self) -> None:
+        """Have the child sample the name's keys now (rows were written where none were)."""
+        self._empty.value = RESAMPLE
+
+    def wait_first(self, timeout_s: float, count: int = 1, if_empty: bool = False) -> bool:
+        """Wait until ``count`` probe reads are timed (or ``timeout_s``); whether they were.
+
+        Unless ``if_empty``, gives up at once if the name held no key when last sampled
+        (nothing to read yet).
+        """
         deadline = time.monotonic() + timeout_s
         while self._count.value < count and self._process.is_alive():
-            if time.monotonic() > deadline:
+            empty = self._empty.value == 1 and not self._count.value and not if_empty
+            if time.monotonic() > deadline or empty:
                 return False
             time.sleep(0.01)
         return self._count.value >= count
