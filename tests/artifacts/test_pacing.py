@@ -150,10 +150,12 @@ def test_a_part_written_a_row_group_at_a_time_is_one_write_of_the_whole_part(tmp
 def test_a_paced_compaction_killed_asleep_leaves_the_previous_base_and_a_rerun_completes(tmp_path):
     h, info = _history(tmp_path)
     compact(h.root, RUN, info.generation, 2, part_rows=70)  # the previous state: a base at 2
+    # at a 3% share the first part lands after ~2 s and the rest takes ~5 s more of pauses: room
+    # enough to kill it asleep without a run that mostly waits for its first part
     program = (
         "import sys; from deltarec.artifacts import ArtifactRoot, pacing\n"
         "from deltarec.artifacts.compact import compact\n"
-        "with pacing.paced(0.01):\n"
+        "with pacing.paced(0.03):\n"
         f"    compact(ArtifactRoot(sys.argv[1]), {RUN!r}, {info.generation}, 4, part_rows=20)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", program, h.root.uri])
