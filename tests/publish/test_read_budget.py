@@ -149,6 +149,19 @@ def test_over_the_target_a_blocking_stores_units_shrink_before_any_pause():
     assert pause > 0.0 and policy.duty > 0.0
 
 
+def test_reads_far_slower_than_a_unit_pause_the_writes_and_keep_the_units():
+    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
+    judge = budget_module.JUDGE
+    held = 15000 * 2e-6  # 2 us a row: units of 0.9 ms at most
+    # most reads 0.2 ms, a tail of 20 ms: no unit of 0.9 ms makes a read wait that long
+    slow_tail = [0.0002] * (judge - 4) + [0.02] * 4
+    for _ in range(4):
+        pause = policy.step(15000, 15000 * UNIT, 0.1, slow_tail, held_s=held)
+    assert pause > 0.0 and policy.duty > 0.0
+    full = int(budget_module.UNIT_SHARE * (0.002 - 0.0002) / 2e-6)  # the share, less a read
+    assert policy.share == budget_module.UNIT_SHARE and policy.unit_rows == full
+
+
 def test_under_the_target_the_pauses_go_first_then_the_units_grow_back():
     policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
     judge = budget_module.JUDGE

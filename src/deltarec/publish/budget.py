@@ -32,8 +32,13 @@ pipeline's ``read_p99_ms``) the publisher
    waits for what is left of it, so the readers' p99 follows the unit's length, and pausing
    between units, which only makes fewer reads wait as long, barely moves it while it costs
    the publish its rate (bench/results/readers.md run 17, before this rule: 2.3-3.6 s of
-   pauses in a 14 s publish, the rate 0.43x of an unthrottled one). Only units at their floor (the
-   share at :data:`MIN_UNIT_SHARE` or :data:`MIN_UNIT_ROWS` rows) pause. Under
+   pauses in a 14 s publish, the rate 0.43x of an unthrottled one). They shrink only while
+   they can explain the excess (the p99 within :data:`EXPLAINS` units' time of the probes'
+   median); reads slower than that wait for something else (on 2 cores, for a CPU), which
+   smaller units only make worse by their own cost: there the units grow back and the
+   pauses rise as before (run 19: units at their floor and full pauses gave 0.25x). Only
+   units at their floor (the share at :data:`MIN_UNIT_SHARE` or :data:`MIN_UNIT_ROWS` rows),
+   or units that cannot explain the excess, pause. Under
    :data:`SLACK` of the target the duty falls first, then the share grows back (to
    :data:`UNIT_SHARE` at most). A store with
    units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
@@ -114,6 +119,9 @@ UNIT_SHARE = 0.5
 """The share of the budget (less a read's own time) one server-side unit may take at most."""
 MIN_UNIT_SHARE = UNIT_SHARE / 8
 """The least share: below it a unit's own cost (a script call) outweighs its rows'."""
+EXPLAINS = 3.0
+"""Units of this many times a unit's server time, above the probes' median, are what a
+p99 over the target can owe to the units (:meth:`ReadBudget._units_explain`)."""
 MIN_UNIT_ROWS = 8
 """The fewest rows of a unit (or a blocking store's transaction): the publish always moves on."""
 MAX_UNIT_ROWS = 1000
@@ -243,10 +251,13 @@ class ReadBudget:
         target = self.target_s()
         ratio = min(p99, fresh) / target
         if ratio > 1:
-            if self._units_can_shrink():
+            explained = self._units_explain(min(p99, fresh))
+            if explained and self._units_can_shrink():
                 self.share = max(MIN_UNIT_SHARE, self.share / min(MAX_STEP, ratio))
             else:
                 self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
+                if self.blocking and not explained:  # smaller units would only cost
+                    self.share = min(UNIT_SHARE, self.share * MAX_STEP)
         elif p99 < SLACK * target:
             if self.duty > 0:
                 self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
@@ -254,6 +265,22 @@ class ReadBudget:
                     self.duty = 0.0
             elif self.blocking:
                 self.share = min(UNIT_SHARE, self.share * min(MAX_STEP, SLACK * target / p99))
+
+    def _units_explain(self, p99: float) -> bool:
+        """Whether the units' length can explain a p99 of ``p99`` (module doc, 4).
+
+        A read waits for what is left of the unit in flight (and the append of its rows to
+        the server's file after it): what a unit adds is within :data:`EXPLAINS` units'
+        time. Reads slower than that above the probes' median wait for something else (on
+        2 cores, for a CPU: bench/results/readers.md runs 15 and 19).
+        """
+        if not self.blocking or not self._per_row:
+            return False
+        rows = self.unit_rows if self.unit_rows is not None else self.bytes / self._row_bytes
+        unit_s = rows * statistics.median(self._per_row)
+        probes = list(self._during) + list(self._quiet)
+        own = statistics.median(probes) if probes else 0.0
+        return p99 - own <= EXPLAINS * unit_s
 
     def _units_can_shrink(self) -> bool:
         """Whether a blocking store's units are above their floor (module doc, 4)."""
