@@ -282,6 +282,27 @@ def test_where_serving_holds_rows_the_noise_is_measured_before_the_first_write(t
     store.close()
 
 
+def test_the_redis_probe_samples_few_keys_at_a_time(redis_server):
+    import redis
+
+    from deltarec.publish import probe as probe_module
+
+    name = f"budget{next(_PREFIXES)}:keys"
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    client.hset(name, mapping={str(k): b"x" for k in range(2000)})
+    try:
+        target = probe_module.ProbeTarget(
+            "redis", {"host": "127.0.0.1", "port": redis_server.port}, name
+        )
+        read, sample = probe_module._reader(target)
+        keys = sample()
+        assert 0 < len(keys) <= probe_module.REDIS_KEYS < 64  # HRANDFIELD runs alone: kept short
+        assert set(keys) <= set(range(2000)) and read(keys[0]) == b"x"
+    finally:
+        client.delete(name)
+        client.close()
+
+
 def test_a_budget_on_sqlite_warns_of_no_server_stall(tmp_path, caplog):
     root, _, _ = _dump(tmp_path, 10)
     store = open_store(f"sqlite:///{tmp_path}/s.db", run="r")

@@ -10,8 +10,8 @@ and its latency to a shared ring the publisher reads (:meth:`Probe.take`): the p
 the reads made while it wrote from those made while it did not.
 
 The keys probed are sampled from the serving name itself, again every second (Redis:
-``HRANDFIELD``; SQL: a run of keys from a random place in the key range), so the probe reads rows
-that exist, spread over the table, as serving does.
+``HRANDFIELD`` of :data:`REDIS_KEYS`; SQL: a run of :data:`KEYS` keys from a random place in the
+key range), so the probe reads rows that exist, spread over the table, as serving does.
 
 The process can be started before the name is known (:func:`probe_target` without a table) and
 aimed later (:meth:`Probe.aim`): its start (a new interpreter, its imports and connection,
@@ -35,7 +35,12 @@ from deltarec.stores.naming import quote, view_name
 RING = 4096
 """Reads the ring holds; the publisher reads them far more often than it fills."""
 KEYS = 256
-"""Keys sampled from the serving name at a time."""
+"""Keys sampled from a SQL serving name at a time (one range of the key index)."""
+REDIS_KEYS = 16
+"""Keys sampled from a Redis serving name at a time. ``HRANDFIELD`` picks each at random and
+the server runs it alone, every reader waiting: 256 a second were the slowest commands of the
+server's slowlog during budgeted publishes on 2 cores (5-11 ms; bench/results/readers.md run
+20), the probe's own stall of the readers it is there to protect."""
 RESAMPLE_S = 1.0
 """Seconds between two samples of keys (new rows land while the probe runs)."""
 RESAMPLE = 2
@@ -114,7 +119,7 @@ def _reader(target: ProbeTarget) -> Reader:
     client = redis.Redis(password=env_password("REDIS_PASSWORD"), **target.connect)
 
     def sample() -> list[int]:
-        fields: Any = client.hrandfield(name, KEYS) or []
+        fields: Any = client.hrandfield(name, REDIS_KEYS) or []
         return [int(f) for f in fields]
 
     return lambda key: client.hget(name, str(key)), sample
