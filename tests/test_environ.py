@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -9,21 +10,10 @@ import time
 
 import pytest
 
-from deltarec.environ import ONE_BLAS_THREAD, environ_default, one_blas_thread
+from deltarec.environ import ONE_BLAS_THREAD, call_with_one_blas_thread, one_blas_thread
 from deltarec.publish.probe import Probe, ProbeTarget
 
 NAME, ONE = ONE_BLAS_THREAD
-
-
-def _environ_of(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        pairs = [p.split(b"=", 1) for p in f.read().split(b"\0") if b"=" in p]
-    return {k.decode(): v.decode() for k, v in pairs}
-
-
-def _cmdline(pid: int) -> bytes:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read()
 
 
 def _env_without_blas() -> dict[str, str]:
@@ -61,30 +51,45 @@ def test_once_numpy_is_imported_nothing_is_set(monkeypatch):
     assert one_blas_thread() is False and NAME not in os.environ
 
 
-def test_a_default_leaves_a_set_variable_and_undoes_its_own(monkeypatch):
+def test_a_spawned_child_sets_one_blas_thread_itself_and_this_process_is_unchanged(monkeypatch):
     monkeypatch.delenv(NAME, raising=False)
-    with environ_default(NAME, ONE):
-        assert os.environ[NAME] == ONE
-    assert NAME not in os.environ
-    monkeypatch.setenv(NAME, "4")
-    with environ_default(NAME, ONE):
-        assert os.environ[NAME] == "4"
-    assert os.environ[NAME] == "4"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(call_with_one_blas_thread, ("os", "getenv", NAME))
+    assert got == ONE and NAME not in os.environ
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="Linux /proc only")
-def test_the_read_probe_process_starts_with_one_blas_thread_and_this_process_is_unchanged(
-    tmp_path, monkeypatch
-):
+def _threads_named_like_the_main_one(pid: int) -> int:
+    tasks = os.listdir(f"/proc/{pid}/task")
+    names = []
+    for t in tasks:
+        with open(f"/proc/{pid}/task/{t}/comm") as f:
+            names.append(f.read().strip())
+    with open(f"/proc/{pid}/comm") as f:
+        main = f.read().strip()
+    return names.count(main)
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/task") or (os.cpu_count() or 1) < 2,
+    reason="Linux /proc, and OpenBLAS starts no thread of its own on one core",
+)
+def test_the_read_probe_process_runs_without_numpys_thread_pool(tmp_path, monkeypatch):
     monkeypatch.delenv(NAME, raising=False)
     probe = Probe(ProbeTarget("sqlite", {"path": str(tmp_path / "none.db")}, "nothing"), 0.05)
     try:
         pid = probe._process.pid
         assert pid is not None
-        deadline = time.monotonic() + 30
-        while b"spawn_main" not in _cmdline(pid) and time.monotonic() < deadline:
-            time.sleep(0.01)  # until the child runs its own program (its own environment)
-        assert probe.alive() and _environ_of(pid).get(NAME) == ONE
+        deadline = time.monotonic() + 60
+        while not _has_sqlite(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it connects: its imports (numpy's among them) are done
+        assert probe.alive()
+        assert _threads_named_like_the_main_one(pid) == 1  # no OpenBLAS workers beside it
     finally:
         probe.close()
     assert NAME not in os.environ
+
+
+def _has_sqlite(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return "sqlite" in f.read()

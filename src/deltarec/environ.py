@@ -13,11 +13,17 @@ the first 0.1-0.2 s of ``deltarec publish``; bench/results/readers.md run 17):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Iterator
 
-__all__ = ["ONE_BLAS_THREAD", "environ_default", "environ_set", "one_blas_thread"]
+__all__ = [
+    "ONE_BLAS_THREAD",
+    "call_with_one_blas_thread",
+    "environ_set",
+    "one_blas_thread",
+]
 
 ONE_BLAS_THREAD = ("OPENBLAS_NUM_THREADS", "1")
 """numpy's OpenBLAS with one thread (see the module doc)."""
@@ -41,16 +47,6 @@ def environ_set(name: str, value: str) -> Iterator[None]:
             os.environ[name] = before
 
 
-@contextlib.contextmanager
-def environ_default(name: str, value: str) -> Iterator[None]:
-    """:func:`environ_set`, where ``name`` is not set already (a user's setting wins)."""
-    if name in os.environ:
-        yield
-        return
-    with environ_set(name, value):
-        yield
-
-
 def one_blas_thread() -> bool:
     """Keep numpy's OpenBLAS to one thread in this process, if numpy is not imported yet.
 
@@ -62,3 +58,18 @@ def one_blas_thread() -> bool:
         return False
     os.environ[name] = value
     return True
+
+
+def call_with_one_blas_thread(module: str, function: str, *args: object) -> object:
+    """``module.function(*args)``, numpy's OpenBLAS kept to one thread first.
+
+    The entry of a child process (``multiprocessing``'s spawn) whose own imports bring numpy
+    in: the variable is set in the child, before those imports, so no other process's
+    environment changes and no thread of the parent (a trainer's) races with a change of its
+    own. ``args`` must not import numpy when unpickled (plain values, shared ctypes): they
+    are unpickled before this runs. Nor must the parent's main module, which spawn imports
+    again in the child first: a training script that imports numpy at its top keeps the
+    pool in the child as well.
+    """
+    one_blas_thread()
+    return getattr(importlib.import_module(module), function)(*args)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from deltarec.environ import ONE_BLAS_THREAD, environ_default
+from deltarec.environ import call_with_one_blas_thread
 from deltarec.stores.base import Store
 from deltarec.stores.naming import quote, view_name
 
@@ -136,7 +136,7 @@ def _sql_sample(query: Callable[[str, tuple[Any, ...]], list[Any]], name: str) -
 
 
 def _probe_main(
-    target: ProbeTarget,
+    where: tuple[str, dict[str, Any], str],
     interval_s: float,
     ring: Any,
     count: Any,
@@ -146,16 +146,18 @@ def _probe_main(
 ) -> None:
     """The child: read a key every ``interval_s`` and record each (start, latency), until ``stop``.
 
-    The keys are sampled again every :data:`RESAMPLE_S` (none yet: nothing is timed). Until
-    the name is given (``aimed``, when the target came without one) nothing is read.
+    ``where``: the :class:`ProbeTarget`'s fields (plain values: the child unpickles them
+    before its numpy is set to one thread). The keys are sampled again every
+    :data:`RESAMPLE_S` (none yet: nothing is timed). Until the name is given (``aimed``,
+    when the target came without one) nothing is read.
     """
-    name = target.name
+    kind, connect, name = where
     while not name and not stop.is_set():
         stop.wait(interval_s)
         name = aimed.value.decode()
     if stop.is_set():
         return
-    read, sample = _reader(ProbeTarget(target.kind, target.connect, name))
+    read, sample = _reader(ProbeTarget(kind, connect, name))
     keys: list[int] = []
     sampled = -RESAMPLE_S
     n = 0
@@ -195,9 +197,11 @@ class Probe:
         self._empty = ctx.Value("b", 0, lock=False)  # 1: the name held no key when sampled
         self._read = 0
         self._process = ctx.Process(
-            target=_probe_main,
+            target=call_with_one_blas_thread,  # no burst of numpy's threads as it starts
             args=(
-                target,
+                __name__,
+                _probe_main.__name__,
+                (target.kind, target.connect, target.name),
                 interval_s,
                 self._ring,
                 self._count,
@@ -208,8 +212,7 @@ class Probe:
             name="deltarec-probe",
             daemon=True,
         )
-        with environ_default(*ONE_BLAS_THREAD):  # no burst of numpy's threads as it starts
-            self._process.start()
+        self._process.start()
 
     def aim(self, name: str) -> None:
         """Give the serving name to read, where the target came without one (once).
