@@ -5,8 +5,9 @@ numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins
 of 16 cores that is 15 threads busy at once). deltarec does no linear algebra in numpy, so
 where a process of its own starts beside a store's server and its readers (a ``deltarec``
 command, the read-latency probe) that burst only takes cores from the readers waking in it
-(on a 16-core host, reads of 4-7 ms against an idle p99 of 0.5 ms, all clients at once, in
-the first 0.1-0.2 s of ``deltarec publish``; bench/results/readers.md run 17):
+(the likely cause of reads of 4-7 ms against an idle p99 of 0.5 ms, all clients at once, in
+the first 0.1-0.2 s of ``deltarec publish`` on a 16-core host; bench/results/readers.md
+run 17):
 :data:`ONE_BLAS_THREAD` keeps that pool to one thread, unless the variable is set already.
 """
 
