@@ -266,6 +266,11 @@ class ReadBudget:
             elif self.blocking:
                 self.share = min(UNIT_SHARE, self.share * min(MAX_STEP, SLACK * target / p99))
 
+    def _read_s(self) -> float:
+        """A read's own time: the median of the probes in the windows (0 before any)."""
+        probes = list(self._during) + list(self._quiet)
+        return statistics.median(probes) if probes else 0.0
+
     def _units_explain(self, p99: float) -> bool:
         """Whether the units' length can explain a p99 of ``p99`` (module doc, 4).
 
@@ -278,8 +283,7 @@ class ReadBudget:
             return False
         rows = self.unit_rows if self.unit_rows is not None else self.bytes / self._row_bytes
         unit_s = rows * statistics.median(self._per_row)
-        probes = list(self._during) + list(self._quiet)
-        own = statistics.median(probes) if probes else 0.0
+        own = self._read_s()
         return p99 - own <= EXPLAINS * unit_s
 
     def _units_can_shrink(self) -> bool:
@@ -298,8 +302,7 @@ class ReadBudget:
         """
         if not self._per_row:
             return
-        probes = list(self._during) + list(self._quiet)
-        own = statistics.median(probes) if probes else 0.0
+        own = self._read_s()
         allowed = self.share * max(0.2 * self.p99_s, self.p99_s - own)
         rows = int(allowed / max(1e-9, statistics.median(self._per_row)))
         rows = max(MIN_UNIT_ROWS, min(MAX_UNIT_ROWS, rows))
@@ -374,7 +377,6 @@ class Throttle:
             self._units,
         )
         self.report = BudgetReport(read_p99_ms)
-        self.probe_interval_s = probe_interval_s
         self._probe: Probe | None = None
         self._probed = False
         self._baseline_pending = False
