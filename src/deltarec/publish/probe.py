@@ -148,8 +148,10 @@ def _probe_main(
 
     ``where``: the :class:`ProbeTarget`'s fields (plain values: the child unpickles them
     before its numpy is set to one thread). The keys are sampled again every
-    :data:`RESAMPLE_S` (none yet: nothing is timed). Until the name is given (``aimed``,
-    when the target came without one) nothing is read.
+    :data:`RESAMPLE_S` (none yet: nothing is timed), or at once when the parent writes
+    :data:`RESAMPLE` into ``empty``, where the child leaves 1 after a sample that found no
+    key and 0 otherwise. Until the name is given (``aimed``, when the target came without
+    one) nothing is read.
     """
     kind, connect, name = where
     while not name and not stop.is_set():
