@@ -440,7 +440,13 @@ def _line(name: str, r: dict[str, Any]) -> str:
         s = ph[p]
         return f"{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}/{s.get('max_ms', '-')}"
 
-    held = (r["budget"] or {}).get("held_back_s", "-")
+    b = r["budget"] or {}
+    held = b.get("held_back_s", "-")
+    if "writing_s" in b:  # where the budgeted publish's time went
+        held = (
+            f"{held} writing {b['writing_s']} ({b['transactions']} txns, units "
+            f"{b.get('smallest_unit_rows')}/{b.get('last_unit_rows')})"
+        )
     server = " ".join(f"{k} {v}" for k, v in r.get("server_during", {}).items())
     return (
         f"{name:22s} before {f('before'):>20s}  during {f('during'):>22s}  after "

@@ -318,11 +318,15 @@ class BudgetReport:
     """What the budget did over a publish (``deltarec publish --json``'s ``budget``).
 
     ``probe_*``: every probe read; ``noise_p99_ms``: those made while nothing was written;
-    ``target_p99_ms``: what the writes were held to at the end (module doc, 2).
+    ``target_p99_ms``: what the writes were held to at the end (module doc, 2);
+    ``writing_s``: the transactions' own time (from the store's apply to the commit), over
+    ``transactions``: with ``held_back_s``, where a throttled publish's time went.
     """
 
     read_p99_ms: float
     held_back_s: float = 0.0
+    writing_s: float = 0.0
+    transactions: int = 0
     probes: int = 0
     probe_p50_ms: float | None = None
     probe_p99_ms: float | None = None
@@ -446,6 +450,8 @@ class Throttle:
         unit = codec.row_bytes(spec.dtype, spec.dim) + ROW_OVERHEAD
         held = getattr(self.publisher.store, "last_write_held_s", None)
         pause = self.policy.step(n, n * unit, write_s, during, quiet, held)
+        self.report.writing_s += write_s
+        self.report.transactions += 1
         self._apply_sizes()
         metrics = self.publisher.metrics
         window = self.policy.window_p99_s()
@@ -530,6 +536,7 @@ class Throttle:
         r.smallest_unit_rows = self.policy.smallest_unit
         r.last_unit_rows = self.policy.unit_rows
         r.held_back_s = round(r.held_back_s, 3)
+        r.writing_s = round(r.writing_s, 3)
         return r
 
     def __enter__(self) -> Throttle:
