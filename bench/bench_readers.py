@@ -235,10 +235,44 @@ def _publish(
     return dict(json.loads(done.stdout))
 
 
+_PG_COUNTERS = {
+    # the server's own work that can hold every reader: checkpoints, the buffers they and the
+    # backends wrote, the WAL (its buffers full: a backend writing WAL itself), autovacuum
+    "pg_stat_bgwriter": "*",
+    "pg_stat_checkpointer": "*",  # PostgreSQL 17 moved the checkpoints' counters here
+    "pg_stat_wal": "wal_records, wal_fpi, wal_bytes, wal_buffers_full",
+}
+
+
+def _pg_stats(target: dict[str, Any]) -> dict[str, int]:
+    import psycopg
+
+    out: dict[str, int] = {}
+    with psycopg.connect(target["url"], autocommit=True) as conn:
+        for view, cols in _PG_COUNTERS.items():
+            try:
+                cur = conn.execute(f"SELECT {cols} FROM {view}")
+            except psycopg.errors.UndefinedTable:
+                continue
+            row = cur.fetchone()
+            names = [d.name for d in cur.description or []]
+            for name, value in zip(names, row or (), strict=True):
+                if isinstance(value, (int, float)) or type(value).__name__ == "Decimal":
+                    out[name] = int(value)
+        row = conn.execute(
+            "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables"
+        ).fetchone()
+        out["autovacuum_runs"] = int(row[0]) if row else 0
+    return out
+
+
 def server_stats(kind: str, target: dict[str, Any]) -> dict[str, int]:
-    """Redis's own stalls, which no budget can avoid: forks (the append-only file's rewrite
-    copies the page tables of the whole data set) and writes of the file delayed by its fsync.
+    """The server's own stalls, which no budget can avoid. Redis: forks (the append-only
+    file's rewrite copies the page tables of the whole data set) and writes of the file
+    delayed by its fsync; PostgreSQL: checkpoints, buffers written, WAL, autovacuum.
     """
+    if kind == "postgres":
+        return _pg_stats(target)
     if kind != "redis":
         return {}
     import redis
@@ -443,11 +477,12 @@ def _line(name: str, r: dict[str, Any]) -> str:
     b = r["budget"] or {}
     held = b.get("held_back_s", "-")
     if "writing_s" in b:  # where the budgeted publish's time went
-        held = (
-            f"{held} writing {b['writing_s']} ({b['transactions']} txns, units "
-            f"{b.get('smallest_unit_rows')}/{b.get('last_unit_rows')})"
-        )
-    server = " ".join(f"{k} {v}" for k, v in r.get("server_during", {}).items())
+        units = b.get("smallest_unit_rows")
+        units = "" if units is None else f", units {units}/{b.get('last_unit_rows')}"
+        held = f"{held} writing {b['writing_s']} ({b['transactions']} txns{units})"
+    during = r.get("server_during", {})
+    many = len(during) > 4  # PostgreSQL's counters: those that moved
+    server = " ".join(f"{k} {v}" for k, v in during.items() if v or not many)
     return (
         f"{name:22s} before {f('before'):>20s}  during {f('during'):>22s}  after "
         f"{f('after'):>20s}  longest {r['longest_read_ms']:.2f} ms (during the publish "
