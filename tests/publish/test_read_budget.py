@@ -143,21 +143,42 @@ def test_over_the_target_a_blocking_stores_units_shrink_before_any_pause():
     assert pause == 0.0 and policy.duty == 0.0
     assert policy.share == pytest.approx(budget_module.UNIT_SHARE / 1.5)
     assert policy.unit_rows is not None and policy.unit_rows < full  # shorter units
-    for _ in range(8):  # far over: the share falls to its floor, then the pauses begin
+    for _ in range(8):  # far over: the share falls to its floor
         pause = policy.step(15000, 15000 * UNIT, 0.1, [0.1] * judge, held_s=held)
     assert policy.share == budget_module.MIN_UNIT_SHARE
-    assert pause > 0.0 and policy.duty > 0.0
+    # every read during the writes is slow: no pause the publisher makes dilutes them to a p99
+    assert pause == 0.0 and policy.duty == 0.0 and policy.futile > 0
+
+
+def _one_slow_in(n: int, slow: float) -> list[float]:
+    return [0.0002] * (n - 1) + [slow]
+
+
+def test_units_at_their_floor_pause_as_long_as_dilutes_the_slow_reads_to_a_p99():
+    policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
+    judge = budget_module.JUDGE
+    held = 15000 * 1e-3  # a slow server, 1 ms a row: units of the fewest rows, 8 ms
+    for _ in range(4):  # 1 read in 64 at 10 ms: what such a unit makes a read wait
+        pause = policy.step(15000, 15000 * UNIT, 0.1, _one_slow_in(judge, 0.01), held_s=held)
+    assert policy.unit_rows == MIN_UNIT_ROWS
+    # 1/64 of the writes' reads slow: a pause of 0.5625 of each write leaves 1 % of all
+    assert policy.duty == pytest.approx(100 / judge - 1)
+    assert pause == pytest.approx(policy.duty * 0.1)
+    assert policy.futile == 0
+    two = [0.0002] * (judge - 2) + [0.01, 0.01]  # 1/32: it would take 2.1 times the write
+    for _ in range(4):
+        pause = policy.step(15000, 15000 * UNIT, 0.1, two, held_s=held)
+    assert pause == 0.0 and policy.duty == 0.0 and policy.futile > 0
 
 
 def test_reads_far_slower_than_a_unit_pause_the_writes_and_keep_the_units():
     policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
     judge = budget_module.JUDGE
     held = 15000 * 2e-6  # 2 us a row: units of 0.9 ms at most
-    # most reads 0.2 ms, a tail of 20 ms: no unit of 0.9 ms makes a read wait that long
-    slow_tail = [0.0002] * (judge - 4) + [0.02] * 4
+    # most reads 0.2 ms, 1 in 64 at 20 ms: no unit of 0.9 ms makes a read wait that long
     for _ in range(4):
-        pause = policy.step(15000, 15000 * UNIT, 0.1, slow_tail, held_s=held)
-    assert pause > 0.0 and policy.duty > 0.0
+        pause = policy.step(15000, 15000 * UNIT, 0.1, _one_slow_in(judge, 0.02), held_s=held)
+    assert pause > 0.0 and policy.duty == pytest.approx(100 / judge - 1)
     full = int(budget_module.UNIT_SHARE * (0.002 - 0.0002) / 2e-6)  # the share, less a read
     assert policy.share == budget_module.UNIT_SHARE and policy.unit_rows == full
 
@@ -166,16 +187,14 @@ def test_under_the_target_the_pauses_go_first_then_the_units_grow_back():
     policy = ReadBudget(0.002, max_bytes=64 << 20, blocking=True, units=True)
     judge = budget_module.JUDGE
     held = 15000 * 2e-6
-    for _ in range(8):
-        policy.step(15000, 15000 * UNIT, 0.1, [0.1] * judge, held_s=held)
-    assert policy.duty > 0.0 and policy.share == budget_module.MIN_UNIT_SHARE
-    steps = 0
-    while policy.duty > 0.0:  # well under the target
-        policy.step(15000, 15000 * UNIT, 0.1, [0.0002] * judge, held_s=held)
-        steps += 1
-        assert policy.share == budget_module.MIN_UNIT_SHARE  # held while pausing
-    assert steps > 1
-    for _ in range(8):
+    policy.step(15000, 15000 * UNIT, 0.1, [], held_s=held)
+    policy.duty, policy.share = 0.5, budget_module.MIN_UNIT_SHARE  # as a slow spell left them
+    policy.step(15000, 15000 * UNIT, 0.1, [0.0017] * judge, held_s=held)  # within the target
+    # the writes' own reads are within it: nothing to dilute, the pause goes at once
+    assert policy.duty == 0.0 and policy.share == budget_module.MIN_UNIT_SHARE
+    policy.step(15000, 15000 * UNIT, 0.1, [0.0017] * judge, held_s=held)  # over 3/4 of it
+    assert policy.share == budget_module.MIN_UNIT_SHARE
+    for _ in range(8):  # well under the target
         policy.step(15000, 15000 * UNIT, 0.1, [0.0002] * judge, held_s=held)
     assert policy.duty == 0.0 and policy.share == budget_module.UNIT_SHARE
 
@@ -347,6 +366,38 @@ def test_a_slowed_redis_gets_small_units_probed_reads_and_loses_nothing(
     # the last write held the server (its scripts) at least for the slow point's waits
     rows = marks[-1].rows - marks[-2].rows
     assert store.last_write_held_s >= rows * STRIDE * 0.4 / 1e6
+    store.close()
+
+
+def test_an_unattainable_budget_on_redis_writes_on_in_the_least_units_without_pauses(
+    tmp_path, redis_server, monkeypatch, caplog
+):
+    monkeypatch.setenv(SLOW_ENV, "redis.exec:400")  # every unit holds the readers
+    root, manifest, data = _dump(tmp_path, 3000)
+    store = open_store(f"{redis_server.url}?prefix=budget{next(_PREFIXES)}:", run="r")
+    marks: list = []
+    pub = DumpPublisher(store, root, "r", after_batch=lambda mark, n: marks.append(mark))
+    monkeypatch.setattr(budget_module, "UNIT_TXN_BYTES", 16 << 10)  # many judgements
+    monkeypatch.setattr(budget_module, "JUDGE", 1)  # judged on every probe
+    monkeypatch.setattr(budget_module, "MIN_QUIET", 10**9)  # the target is the budget alone
+    pauses: list[float] = []
+    step = ReadBudget.step
+    monkeypatch.setattr(
+        ReadBudget, "step", lambda self, *a, **k: pauses.append(step(self, *a, **k)) or pauses[-1]
+    )
+    budget_ms = 0.001  # 1 us: no read is that fast
+    with (
+        caplog.at_level("WARNING", logger=budget_module.__name__),
+        Throttle(pub, budget_ms, yield_cpu=False) as throttle,
+    ):
+        pub.publish_generation(1)
+    report = throttle.close()
+    _check_everything_landed(store, manifest, data, marks)
+    assert report.futile_judgements > 0
+    assert report.smallest_unit_rows == MIN_UNIT_ROWS  # the units shrank as far as they go
+    assert len(pauses) == len(marks) and max(pauses) == 0.0  # no pause: every read is slow
+    (warning,) = [r for r in caplog.records if "too often for pauses" in r.getMessage()]
+    assert "writing on without pauses" in warning.getMessage()
     store.close()
 
 

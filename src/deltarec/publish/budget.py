@@ -20,7 +20,8 @@ pipeline's ``read_p99_ms``) the publisher
    raised in proportion to the excess (at most :data:`MAX_STEP` times a judgement, from
    :data:`MIN_DUTY` up to :data:`MAX_DUTY`, a pause at most :data:`MAX_PAUSE_S`); under
    :data:`SLACK` of it, lowers the duty in proportion (to nothing below :data:`MIN_DUTY`).
-   Into a store whose writes block its reads the units shrink first (below);
+   Into a store whose writes block its reads the units shrink first and the pauses only
+   dilute (below);
 4. into a store whose writes block its reads (``capabilities.writes_block_reads``: Redis)
    sizes what the server runs at once by the server's own time per row (the median of the
    last :data:`TIMED` writes, ``last_write_held_s`` over their rows where the store tells,
@@ -35,12 +36,18 @@ pipeline's ``read_p99_ms``) the publisher
    pauses in a 14 s publish, the rate 0.43x of an unthrottled one). They shrink only while
    they can explain the excess (the p99 within :data:`EXPLAINS` units' time of the probes'
    median); reads slower than that wait for something else (on 2 cores, for a CPU), which
-   smaller units only make worse by their own cost: there the units grow back and the
-   pauses rise as before (run 19: units at their floor and full pauses gave 0.25x). Only
-   units at their floor (the share at :data:`MIN_UNIT_SHARE` or :data:`MIN_UNIT_ROWS` rows),
-   or units that cannot explain the excess, pause. Under
-   :data:`SLACK` of the target the duty falls first, then the share grows back (to
-   :data:`UNIT_SHARE` at most). A store with
+   smaller units only make worse by their own cost: there the units grow back (run 19:
+   units at their floor and full pauses gave 0.25x). Only units at their floor (the share at
+   :data:`MIN_UNIT_SHARE` or :data:`MIN_UNIT_ROWS` rows), or units that cannot explain the
+   excess, pause, and only as long as **dilutes** the writes' slow reads to a p99: a pause
+   makes no read during a write faster, it only adds reads that nothing slows, so with a
+   fraction ``over`` of the writes' probes over the target the duty is ``over / 1% - 1``
+   (:meth:`ReadBudget._diluting_duty`), and none where that is more than :data:`FUTILE`
+   times :data:`MAX_DUTY` (no pause the publisher makes would bring the p99 within; on
+   2 cores the pauses of the rule before this one moved no p99 and cost a third of the rate,
+   bench/results/readers.md run 23). Once the writes' own p99 is within the target the
+   pause goes; under :data:`SLACK` of it the share grows back (to :data:`UNIT_SHARE` at
+   most). A store with
    units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
    interleave with, :mod:`deltarec.stores.redis.paced`) gets that many rows a unit and
    transactions of :data:`UNIT_TXN_BYTES`; any other gets transactions that small;
@@ -137,6 +144,9 @@ unattainable costs at most about half the publish rate (8 let it fall to 0.25 of
 loaded machine, bench/results/readers.md run 9)."""
 MAX_PAUSE_S = 0.5
 """The longest pause, whatever the transaction took."""
+FUTILE = 2.0
+"""Into a blocking store, pauses that would have to be this many times :data:`MAX_DUTY` to
+dilute the writes' slow reads to a p99 are not made (:meth:`ReadBudget._diluting_duty`)."""
 PROBE_START_S = 10.0
 """How long the first write after the probe started waits for its baseline at most."""
 TIMED = 16
@@ -183,6 +193,8 @@ class ReadBudget:
             self.bytes = min(self.max_bytes, START_BYTES)
         self.duty = 0.0
         self.share = UNIT_SHARE
+        self.futile = 0
+        """Judgements of a blocking store where no pause could dilute the slow reads enough."""
         self.last_p99_s: float | None = None
         self.smallest = self.bytes
         self.smallest_unit = self.unit_rows
@@ -250,21 +262,52 @@ class ReadBudget:
         self._fresh = 0
         target = self.target_s()
         ratio = min(p99, fresh) / target
-        if ratio > 1:
-            explained = self._units_explain(min(p99, fresh))
+        if self.blocking:
+            self._judge_blocking(p99, min(p99, fresh), target)
+        elif ratio > 1:
+            self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
+        elif p99 < SLACK * target and self.duty > 0:
+            self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
+            if self.duty < MIN_DUTY:
+                self.duty = 0.0
+
+    def _judge_blocking(self, p99: float, over: float, target: float) -> None:
+        """A blocking store's judgement (module doc, 4): units first, then pauses that dilute.
+
+        ``p99``: the window's; ``over``: the lower of it and the new probes' p99.
+        """
+        if over > target:
+            explained = self._units_explain(over)
             if explained and self._units_can_shrink():
-                self.share = max(MIN_UNIT_SHARE, self.share / min(MAX_STEP, ratio))
-            else:
-                self.duty = min(MAX_DUTY, max(MIN_DUTY, self.duty) * min(MAX_STEP, ratio))
-                if self.blocking and not explained:  # smaller units would only cost
-                    self.share = min(UNIT_SHARE, self.share * MAX_STEP)
+                self.share = max(MIN_UNIT_SHARE, self.share / min(MAX_STEP, over / target))
+                return
+            if not explained:  # smaller units would only cost
+                self.share = min(UNIT_SHARE, self.share * MAX_STEP)
+            self.duty = self._diluting_duty(target)
+        elif self.duty > 0:  # the writes' own reads are within the target: nothing to dilute
+            self.duty = 0.0
         elif p99 < SLACK * target:
-            if self.duty > 0:
-                self.duty *= max(1 / MAX_STEP, p99 / target / SLACK)
-                if self.duty < MIN_DUTY:
-                    self.duty = 0.0
-            elif self.blocking:
-                self.share = min(UNIT_SHARE, self.share * min(MAX_STEP, SLACK * target / p99))
+            self.share = min(UNIT_SHARE, self.share * min(MAX_STEP, SLACK * target / p99))
+
+    def _diluting_duty(self, target: float) -> float:
+        """The pause, as a fraction of the write, that dilutes the writes' slow reads to 1 %.
+
+        A pause between two writes of a blocking store makes no read of the writes faster; it
+        only adds reads that no write slows. With a fraction ``over`` of the probes made during
+        writes over the target, a duty ``d`` leaves ``over / (1 + d)`` of all reads over it:
+        within a p99 from ``d = over / 1 % - 1``. Where that is more than :data:`FUTILE` times
+        :data:`MAX_DUTY`, no pause the publisher makes brings the readers' p99 within the
+        target: it does not pause (on 2 cores the pauses moved no p99 and cost a third of the
+        rate: bench/results/readers.md run 23), and counts the judgement in :attr:`futile`.
+        """
+        over = sum(1 for x in self._during if x > target) / max(1, len(self._during))
+        needed = over / (1 - 0.99) - 1
+        if needed <= 0:
+            return 0.0
+        if needed > FUTILE * MAX_DUTY:
+            self.futile += 1
+            return 0.0
+        return min(MAX_DUTY, max(MIN_DUTY, needed))
 
     def _read_s(self) -> float:
         """A read's own time: the median of the probes in the windows (0 before any)."""
@@ -320,7 +363,9 @@ class BudgetReport:
     ``probe_*``: every probe read; ``noise_p99_ms``: those made while nothing was written;
     ``target_p99_ms``: what the writes were held to at the end (module doc, 2);
     ``writing_s``: the transactions' own time (from the store's apply to the commit), over
-    ``transactions``: with ``held_back_s``, where a throttled publish's time went.
+    ``transactions``: with ``held_back_s``, where a throttled publish's time went;
+    ``futile_judgements``: judgements over the target where no pause could have diluted the
+    writes' slow reads to a p99 (a blocking store's, :meth:`ReadBudget._diluting_duty`).
     """
 
     read_p99_ms: float
@@ -337,6 +382,7 @@ class BudgetReport:
     last_batch_bytes: int = 0
     smallest_unit_rows: int | None = None
     last_unit_rows: int | None = None
+    futile_judgements: int = 0
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
@@ -449,7 +495,18 @@ class Throttle:
         spec = self.publisher.generation_info(mark.generation).tables[mark.table]
         unit = codec.row_bytes(spec.dtype, spec.dim) + ROW_OVERHEAD
         held = getattr(self.publisher.store, "last_write_held_s", None)
+        futile = self.policy.futile
         pause = self.policy.step(n, n * unit, write_s, during, quiet, held)
+        if self.policy.futile and not futile:
+            log.warning(
+                "read budget: the reads during the writes into %s are over the target of "
+                "%.3f ms too often for pauses to dilute them (p99 %.3f ms); writing on without "
+                "pauses, in units of %s rows",
+                self.publisher.store.describe(),
+                self.policy.target_s() * 1000,
+                (self.policy.last_p99_s or 0.0) * 1000,
+                self.policy.unit_rows,
+            )
         self.report.writing_s += write_s
         self.report.transactions += 1
         self._apply_sizes()
@@ -534,6 +591,7 @@ class Throttle:
         r.smallest_batch_bytes = self.policy.smallest
         r.last_batch_bytes = self.policy.bytes
         r.smallest_unit_rows = self.policy.smallest_unit
+        r.futile_judgements = self.policy.futile
         r.last_unit_rows = self.policy.unit_rows
         r.held_back_s = round(r.held_back_s, 3)
         r.writing_s = round(r.writing_s, 3)
