@@ -44,8 +44,8 @@ pipeline's ``read_p99_ms``) the publisher
    fraction ``over`` of the writes' probes over the target the duty is ``over / 1% - 1``
    (:meth:`ReadBudget._diluting_duty`), and none where that is more than :data:`FUTILE`
    times :data:`MAX_DUTY` (no pause the publisher makes would bring the p99 within; on
-   2 cores the pauses of the rule before this one moved no p99 and cost a third of the rate,
-   bench/results/readers.md run 23). Once the writes' own p99 is within the target the
+   2 cores the pauses of the rule before this one moved no p99 and cost 35-45 % of the
+   rate, bench/results/readers.md run 23). Once the writes' own p99 is within the target the
    pause goes; under :data:`SLACK` of it the share grows back (to :data:`UNIT_SHARE` at
    most). A store with
    units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
@@ -271,15 +271,15 @@ class ReadBudget:
             if self.duty < MIN_DUTY:
                 self.duty = 0.0
 
-    def _judge_blocking(self, p99: float, over: float, target: float) -> None:
+    def _judge_blocking(self, p99: float, judged: float, target: float) -> None:
         """A blocking store's judgement (module doc, 4): units first, then pauses that dilute.
 
-        ``p99``: the window's; ``over``: the lower of it and the new probes' p99.
+        ``p99``: the window's; ``judged``: the lower of it and the new probes' p99.
         """
-        if over > target:
-            explained = self._units_explain(over)
+        if judged > target:
+            explained = self._units_explain(judged)
             if explained and self._units_can_shrink():
-                self.share = max(MIN_UNIT_SHARE, self.share / min(MAX_STEP, over / target))
+                self.share = max(MIN_UNIT_SHARE, self.share / min(MAX_STEP, judged / target))
                 return
             if not explained:  # smaller units would only cost
                 self.share = min(UNIT_SHARE, self.share * MAX_STEP)
@@ -297,7 +297,7 @@ class ReadBudget:
         writes over the target, a duty ``d`` leaves ``over / (1 + d)`` of all reads over it:
         within a p99 from ``d = over / 1 % - 1``. Where that is more than :data:`FUTILE` times
         :data:`MAX_DUTY`, no pause the publisher makes brings the readers' p99 within the
-        target: it does not pause (on 2 cores the pauses moved no p99 and cost a third of the
+        target: it does not pause (on 2 cores the pauses moved no p99 and cost 35-45 % of the
         rate: bench/results/readers.md run 23), and counts the judgement in :attr:`futile`.
         """
         over = sum(1 for x in self._during if x > target) / max(1, len(self._during))
