@@ -21,9 +21,9 @@ from deltarec.publish.budget import (
     ReadBudget,
     Throttle,
     check_budget,
-    held_back_s,
     throttled,
 )
+from deltarec.publish.budgetreport import held_back_s
 from deltarec.stores import open_store
 from deltarec.testing.dumps import new_generation, random_rows, write_dump
 

@@ -286,7 +286,7 @@ def verify_gate(
 
 def _add_held_back(outcome: VerifyOutcome, params: PipelineParams) -> None:
     """``publish_held_back_s``: what the trainer's read budget held back, where one ran."""
-    from deltarec.publish.budget import held_back_s
+    from deltarec.publish.budgetreport import held_back_s
 
     root = ArtifactRoot(params.artifact_root)
     held = held_back_s(root, outcome.run, outcome.generation)

@@ -20,13 +20,8 @@ from deltarec.artifacts import ArtifactRoot
 from deltarec.artifacts.shards import ShardRows
 from deltarec.artifacts.types import Manifest
 from deltarec.errors import DeltarecError, StoreError
-from deltarec.publish.budget import (
-    BudgetReport,
-    Throttle,
-    check_budget,
-    record_report,
-    throttled,
-)
+from deltarec.publish.budget import Throttle, check_budget, throttled
+from deltarec.publish.budgetreport import BudgetReport, record_report
 from deltarec.publish.metrics import PublishMetrics
 from deltarec.publish.publisher import DumpPublisher, PartResult
 from deltarec.publish.retry import RetryPolicy

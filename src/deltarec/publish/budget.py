@@ -59,7 +59,8 @@ pipeline's ``read_p99_ms``) the publisher
 6. counts the time it paused (:attr:`Throttle.held_back_s`, the metric
    ``deltarec_publish_held_back_seconds_total``) and the probes' last p99; the trainer's
    background publisher also leaves its report beside the generation
-   (:func:`record_report`), where verify's KFP metrics find it (:func:`held_back_s`);
+   (:func:`~deltarec.publish.budgetreport.record_report`), where verify's KFP metrics find it
+   (:func:`~deltarec.publish.budgetreport.held_back_s`);
 7. unless told not to (``yield_cpu``), puts the thread that publishes, and the threads it
    starts, at the lowest CPU priority (:mod:`deltarec.publish.yieldcpu`), the probe process
    started before it lowers (when the throttle attaches, aimed at the first table written).
@@ -73,18 +74,16 @@ are those of any publish.
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import posixpath
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deltarec.artifacts import ArtifactRoot, codec
+from deltarec.artifacts import codec
 from deltarec.errors import ConfigError
 from deltarec.publish import yieldcpu
+from deltarec.publish.budgetreport import BudgetReport
 from deltarec.publish.probe import Probe, probe_target
 from deltarec.stats import quantile
 from deltarec.stores.types import ProgressMark, Write
@@ -356,39 +355,6 @@ class ReadBudget:
             self.bytes = max(MIN_BYTES, min(self.max_bytes, nbytes))
 
 
-@dataclass
-class BudgetReport:
-    """What the budget did over a publish (``deltarec publish --json``'s ``budget``).
-
-    ``probe_*``: every probe read; ``noise_p99_ms``: those made while nothing was written;
-    ``target_p99_ms``: what the writes were held to at the end (module doc, 2);
-    ``writing_s``: the transactions' own time (from the store's apply to the commit), over
-    ``transactions``: with ``held_back_s``, where a throttled publish's time went;
-    ``futile_judgements``: judgements over the target where no pause could have diluted the
-    writes' slow reads to a p99 (a blocking store's, :meth:`ReadBudget._diluting_duty`).
-    """
-
-    read_p99_ms: float
-    held_back_s: float = 0.0
-    writing_s: float = 0.0
-    transactions: int = 0
-    probes: int = 0
-    probe_p50_ms: float | None = None
-    probe_p99_ms: float | None = None
-    probe_max_ms: float | None = None
-    noise_p99_ms: float | None = None
-    target_p99_ms: float | None = None
-    smallest_batch_bytes: int = 0
-    last_batch_bytes: int = 0
-    smallest_unit_rows: int | None = None
-    last_unit_rows: int | None = None
-    futile_judgements: int = 0
-
-    def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict."""
-        return dict(self.__dict__)
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
@@ -615,25 +581,3 @@ def throttled(
         return None
     assert read_p99_ms is not None
     return Throttle(publisher, read_p99_ms, yield_cpu=yield_cpu)
-
-
-def report_path(root: ArtifactRoot, run: str, generation: int, rank: int) -> str:
-    """Where a rank's background publisher leaves its budget's report: ``gen-<G>/budget/``."""
-    return posixpath.join(root.gen_dir(run, generation), "budget", f"rank-{rank}.json")
-
-
-def record_report(
-    root: ArtifactRoot, run: str, generation: int, rank: int, report: BudgetReport
-) -> None:
-    """Leave ``report`` beside ``generation`` for rank ``rank`` (replacing an earlier one)."""
-    path = report_path(root, run, generation, rank)
-    root.write_bytes_atomic(path, json.dumps(report.to_json(), indent=1).encode())
-
-
-def held_back_s(root: ArtifactRoot, run: str, generation: int) -> float | None:
-    """Seconds the ranks' publishers of ``generation`` held back in all; None: no budget ran."""
-    folder = posixpath.dirname(report_path(root, run, generation, 0))
-    if not root.exists(folder):
-        return None
-    names = [n for n in root.fs.ls(folder, detail=False) if str(n).endswith(".json")]
-    return sum(float(root.read_json(str(n))["held_back_s"]) for n in names)
