@@ -24,7 +24,8 @@ class BudgetReport:
     ``writing_s``: the transactions' own time (from the store's apply to the commit), over
     ``transactions``: with ``held_back_s``, where a throttled publish's time went;
     ``futile_judgements``: judgements over the target where no pause could have diluted the
-    writes' slow reads to a p99 (a blocking store's, :meth:`ReadBudget._diluting_duty`).
+    writes' slow reads to a p99 (a blocking store's,
+    :meth:`~deltarec.publish.budget.ReadBudget._diluting_duty`).
     """
 
     read_p99_ms: float
