@@ -509,10 +509,14 @@ def summary(kind: str, budget: float, runs: list[dict[str, Any]]) -> str:
         )
         p99 = max(r["phases"]["during"]["p99_ms"] for r in with_b)
         worst = max(r.get("longest_during_ms", r["longest_read_ms"]) for r in with_b)
+        # the same reads counted from when each was due: a client behind its schedule after
+        # a slow read counts its lateness (what a serving client at a fixed rate would see)
+        due = max(r["phases_from_due"]["during"]["p99_ms"] for r in with_b)
         lines.append(
             f"{kind} ({'yield-cpu' if yielding else 'no-yield-cpu'}, {len(with_b)} trials): "
             f"budget {budget} ms; with it p99 during {p99} ms ({p99 / budget:.2f}x the "
-            f"budget, target <= 1), worst read during {worst} ms ({worst / budget:.1f}x, "
+            f"budget, target <= 1; from when due {due} ms), worst read during {worst} ms "
+            f"({worst / budget:.1f}x, "
             f"target <= 4), "
             f"publish rate {rate:.2f}x of without (target >= 0.5)"
         )
