@@ -321,7 +321,7 @@ class ReadBudget:
         time. Reads slower than that above the probes' median wait for something else (on
         2 cores, for a CPU: bench/results/readers.md runs 15 and 19).
         """
-        if not self.blocking or not self._per_row:
+        if not self._per_row:
             return False
         rows = self.unit_rows if self.unit_rows is not None else self.bytes / self._row_bytes
         unit_s = rows * statistics.median(self._per_row)
@@ -330,7 +330,7 @@ class ReadBudget:
 
     def _units_can_shrink(self) -> bool:
         """Whether a blocking store's units are above their floor (module doc, 4)."""
-        if not self.blocking or not self._per_row or self.share <= MIN_UNIT_SHARE:
+        if not self._per_row or self.share <= MIN_UNIT_SHARE:
             return False
         if self.unit_rows is not None:
             return self.unit_rows > MIN_UNIT_ROWS
