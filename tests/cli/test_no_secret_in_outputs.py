@@ -84,9 +84,14 @@ def test_no_command_prints_writes_or_logs_a_planted_secret(stores, tmp_path):
     write_dump(root, info, 0, {T: {0: random_rows(range(50), TABLES[T])}}, kind=DumpKind.SNAPSHOT)
     at = ["--artifacts", root.uri, "--run", RUN]
     good = [*at, "--store", stores["url"]]
+    other = new_generation(root, f"{RUN}_budget", TABLES, world_size=1)  # a run of its own
+    write_dump(root, other, 0, {T: {0: random_rows(range(50), TABLES[T])}}, kind=DumpKind.SNAPSHOT)
+    budgeted = ["--artifacts", root.uri, "--run", f"{RUN}_budget", "--store", stores["url"]]
     runs = {
         "provision": (["-v", "provision", *good, "--json", str(out / "prov.json")], 0),
         "publish": (["-v", "publish", *good, "--json", str(out / "pub.json")], 0),
+        "publish under a read budget": (["-v", "publish", *budgeted, "--read-p99-ms", "0.001",
+                                         "--json", str(out / "pub-budget.json")], 0),
         "verify": (["-v", "verify", *good, "--all", "--json", str(out / "v.json"),
                     "--report", str(out / "v.html"), "--metrics", str(out / "m.json")], 0),
         "promote": (["-v", "promote", *good, "--generation", "1"], 0),
@@ -115,6 +120,7 @@ def test_no_command_prints_writes_or_logs_a_planted_secret(stores, tmp_path):
     assert '"ready": true' in served and not _leaks(served), served
     written = _files_text(out) + _files_text(Path(root.path))
     assert '"passed": true' in written and "postgres" in written  # records and results are there
+    assert '"held_back_s"' in written  # the budget's report is among them
     assert not _leaks(written)
 
 
