@@ -100,7 +100,7 @@ def test_rows_written_under_the_single_default_version_stay_the_first_runs(tmp_p
     url = _url(tmp_path)
     with open_store(url, run="old") as old:  # the view and a registered run, as before
         old.provision(SPEC)
-    side = open_store(f"sqlite:///{tmp_path}/reg.db?prefix=fsview_")
+    side = open_store(f"sqlite:///{tmp_path}/reg.db")  # the registry as the store opens it
     side.registry.register_generation("old", 1)
     side.close()
     client = feature_store_py.FeatureStoreClient(

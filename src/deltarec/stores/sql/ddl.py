@@ -51,6 +51,8 @@ REGISTRY_DDL = (
     """CREATE TABLE IF NOT EXISTS deltarec_store_id (
         one BIGINT PRIMARY KEY CHECK (one = 1), id TEXT NOT NULL,
         created_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS deltarec_prefix (
+        one BIGINT PRIMARY KEY CHECK (one = 1), prefix TEXT NOT NULL)""",
 )
 
 

@@ -115,6 +115,9 @@ class PostgresStore(RelationalStore):
         user = f"{c.user}@" if c.user else ""
         return f"postgresql://{user}{c.host}:{c.port}/{c.dbname}"
 
+    def _registry_place(self) -> str:
+        return f"schema {self.config.schema_name!r} of {self.describe()}"
+
     def place(self) -> str:
         """See :meth:`Store.place`: server, database, schema and prefix (no user)."""
         c = self.config

@@ -18,6 +18,9 @@ Registry tables (plain SQL, so operators can query them; times are unix seconds)
 * ``deltarec_freshness(run, generation, seq, rank, committed_at, visible_at)``.
 * ``deltarec_store_id(one, id, created_at)``: one row, the random id the store keeps in itself
   (:meth:`~deltarec.stores.base.Registry.store_uuid`), written by the first handle to open it.
+* ``deltarec_prefix(one, prefix)``: one row, the view prefix whose names the registry holds.
+  The registry is one per schema (SQLite: per file) and keys serving names by table, so a
+  handle of another prefix is refused at open (:meth:`_claim_prefix`).
 * ``deltarec_low_marks(name, version)``: per live view a version no row of it is below, so
   a snapshot's sweep of a view holding nothing older is no scan (see :meth:`_sweep`). Set at
   provision for a view created empty, lowered in every write's transaction that brings rows
@@ -231,6 +234,45 @@ class RelationalStore(RunViews, SqlRegistry, Store):
                 "ON CONFLICT (one) DO NOTHING",
                 (uuid.uuid4().hex, time.time()),
             )
+        self._claim_prefix(cur)
+
+    def _claim_prefix(self, cur: Any) -> None:
+        """Record the handle's view prefix in a new registry; refuse one of another prefix.
+
+        A registry written before ``deltarec_prefix`` existed is claimed only where each of its
+        serving names is the one this prefix gives its table.
+        """
+        query = "SELECT prefix FROM deltarec_prefix WHERE one = 1"
+        rows = self._rows(cur, query)
+        if not rows:
+            for table, name in self._rows(cur, "SELECT table_id, name FROM deltarec_serving_views"):
+                if view_names([str(table)], self.prefix)[str(table)] != name:
+                    raise self._prefix_error(f"serving name {name!r} of table {table!r}")
+            self._exec(
+                cur,
+                "INSERT INTO deltarec_prefix (one, prefix) VALUES (1, ?) "
+                "ON CONFLICT (one) DO NOTHING",
+                (self.prefix,),
+            )
+            rows = self._rows(cur, query)
+        if rows[0][0] != self.prefix:
+            raise self._prefix_error(f"views of prefix {rows[0][0]!r}")
+
+    def _prefix_error(self, held: str) -> BadInputError:
+        return BadInputError(
+            f"{self._registry_place()} holds the registry of the {held}, not of prefix "
+            f"{self.prefix!r}: the registry (which run serves each table, generations, marks) "
+            f"is one per {self._registry_unit}, so views of a second prefix beside them would "
+            f"serve, promote and roll back the same tables. Open it with the prefix it holds, "
+            f"or give the new prefix a {self._registry_unit} of its own"
+        )
+
+    _registry_unit = "schema"
+    """What holds one registry (dialect): ``schema`` (PostgreSQL), ``file`` (SQLite)."""
+
+    def _registry_place(self) -> str:
+        """The schema or file that holds the registry, for messages (dialect; no password)."""
+        return self.describe()
 
     def store_uuid(self) -> str | None:
         """See :meth:`Registry.store_uuid` (``deltarec_store_id``)."""

@@ -63,6 +63,7 @@ class SqliteStore(RelationalStore):
     kind = "sqlite"
     capabilities = dataclasses.replace(RelationalStore.capabilities, parts_together=True)
     _read_chunk = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
+    _registry_unit = "file"
 
     def __init__(self, config: SqliteConfig) -> None:
         self.config = config
@@ -114,6 +115,9 @@ class SqliteStore(RelationalStore):
     def describe(self) -> str:
         """``sqlite:///<path>``."""
         return f"sqlite:///{self.config.path}"
+
+    def _registry_place(self) -> str:
+        return f"file {self.config.path!r}"
 
     def place(self) -> str:
         """See :meth:`Store.place`: the file's resolved absolute path (links followed), prefix."""
