@@ -15,7 +15,9 @@ PostgreSQL schema, a Redis key prefix):
    behind a slow one, or by a client starved of CPU, counts its wait too;
 3. after ``--before`` seconds, ``deltarec publish`` (a subprocess, as an operator runs it)
    lands dump 2, a delta rewriting every key (``--rows`` rows, a new version), with or
-   without ``--read-p99-ms``; ``--after`` seconds later the readers stop.
+   without ``--read-p99-ms``; ``--after`` seconds later the readers stop;
+4. the serving name is compared key by key with the artifacts (every key of dump 2: its
+   embedding and version; ``--no-check`` skips it): nothing lost or wrong under the budget.
 
 The budget is ``--budget-x`` times the readers' idle p99, measured on that store in a
 calibration window before its first trial. Trials alternate (none, budget, none, ...; the
@@ -66,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from deltarec.artifacts import ArtifactRoot, DumpKind, ShardRows, TableSpec, utc_now, write_dump
+from deltarec.artifacts.lineage import expected_state
 from deltarec.publish import DumpPublisher
 from deltarec.stats import quantile
 from deltarec.stores import open_store
@@ -282,6 +285,27 @@ def server_stats(kind: str, target: dict[str, Any]) -> dict[str, int]:
     return {n: int(info.get(n, 0)) for n in names}
 
 
+def check_exact(url: str, root: ArtifactRoot) -> dict[str, Any]:
+    """The serving name compared key by key with the generation's expected state (every key of
+    dump 2: its embedding and version), after the readers stopped."""
+    t = time.time()
+    table = expected_state(root, RUN, 1).tables[TABLE]
+    keys = table.present_keys()
+    wrong = missing = 0
+    with open_store(url) as store:  # no run: what serving reads
+        for s in range(0, len(keys), 100_000):
+            k = keys[s : s + 100_000]
+            got = store.read(TABLE, k)
+            missing += int((~got.found).sum())
+            same = (got.embedding == table.load(k)).all(axis=1)
+            same &= got.versions == table.versions[table.index_of(k)]
+            wrong += int((got.found & ~same).sum())
+    return {
+        "rows": len(keys), "missing": missing, "wrong": wrong, "exact": not (missing or wrong),
+        "check_s": round(time.time() - t, 1),
+    }  # fmt: skip
+
+
 def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu=True):  # type: ignore[no-untyped-def]
     """Preload dump 1, start the readers, publish dump 2 in the middle; the figures.
 
@@ -314,6 +338,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
     stats_after = server_stats(kind, target)
     time.sleep(args.after)
     got = [(d, x, y) for d, x, y in readers.stop() if d >= t0]
+    exact = None if args.no_check else check_exact(url, root)
     spans = {"before": (t0, p0), "during": (p0, p1), "after": (p1, float("inf"))}
     seconds = []
     for s in range(int(got[-1][0] - t0) + 1):
@@ -346,6 +371,7 @@ def trial(kind, url, target, root, keys, args, budget_ms, window=None, yield_cpu
         },
         "server_watch": diag,
         "per_second": seconds,
+        "exact": exact,
     }
 
 
@@ -483,6 +509,10 @@ def _line(name: str, r: dict[str, Any]) -> str:
     during = r.get("server_during", {})
     many = len(during) > 4  # PostgreSQL's counters: those that moved
     server = " ".join(f"{k} {v}" for k, v in during.items() if v or not many)
+    e = r.get("exact")
+    if e is not None:  # the store against the artifacts, key by key
+        exact = "exact" if e["exact"] else f"NOT EXACT ({e['missing']} missing, {e['wrong']} wrong)"
+        server = f"{exact} ({e['rows']:,} rows)  {server}"
     return (
         f"{name:22s} before {f('before'):>20s}  during {f('during'):>22s}  after "
         f"{f('after'):>20s}  longest {r['longest_read_ms']:.2f} ms (during the publish "
@@ -519,6 +549,13 @@ def summary(kind: str, budget: float, runs: list[dict[str, Any]]) -> str:
             f"({worst / budget:.1f}x, "
             f"target <= 4), "
             f"publish rate {rate:.2f}x of without (target >= 0.5)"
+        )
+    checked = [r["exact"] for r in runs if r.get("exact") is not None]
+    if checked:
+        wrong = sum(not e["exact"] for e in checked)
+        lines.append(
+            f"{kind}: the serving name after {len(checked)} publishes compared key by key with "
+            f"the artifacts: " + (f"{wrong} NOT EXACT" if wrong else "every one exact")
         )
     return "\n".join(lines) or f"{kind}: no pair of trials"
 
@@ -568,6 +605,10 @@ def main() -> None:
         help="CPUs of their own for the readers, the server and the publisher, e.g. "
         "readers=0-3,server=4-7,publisher=8-15 (any of the three; unpinned by default)",
     )
+    p.add_argument(
+        "--no-check", action="store_true",
+        help="skip comparing the serving name key by key with the artifacts after each publish",
+    )  # fmt: skip
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
