@@ -651,6 +651,9 @@ def main() -> None:
                             r = trial(kind, url, target, root, keys, args, budget_ms, None,
                                       yielding)  # fmt: skip
                         runs.append(r)
+                        out["stores"][kind] = {"idle": idle["idle"], "budget_ms": budget,
+                                               "runs": runs}  # fmt: skip
+                        _write_json(args.json, out)  # each trial's as soon as it is done
                         what = "none" if budget_ms is None else (
                             "budget" if yielding else "budget-noyield")  # fmt: skip
                         print(_line(f"{kind} {what} #{i + 1}", r))
@@ -673,7 +676,7 @@ def main() -> None:
                 out["stores"][kind] = {
                     "idle": idle["idle"], "budget_ms": budget, "runs": runs, "freshness": fresh
                 }  # fmt: skip
-                _write_json(args.json, out)  # each store's as soon as it is done
+                _write_json(args.json, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"load at the end {os.getloadavg()}")
