@@ -505,7 +505,8 @@ def _line(name: str, r: dict[str, Any]) -> str:
     if "writing_s" in b:  # where the budgeted publish's time went
         units = b.get("smallest_unit_rows")
         units = "" if units is None else f", units {units}/{b.get('last_unit_rows')}"
-        held = f"{held} writing {b['writing_s']} ({b['transactions']} txns{units})"
+        server = "" if b.get("server_s") is None else f", server {b['server_s']}"
+        held = f"{held} writing {b['writing_s']} ({b['transactions']} txns{units}{server})"
     during = r.get("server_during", {})
     many = len(during) > 4  # PostgreSQL's counters: those that moved
     server = " ".join(f"{k} {v}" for k, v in during.items() if v or not many)

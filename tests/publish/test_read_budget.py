@@ -360,6 +360,8 @@ def test_a_slowed_redis_gets_small_units_probed_reads_and_loses_nothing(
     assert report.smallest_unit_rows == min(units) and report.last_unit_rows == units[-1]
     assert report.transactions == len(marks)  # every committed transaction, timed
     assert report.writing_s >= marks[-1].rows * STRIDE * 0.4 / 1e6  # the slow point's waits
+    assert report.server_s is not None  # of which the server's own (its scripts), counted
+    assert marks[-1].rows * STRIDE * 0.4 / 1e6 <= report.server_s <= report.writing_s
     assert (pub.batch_bytes, pub.after_batch) == (store.capabilities.batch_bytes, hook)
     assert store.unit_rows is None and not store.server_timing  # a transaction per batch again
     assert metrics.value("deltarec_publish_read_probe_p99_seconds") > 0

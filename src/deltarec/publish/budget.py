@@ -475,6 +475,8 @@ class Throttle:
             )
         self.report.writing_s += write_s
         self.report.transactions += 1
+        if held is not None:
+            self.report.server_s = (self.report.server_s or 0.0) + held
         self._apply_sizes()
         metrics = self.publisher.metrics
         window = self.policy.window_p99_s()
@@ -561,6 +563,7 @@ class Throttle:
         r.last_unit_rows = self.policy.unit_rows
         r.held_back_s = round(r.held_back_s, 3)
         r.writing_s = round(r.writing_s, 3)
+        r.server_s = None if r.server_s is None else round(r.server_s, 3)
         return r
 
     def __enter__(self) -> Throttle:

@@ -23,6 +23,9 @@ class BudgetReport:
     ``target_p99_ms``: what the writes were held to at the end (module doc, 2);
     ``writing_s``: the transactions' own time (from the store's apply to the commit), over
     ``transactions``: with ``held_back_s``, where a throttled publish's time went;
+    ``server_s``: of ``writing_s``, the server's own time in the writes where the store tells
+    it (Redis: its scripts' microseconds, ``INFO commandstats``; None elsewhere): the rest is
+    the publisher's encoding, the round trips and the waits between;
     ``futile_judgements``: judgements over the target where no pause could have diluted the
     writes' slow reads to a p99 (a blocking store's,
     :meth:`~deltarec.publish.budget.ReadBudget._diluting_duty`).
@@ -32,6 +35,7 @@ class BudgetReport:
     held_back_s: float = 0.0
     writing_s: float = 0.0
     transactions: int = 0
+    server_s: float | None = None
     probes: int = 0
     probe_p50_ms: float | None = None
     probe_p99_ms: float | None = None
