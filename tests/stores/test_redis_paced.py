@@ -12,6 +12,7 @@ from deltarec.artifacts.types import TableSpec
 from deltarec.errors import StoreUnavailableError
 from deltarec.ids import make_version
 from deltarec.stores import open_store
+from deltarec.stores.redis.paced import PLAIN_UNIT_ROWS
 from deltarec.stores.types import ProgressMark, RowBatch
 
 from .test_redis_scripts import T
@@ -20,13 +21,14 @@ V1, V2 = make_version(1, 1), make_version(1, 2)
 _PREFIXES = itertools.count()
 
 
-@pytest.fixture
-def pair(redis_server):
-    """A paced store (units of 64 rows, timed on the server) and one writing transactions."""
+@pytest.fixture(params=[64, 200], ids=["script-units", "transaction-units"])
+def pair(redis_server, request):
+    """A paced store (units of 64 or 200 rows, timed on the server) and one writing
+    transactions."""
     url = f"{redis_server.url}?prefix=paced{next(_PREFIXES)}:"
     paced, plain = open_store(url, run="r"), open_store(url, run="r")
     paced.provision({T: TableSpec(dim=4)})
-    paced.unit_rows, paced.server_timing = 64, True
+    paced.unit_rows, paced.server_timing = request.param, True
     yield paced, plain
     paced.close()
     plain.close()
@@ -53,13 +55,21 @@ def _mark(rows: int, complete: bool = True) -> ProgressMark:
     return ProgressMark("r", 1, 1, T, 0, rows, complete)
 
 
-def test_a_paced_write_lands_every_row_in_units_and_its_mark_in_one_transaction(pair, redis_server):
+@pytest.mark.parametrize(
+    ("unit", "scripts_run", "transactions"),
+    [(64, 2 * 8, 0), (250, 0, 2 * 2)],  # 500 rows a batch: script units, transaction units
+)
+def test_a_paced_write_lands_every_row_in_units_and_its_mark_after_them(
+    pair, redis_server, unit, scripts_run, transactions
+):
     paced, _ = pair
+    paced.unit_rows = unit
+    assert (unit < PLAIN_UNIT_ROWS) == bool(scripts_run)
     scripts, execs = _stats(redis_server, "evalsha"), _stats(redis_server, "exec")
     emb, batches = _batches(np.arange(1000), V1)
     assert paced.write_batches(T, batches, mark=_mark(1000)) == 1000
-    assert _stats(redis_server, "evalsha") - scripts == 2 * 8  # 500 rows a batch, 64 a unit
-    assert _stats(redis_server, "exec") - execs == 1  # the mark alone; no rows in MULTI/EXEC
+    assert _stats(redis_server, "evalsha") - scripts == scripts_run
+    assert _stats(redis_server, "exec") - execs == transactions + 1  # and the mark's, alone
     got = paced.read(T, np.arange(1000))
     np.testing.assert_array_equal(got.embedding, emb)
     assert set(got.versions.tolist()) == {V1}
@@ -96,7 +106,7 @@ def test_paced_rows_into_a_staging_view_become_live_at_the_merge_in_unit_sized_s
     assert not paced.read(T, np.arange(1000)).found.any()
     scripts = _stats(redis_server, "evalsha")
     paced.merge_staging("r", 2)
-    assert _stats(redis_server, "evalsha") - scripts >= 1000 // 64  # steps of about 64 fields
+    assert _stats(redis_server, "evalsha") - scripts >= 1000 // paced.unit_rows  # unit-sized steps
     np.testing.assert_array_equal(paced.read(T, np.arange(1000)).embedding, emb)
 
 

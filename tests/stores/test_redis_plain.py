@@ -26,7 +26,7 @@ def _open(redis_server, unit_rows):  # type: ignore[no-untyped-def]
     return s
 
 
-@pytest.fixture(params=[None, 7], ids=["transaction", "paced"])
+@pytest.fixture(params=[None, 7, 200], ids=["transaction", "paced-scripts", "paced-transactions"])
 def store(redis_server, request):
     """A transaction per batch, and paced (units of 7 rows, redis/paced.py): the same guards."""
     s = _open(redis_server, request.param)

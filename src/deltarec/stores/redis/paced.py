@@ -4,14 +4,22 @@ Redis runs one command at a time, and a ``MULTI``/``EXEC`` as one: every read of
 name waits for the whole transaction in flight. Under a read-latency budget
 (:mod:`deltarec.publish.budget`) the store writes instead (``RedisStore.unit_rows`` set):
 
-* each batch as a **pipeline of units** of ``unit_rows`` rows, no ``MULTI``: the server
-  reads the pipeline in pieces and serves the other clients between two units, so a read
-  waits for one unit at most, not for the write;
-* a unit is one script call, atomic and version-guarded on its own: upserts that no guard can
-  refuse (the conditions of :mod:`deltarec.stores.redis.plain`, checked by the script itself
-  against the high mark, the floor and the tombstones at the moment it runs) are one
-  :data:`LUA_PUT` (``HSET`` of the pairs, the low and high marks); anything else, or a unit
-  :data:`LUA_PUT` turned down, goes through the store's guarded write script
+* each batch in **units** of ``unit_rows`` rows, each a transaction of its own: the server
+  serves the other clients between two units, so a read waits for one unit at most, not for
+  the write;
+* upserts that no guard can refuse (no newer row, tombstone or floor: the conditions of
+  :mod:`deltarec.stores.redis.plain`) go without the guard's script. Units of
+  :data:`PLAIN_UNIT_ROWS` rows or more are written as that module writes a whole batch without
+  a budget: decided under ``WATCH`` of every key the decision reads, then one
+  ``MULTI``/``EXEC`` of plain ``HSET`` with the low and high marks (a writer that changes one
+  of those keys between the decision and ``EXEC`` aborts the unit, and it is decided again),
+  the next unit's decision asked in the same round trip. Smaller units are one script call each
+  (:data:`LUA_PUT`: the same conditions checked by the script on the server, then ``HSET``),
+  all of a batch's in one pipeline. A script unit costs the server about twice the CPU a row
+  of the unthrottled write at every size (2.0-2.8x); a transaction unit about the same as it
+  from 256 rows (1.1x) but a round trip each, which small units pay more for than the
+  server's time: ``bench/bench_redis_units.py``, BENCHMARKS.md. Anything else, or a unit
+  turned down, goes through the store's guarded write script
   (:data:`~deltarec.stores.redis.lua.LUA_WRITE`) in units of the same size;
 * the progress mark last, alone, in the store's fenced ``MULTI``/``EXEC`` (a newer generation
   registered meanwhile refuses it), once every unit before it has been applied.
@@ -19,7 +27,7 @@ name waits for the whole transaction in flight. Under a read-latency budget
 So a write that fails midway may leave some of its rows applied without its mark; the
 publisher then writes them again from the last mark, and the guard makes that idempotent
 (the same as a failure between two transactions). Marks, versions and what a reader can see
-of a row are those of any write. The server's time for the units (``EVALSHA``/``EVAL``
+of a row are those of any write. The server's time for the units (``EXEC`` and ``EVALSHA``
 microseconds in ``INFO commandstats``, all clients', so never less than the write's; two more
 round trips a write) is what ``last_write_held_s`` reports while ``server_timing`` is set: the
 budget sizes the units by it.
@@ -33,13 +41,17 @@ from typing import Any
 import redis as redis_lib
 
 from deltarec.faults import slowdown
-from deltarec.stores.redis.lua import _LUA_COMMON, _LUA_WHERE, LUA_SPIN, pack_version
-from deltarec.stores.redis.plain import PlainBatch, PlainKeys
+from deltarec.stores.redis.lua import _LUA_COMMON, _LUA_WHERE, LUA_SPIN, pack_version, slow_commands
+from deltarec.stores.redis.plain import Outranked, PlainBatch, PlainKeys, write_units
 from deltarec.stores.redis.registry import ERRORS
 from deltarec.stores.types import RowBatch, Write
 
 MAX_UNIT_ROWS = 1000
-"""Rows per unit at most (one ``HSET`` inside the script; Lua's ``unpack`` takes about 8000)."""
+"""Rows per unit at most (a script's ``HSET``: Lua's ``unpack`` takes about 8000 values)."""
+
+PLAIN_UNIT_ROWS = 128
+"""Units of at least this many rows are transactions decided under ``WATCH``; smaller ones are
+script calls (see the module doc)."""
 
 LUA_PUT = (
     _LUA_COMMON
@@ -86,19 +98,19 @@ def apply_paced(store: Any, write: Write, unit_rows: int) -> int:
     table, batches, mark, stage = write
     unit = max(1, min(MAX_UNIT_ROWS, int(unit_rows)))
     timing = store.server_timing
-    before = script_usec(store._client) if timing else None
+    before = server_usec(store._client) if timing else None
     total = 0
     for batch in _nonempty(batches):
         queue, n, plain = store._prepared(table, batch, None, stage, unit)
         with ERRORS.map_errors(store.describe()):
-            if plain is None or not _put(store, plain):
+            if plain is None or not _put(store, plain, unit):
                 pipe = store._client.pipeline(transaction=False)
                 queue(pipe)  # the guarded script, a unit at a time; idempotent after a put
                 pipe.execute()
         total += n
     if mark is not None:
         store.record_progress(mark)  # alone, fenced, after every unit
-    after = script_usec(store._client) if timing else None
+    after = server_usec(store._client) if timing else None
     held = None if before is None or after is None else max(0, after - before) / 1e6
     store.last_write_held_s = held
     return total
@@ -108,7 +120,22 @@ def _nonempty(batches: Iterable[RowBatch]) -> Iterable[RowBatch]:
     return (b for b in batches if len(b.keys))
 
 
-def _put(store: Any, plain: PlainBatch) -> bool:
+def _put(store: Any, plain: PlainBatch, unit: int) -> bool:
+    """Write ``plain`` a unit at a time without the guard's script; False: a unit turned down.
+
+    A unit turned down wrote nothing; the caller writes the whole batch guarded, and the units
+    that landed land again, unchanged. See the module doc.
+    """
+    if unit < PLAIN_UNIT_ROWS:
+        return _put_scripts(store, plain)
+    keys: PlainKeys = store._plain_keys(plain.run, plain.table, None)
+    try:  # the slow point (a fault): the server waits inside each unit's transaction
+        return write_units(store._client, keys, plain, slow_commands)
+    except Outranked:
+        return False
+
+
+def _put_scripts(store: Any, plain: PlainBatch) -> bool:
     """Send ``plain``'s units as :data:`LUA_PUT` calls in one pipeline; False: one was refused.
 
     A unit refused by its guard wrote nothing; the caller writes the whole batch guarded (the
@@ -141,11 +168,12 @@ def _send_units(client: Any, sha: str, head: list[Any], plain: PlainBatch) -> bo
         rest = prefix[first_line:]
         pieces: list[Any] = []
         spin = slowdown("redis.exec")
+        spin_sha = client.script_load(LUA_SPIN) if spin > 0 else None  # timed as EVALSHA
         for fields, pairs in plain.bodies:
             pieces += [b"*%d\r\n" % (3 + len(head) + 2 * fields), rest, pairs]
             if spin > 0:  # the slow point: the server waits inside the write, per unit
                 usec = int(spin * len(pairs))  # seconds per MB times bytes, in microseconds
-                pieces += conn.pack_command("EVAL", LUA_SPIN, 0, usec)
+                pieces += conn.pack_command("EVALSHA", spin_sha, 0, usec)
         conn.send_packed_command(pieces, check_health=False)
         landed = True
         for _ in plain.bodies:
@@ -161,11 +189,11 @@ def _send_units(client: Any, sha: str, head: list[Any], plain: PlainBatch) -> bo
         pool.release(conn)
 
 
-def script_usec(client: Any) -> int | None:
-    """The server's microseconds in scripts (``EVALSHA`` and ``EVAL``) so far, or None."""
+def server_usec(client: Any) -> int | None:
+    """The server's microseconds in ``EXEC`` (what ran inside too) and ``EVALSHA``, or None."""
     try:
         stats: Any = client.info("commandstats")
-        return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval"))
+        return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("exec", "evalsha"))
     except (redis_lib.RedisError, TypeError, ValueError):
         return None
 

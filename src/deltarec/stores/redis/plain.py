@@ -26,6 +26,7 @@ marks were kept) goes through the guarded script, as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,12 +119,78 @@ def _command(conn: Any, *args: Any) -> Any:
     return conn.read_response()
 
 
+def write_units(
+    client: redis_lib.Redis,
+    keys: PlainKeys,
+    batch: PlainBatch,
+    extra: Callable[[int], list[tuple[Any, ...]]],
+) -> bool:
+    """Write each of ``batch``'s bodies as a transaction of its own (a read budget's units).
+
+    Each is decided as :func:`write_plain` decides a batch, under ``WATCH``. The next unit's
+    ``WATCH`` and reads go in the same round trip as the transaction before it, and serve to
+    decide it again if a ``WATCH`` fired. ``keys`` carries no progress mark (``keys.newest``
+    None): the units' mark is written after them.
+
+    Args:
+        client: the store's client (a connection is taken from its pool).
+        keys: the keys of the batch's view.
+        batch: the rows, a unit a body.
+        extra: the commands queued after a unit's rows in its transaction, given the unit's
+            bytes (the slow point of :mod:`deltarec.faults`).
+
+    Returns:
+        True once every unit is written; False if a unit may meet a newer row or tombstone:
+        it and the units after it were not written (the units before it were).
+
+    Raises:
+        Outranked: the view's marks kept moving under a unit.
+        redis.RedisError: from the server or the connection.
+    """
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    watch = ("WATCH", *_watched(keys))
+    follow = [watch, *_reads(keys, batch.table)]
+    try:
+        conn.send_packed_command(conn.pack_commands(follow))
+        conn.read_response()  # the WATCH's +OK; the reads are the first unit's decision
+        done = tries = 0
+        while done < len(batch.bodies):
+            body = batch.bodies[done]
+            unit = PlainBatch(batch.table, batch.run, batch.lowest, batch.highest, [body])
+            try:
+                live, high = _judged(conn, keys, unit)
+            except Outranked:
+                return False
+            landed = _transaction(conn, keys, unit, live, high, extra(len(body[1])), follow)
+            conn.read_response()  # the next WATCH's +OK
+            done, tries = (done + 1, 0) if landed else (done, tries + 1)
+            if tries == _RETRIES:
+                raise Outranked(f"{keys.high} kept moving")
+        for _ in follow[1:]:
+            conn.read_response()  # the reads asked after the last unit, unused
+        _command(conn, "UNWATCH")
+        return True
+    except BaseException:
+        conn.disconnect()  # a reply may be left unread: the connection starts again
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _watched(keys: PlainKeys) -> list[str]:
+    """The marks a decision reads, WATCHed before it reads them."""
+    return [keys.high, keys.serves, keys.floors, *([keys.newest] if keys.newest else [])]
+
+
+def _reads(keys: PlainKeys, table: str) -> list[tuple[Any, ...]]:
+    """The reads a decision is made of (see :func:`_judged`)."""
+    return [("GET", keys.high), ("HGET", keys.serves, table), ("HGET", keys.floors, keys.parked)]
+
+
 def _watch(conn: Any, keys: PlainKeys) -> int | None:
     """WATCH the marks a decision reads; the run's newest generation (None: none or no mark)."""
-    watched = [keys.high, keys.serves, keys.floors]
-    if keys.newest is not None:
-        watched.append(keys.newest)
-    _command(conn, "WATCH", *watched)
+    _command(conn, "WATCH", *_watched(keys))
     if keys.newest is None:
         return None
     raw = _command(conn, "GET", keys.newest)
@@ -135,15 +202,12 @@ def _decide(conn: Any, keys: PlainKeys, batch: PlainBatch) -> tuple[str, bytes |
 
     Everything read is watched. Raises :class:`Outranked` (unwatched) otherwise.
     """
-    conn.send_packed_command(
-        conn.pack_commands(
-            [
-                ("GET", keys.high),
-                ("HGET", keys.serves, batch.table),
-                ("HGET", keys.floors, keys.parked),
-            ]
-        )
-    )
+    conn.send_packed_command(conn.pack_commands(_reads(keys, batch.table)))
+    return _judged(conn, keys, batch)
+
+
+def _judged(conn: Any, keys: PlainKeys, batch: PlainBatch) -> tuple[str, bytes | None]:
+    """:func:`_decide` on the replies of its reads, already asked (in order)."""
     high, serves, floor = conn.read_response(), conn.read_response(), conn.read_response()
     live = keys.serving if serves is not None and _text(serves) == batch.run else keys.parked
     if floor is not None and int.from_bytes(floor, "little", signed=True) > batch.lowest:
@@ -171,11 +235,13 @@ def _transaction(
     live: str,
     high: bytes | None,
     extra: list[tuple[Any, ...]],
+    then: Sequence[tuple[Any, ...]] = (),
 ) -> bool:
     """MULTI, the low mark, the rows, the high mark, ``extra``, EXEC. False: a WATCH fired.
 
     The high mark is set only where it rises: a set of an equal value would abort the watch of
-    another writer of the view (another rank's part of the same dump).
+    another writer of the view (another rank's part of the same dump). ``then``: commands sent
+    after EXEC in the same round trip, their replies left unread.
     """
     before = [
         ("MULTI",),
@@ -187,7 +253,8 @@ def _transaction(
     after = [*mark, *extra, ("EXEC",)]
     rows = hset_commands(live.encode(), batch.bodies)
     conn.send_packed_command(
-        [*conn.pack_commands(before), *rows, *conn.pack_commands(after)], check_health=False
+        [*conn.pack_commands(before), *rows, *conn.pack_commands([*after, *then])],
+        check_health=False,
     )
     queued = len(before) + len(batch.bodies) + len(after) - 1
     for _ in range(queued):

@@ -151,9 +151,10 @@ class RedisStore(RedisRegistry, RunViews, RedisReads, Store):
         only the server's time (all clients' ``EXEC`` since the write before: never less)."""
         self._exec_usec: int | None = None
         self.unit_rows: int | None = None
-        """Rows per server-side unit, set by the read budget: each batch is then a pipeline of
-        units that reads interleave with, not one ``MULTI``/``EXEC`` (see
-        :mod:`deltarec.stores.redis.paced`); None: a transaction per batch."""
+        """Rows per server-side unit, set by the read budget: each batch is then written in
+        units that reads interleave with, each a transaction of its own, not one
+        ``MULTI``/``EXEC`` (see :mod:`deltarec.stores.redis.paced`); None: a transaction per
+        batch."""
         self._sender: ThreadPoolExecutor | None = None  # see apply
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
         with _ERRORS.map_errors(self.describe()):
