@@ -48,8 +48,9 @@ pipeline's ``read_p99_ms``) the publisher
    rate, bench/results/readers.md run 23). Once the writes' own p99 is within the target the
    pause goes; under :data:`SLACK` of it the share grows back (to :data:`UNIT_SHARE` at
    most). A store with
-   units (``unit_rows``: Redis writes a batch as a pipeline of small scripts that reads
-   interleave with, :mod:`deltarec.stores.redis.paced`) gets that many rows a unit and
+   units (``unit_rows``: Redis writes a batch in small units, each a transaction or a script
+   of its own, that reads interleave with, :mod:`deltarec.stores.redis.paced`) gets that many
+   rows a unit and
    transactions of :data:`UNIT_TXN_BYTES`; any other gets transactions that small;
 5. into any other store, starts from :data:`START_BYTES` transactions, then sizes each to
    :data:`TXN_S` of writing at the rate of the last :data:`TIMED` (their median; at least

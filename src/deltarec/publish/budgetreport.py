@@ -24,7 +24,7 @@ class BudgetReport:
     ``writing_s``: the transactions' own time (from the store's apply to the commit), over
     ``transactions``: with ``held_back_s``, where a throttled publish's time went;
     ``server_s``: of ``writing_s``, the server's own time in the writes where the store tells
-    it (Redis: its scripts' microseconds, ``INFO commandstats``; None elsewhere): the rest is
+    it (Redis: its units' ``EXEC``/``EVALSHA`` microseconds, ``INFO commandstats``): the rest is
     the publisher's encoding, the round trips and the waits between;
     ``futile_judgements``: judgements over the target where no pause could have diluted the
     writes' slow reads to a p99 (a blocking store's,
