@@ -131,6 +131,38 @@ def test_a_paced_write_whose_mark_fails_is_written_again_whole_and_marked_once(p
     assert [(m.rows, m.complete) for m in paced.registry.progress("r", 1)] == [(500, True)]
 
 
+def test_paced_writers_racing_on_one_view_keep_the_newest_row_of_every_key(pair, redis_server):
+    """Two writers of the same view at once (two ranks, one of them a dump ahead), each in many
+    units: a unit whose decision another's write moved is decided again, and one a newer row
+    may meet goes through the guard, so every key holds its newest row."""
+    import threading
+
+    paced, second = pair
+    second.unit_rows, second.server_timing = paced.unit_rows, True  # paced too
+    a_emb, a = _batches(np.arange(0, 4000), V1, seed=1)
+    b_emb, b = _batches(np.arange(2000, 6000), V2, seed=2)
+    errors: list[BaseException] = []
+
+    def write(store, batches):  # type: ignore[no-untyped-def]
+        try:
+            store.write_batches(T, batches)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    second.write_batches(T, b[:1])  # keys 2000-3999 at the newer version first: A must yield
+    threads = [threading.Thread(target=write, args=w) for w in ((paced, a), (second, b[1:]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    got = paced.read(T, np.arange(6000))
+    assert got.found.all()
+    np.testing.assert_array_equal(got.embedding[:2000], a_emb[:2000])  # only the older wrote them
+    np.testing.assert_array_equal(got.embedding[2000:], b_emb)  # the newer row wins where both
+    assert (got.versions[:2000] == V1).all() and (got.versions[2000:] == V2).all()
+
+
 def test_a_newer_generation_registered_meanwhile_refuses_the_paced_mark(pair):
     from deltarec.errors import StaleGenerationError
 
