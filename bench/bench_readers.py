@@ -50,11 +50,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import multiprocessing
 import os
-import platform
 import random
 import shutil
 import signal
@@ -76,6 +74,7 @@ from deltarec.testing.dumps import new_generation
 from deltarec.testing.servers import PostgresServer, RedisServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance
 from readers_server import (
     ServerWatch,
     describe,
@@ -615,12 +614,9 @@ def main() -> None:
     args = p.parse_args()
     args.pin = parse_pin(args.pin)
     work = tempfile.mkdtemp(prefix="bench-readers-", dir=args.dir)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = provenance.commit()
     print(
-        f"# bench_readers {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{platform.node()} ({os.cpu_count()} cores), commit {commit}, {args.rows:,} rows dim "
+        provenance.header("bench_readers", commit) + f", {args.rows:,} rows dim "
         f"{args.dim}, {args.clients} clients at {args.rate:g} reads/s, "
         f"{args.keys_per_read} key(s) a read; load {os.getloadavg()}"
         + (f"; pinned {args.pin}" if args.pin else "")

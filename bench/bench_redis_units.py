@@ -25,11 +25,9 @@ Run: ``.venv/bin/python bench/bench_redis_units.py [--rows 400000] [--dim 64]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
+import sys
 import time
 from typing import Any
 
@@ -40,6 +38,9 @@ from deltarec.stores import open_store
 from deltarec.stores.redis.paced import server_usec
 from deltarec.stores.types import RowBatch, Write
 from deltarec.testing.servers import RedisServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance
 
 TABLE = "sparse.ebc.item_id"
 
@@ -100,12 +101,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     units = [None if u == "none" else int(u) for u in args.units.split(",")]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = provenance.commit()
     print(
-        f"# bench_redis_units {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-        f"{platform.node()} ({os.cpu_count()} cores), commit {commit}, {args.rows:,} rows dim "
+        provenance.header("bench_redis_units", commit) + f", {args.rows:,} rows dim "
         f"{args.dim}, writes of {args.write_rows:,} rows"
     )
     runs = []
