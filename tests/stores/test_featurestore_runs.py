@@ -153,24 +153,25 @@ def test_a_writer_superseded_while_writing_finishes_that_write_and_then_writes_n
         old.registry.register_generation("ctr", 1)
         _write(old, [1, 2], 1.0, generation=1)
         fs_state.inject_fault(state, "write_features", 1, "hang 1.5")  # the next write is slow
-        old_done, registered = threading.Event(), threading.Event()
         seen: list[bool] = []
-
-        def slow_write() -> None:
-            _write(old, [1, 2], 1.5, generation=1)
-            old_done.set()
 
         def register() -> None:
             new.registry.register_generation("ctr", 2)
-            seen.append(old_done.is_set())  # registering waited for the write in flight
-            registered.set()
+            # registering waited for the write in flight: the write's transaction ends after
+            # the hang, which began after ``floor`` (the thread that wrote may not have run
+            # again yet, so its own "done" is not the measure)
+            seen.append(time.monotonic() >= floor + 1.5)
 
-        writer = threading.Thread(target=slow_write)
+        writer = threading.Thread(target=_write, args=(old, [1, 2], 1.5), kwargs={"generation": 1})
+        floor = time.monotonic()
         writer.start()
         for _ in range(600):  # until the slow write is inside the SDK
+            now = time.monotonic()
             if _hanging(state) or not writer.is_alive():
                 break
+            floor = now  # the hang had not begun when this look began
             time.sleep(0.01)
+        assert writer.is_alive()
         racer = threading.Thread(target=register)
         racer.start()
         writer.join(30)
