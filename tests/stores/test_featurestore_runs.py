@@ -100,9 +100,7 @@ def test_rows_written_under_the_single_default_version_stay_the_first_runs(tmp_p
     url = _url(tmp_path)
     with open_store(url, run="old") as old:  # the view and a registered run, as before
         old.provision(SPEC)
-    side = open_store(f"sqlite:///{tmp_path}/reg.db")  # the registry as the store opens it
-    side.registry.register_generation("old", 1)
-    side.close()
+        old.registry.register_generation("old", 1)
     client = feature_store_py.FeatureStoreClient(
         access_key_id="ak", access_key_secret="sk", region="cn-hangzhou"
     )
@@ -249,3 +247,61 @@ def test_staged_mode_on_featurestore_is_refused_once_where_the_mode_is_chosen(tm
     err = capsys.readouterr().err
     assert err.count(why) == 1 and "Traceback" not in err
     assert not (tmp_path / "art").exists()  # refused before anything started
+
+
+def test_a_registry_is_one_views_alone_another_view_or_a_sql_store_on_it_is_refused(
+    tmp_path, state, registry
+):
+    """Two views, or a view and a SQL store serving its own views, in one registry would share
+    runs, marks and serving: the first claims the registry and the others are refused at open,
+    naming what holds it; the first serves exactly as before."""
+    url = _url(tmp_path, registry=registry)
+    with open_store(url, run="ctr") as store:
+        store.provision(SPEC)
+        store.registry.register_generation("ctr", 1)
+        _write(store, [1, 2], 1.0)
+    held = rf"holds the registry of featurestore://{fs_state.PROJECT}/{fs_state.VIEW}\?region="
+    other = url.replace(f"/{fs_state.VIEW}?", "/other?")
+    with pytest.raises(
+        BadInputError, match=held + rf".*not of featurestore://{fs_state.PROJECT}/o"
+    ):
+        _provision(other)
+    sql = urllib.parse.unquote(registry)
+    with pytest.raises(BadInputError, match=held + r".*not of a store of its own views \(prefix"):
+        open_store(sql, run="ctr")
+    with open_store(url) as serving:  # nothing of the first view's registry changed
+        assert _values(serving, [1, 2, 3]) == [1.0, 1.0, None]
+        assert [m.rows for m in serving.registry.progress("ctr", 1)] == [2]
+        assert serving.registry.serving_runs() == {T: "ctr"}
+        with serving.registry.transaction() as cur:  # as a registry from before the claim
+            serving.registry.execute(cur, "DELETE FROM deltarec_featurestore_view")
+    with pytest.raises(BadInputError, match="holds the registry of a FeatureStore view, not of a"):
+        open_store(sql, run="ctr")
+    with open_store(url) as serving:  # the view claims it again
+        assert _values(serving, [1, 2, 3]) == [1.0, 1.0, None]
+    with pytest.raises(BadInputError, match=held):
+        _provision(other)
+
+
+def test_a_feature_view_is_refused_a_registry_a_sql_store_serves_its_own_views_from(
+    tmp_path, state, registry
+):
+    sql = urllib.parse.unquote(registry)
+    root = ArtifactRoot(str(tmp_path / "art"))
+    info = new_generation(root, "sql", SPEC, world_size=1)
+    write_dump(root, info, 0, {T: {0: random_rows(range(5), SPEC[T], 1)}})
+    assert main(["publish", "--artifacts", root.uri, "--run", "sql", "--store", sql]) == 0
+    with open_store(sql) as serving:
+        before = serving.read(T, np.arange(6, dtype=np.int64))
+    with pytest.raises(BadInputError, match=r"a SQL store's own views \(prefix 'emb_'\), not of "):
+        _provision(_url(tmp_path, registry=registry))
+    with open_store(sql) as serving:  # the SQL store serves as before
+        after = serving.read(T, np.arange(6, dtype=np.int64))
+        assert before.found.tolist() == [True] * 5 + [False]
+        np.testing.assert_array_equal(after.embedding, before.embedding)
+        np.testing.assert_array_equal(after.versions, before.versions)
+
+
+def _provision(url: str) -> None:
+    with open_store(url, run="ctr") as store:
+        store.provision(SPEC)

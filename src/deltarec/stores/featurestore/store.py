@@ -56,7 +56,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -168,18 +168,27 @@ class FeatureStoreStore(Store):
     def _side(self) -> Any:
         """The registry's store, opened on first use (its default SQLite file created then)."""
         if self._side_store is None:
-            from deltarec.stores.backends import open_store
-            from deltarec.stores.sql.registry import SqlRegistry
+            from deltarec.stores.backends import open_store, store_class
+            from deltarec.stores.config import parse_store_url
+            from deltarec.stores.sql.relational import RelationalStore
 
-            if self._registry_file is not None:
-                os.makedirs(os.path.dirname(self._registry_file), exist_ok=True)
-            side = open_store(self._registry_url, run=self._run)
-            if not isinstance(side, SqlRegistry):
-                side.close()
+            config = parse_store_url(self._registry_url)
+            cls = store_class(config.type)
+            if not issubclass(cls, RelationalStore):
+                other = open_store(config)
+                other.close()
                 raise ConfigError(
-                    f"{self.describe()}: the registry {side.describe()} must be a sqlite:// or "
+                    f"{self.describe()}: the registry {other.describe()} must be a sqlite:// or "
                     "postgresql:// store (its transactions fence the writers)"
                 )
+            if self._registry_file is not None:
+                os.makedirs(os.path.dirname(self._registry_file), exist_ok=True)
+            c = self.config  # the registry is this view's alone (refused to any other)
+            backend: Callable[..., RelationalStore] = cls  # the SQL backends take registry_of
+            side = backend(
+                config, registry_of=f"featurestore://{c.project}/{c.view}?region={c.region}"
+            )
+            side.run = self._run
             with side.transaction() as cur:
                 for ddl in SIDE_DDL:
                     side.execute(cur, ddl)

@@ -53,6 +53,8 @@ REGISTRY_DDL = (
         created_at DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS deltarec_prefix (
         one BIGINT PRIMARY KEY CHECK (one = 1), prefix TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS deltarec_featurestore_view (
+        one BIGINT PRIMARY KEY CHECK (one = 1), view TEXT NOT NULL)""",
 )
 
 

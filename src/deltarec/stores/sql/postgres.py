@@ -93,16 +93,16 @@ class PostgresStore(RelationalStore):
 
     Args:
         config: the parsed ``postgresql://`` URL.
+        registry_of: see :attr:`RelationalStore.registry_of`.
     """
 
     kind = "postgres"
     _GREATEST = "GREATEST"
     _read_chunk = 10000
 
-    def __init__(self, config: PostgresConfig) -> None:
-        self.config = config
-        self.prefix = config.prefix
-        self.layout = config.layout
+    def __init__(self, config: PostgresConfig, registry_of: str | None = None) -> None:
+        self.config, self.registry_of = config, registry_of
+        self.prefix, self.layout = config.prefix, config.layout
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False

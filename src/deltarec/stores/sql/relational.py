@@ -21,6 +21,10 @@ Registry tables (plain SQL, so operators can query them; times are unix seconds)
 * ``deltarec_prefix(one, prefix)``: one row, the view prefix whose names the registry holds.
   The registry is one per schema (SQLite: per file) and keys serving names by table, so a
   handle of another prefix is refused at open (:meth:`_claim_prefix`).
+* ``deltarec_featurestore_view(one, view)``: one row where the registry is a PAI FeatureStore
+  view's (``featurestore://project/view?region=r``, written by the view's registry handle): a
+  handle of another view, or a SQL store's own handle, is refused at open
+  (:meth:`_claim_featurestore`).
 * ``deltarec_low_marks(name, version)``: per live view a version no row of it is below, so
   a snapshot's sweep of a view holding nothing older is no scan (see :meth:`_sweep`). Set at
   provision for a view created empty, lowered in every write's transaction that brings rows
@@ -97,6 +101,9 @@ class RelationalStore(RunViews, SqlRegistry, Store):
     layout: str = "bytea"
     _layout_problem: str | None = None
     """Why this store's (runless, legacy) layout is refused, or None (:mod:`.legacy`)."""
+    registry_of: str | None = None
+    """The FeatureStore view (``featurestore://project/view?region=r``) this handle holds the
+    registry of, or None: a store of its own views (see :meth:`_claim_featurestore`)."""
 
     # ---- connection primitives (subclass) ------------------------------------------------
     @abc.abstractmethod
@@ -234,7 +241,53 @@ class RelationalStore(RunViews, SqlRegistry, Store):
                 "ON CONFLICT (one) DO NOTHING",
                 (uuid.uuid4().hex, time.time()),
             )
+        self._claim_featurestore(cur)
         self._claim_prefix(cur)
+
+    def _claim_featurestore(self, cur: Any) -> None:
+        """Record the FeatureStore view whose registry this is; refuse any other handle.
+
+        A FeatureStore view keeps its registry (its runs' versions, generations, marks, which
+        run serves) in a SQL store; a second view, or a SQL store serving its own views, in the
+        same schema (file) would share them. The first view to open a registry records itself
+        (one written before ``deltarec_featurestore_view`` existed is claimed by the first view
+        that opens it); a registry a SQL store already serves views from is not taken.
+        """
+        rows = self._rows(cur, "SELECT view FROM deltarec_featurestore_view WHERE one = 1")
+        held = str(rows[0][0]) if rows else None
+        legacy = held is None and bool(self._columns(cur, "deltarec_featurestore_versions"))
+        mine = self.registry_of
+        if mine is None:
+            if held is not None or legacy:
+                own = f"a store of its own views (prefix {self.prefix!r})"
+                raise self._claim_error(held or "a FeatureStore view", own)
+            return
+        if held == mine:
+            return
+        if held is not None:
+            raise self._claim_error(held, mine)
+        if not legacy and self._rows(cur, "SELECT name FROM deltarec_views LIMIT 1"):
+            prefix = self._rows(cur, "SELECT prefix FROM deltarec_prefix WHERE one = 1")
+            owner = f"prefix {prefix[0][0]!r}" if prefix else "its own prefix"
+            raise self._claim_error(f"a SQL store's own views ({owner})", mine)
+        self._exec(
+            cur,
+            "INSERT INTO deltarec_featurestore_view (one, view) VALUES (1, ?) "
+            "ON CONFLICT (one) DO NOTHING",
+            (mine,),
+        )
+        rows = self._rows(cur, "SELECT view FROM deltarec_featurestore_view WHERE one = 1")
+        if str(rows[0][0]) != mine:  # another view claimed it meanwhile
+            raise self._claim_error(str(rows[0][0]), mine)
+
+    def _claim_error(self, held: str, mine: str) -> BadInputError:
+        return BadInputError(
+            f"{self._registry_place()} holds the registry of {held}, not of {mine}: a "
+            f"registry (which run serves each table, generations, marks, FeatureStore "
+            f"versions) is one per FeatureStore view or SQL store, so the second would "
+            f"serve, promote and roll back the first's runs. Give each its own "
+            f"{self._registry_unit} (a FeatureStore view: registry=<store URL>)"
+        )
 
     def _claim_prefix(self, cur: Any) -> None:
         """Record the handle's view prefix in a new registry; refuse one of another prefix.

@@ -58,6 +58,7 @@ class SqliteStore(RelationalStore):
 
     Args:
         config: the parsed ``sqlite:///path`` URL.
+        registry_of: see :attr:`RelationalStore.registry_of`.
     """
 
     kind = "sqlite"
@@ -65,8 +66,9 @@ class SqliteStore(RelationalStore):
     _read_chunk = 500  # keys per SELECT ... IN (...); below SQLite's parameter limit
     _registry_unit = "file"
 
-    def __init__(self, config: SqliteConfig) -> None:
+    def __init__(self, config: SqliteConfig, registry_of: str | None = None) -> None:
         self.config = config
+        self.registry_of = registry_of
         self.prefix = config.prefix
         self._lock = threading.RLock()
         self._views_cache: dict[tuple[str, int], ViewInfo] = {}
