@@ -81,7 +81,7 @@ def one(unit: int | None, rows: int, dim: int, write_rows: int) -> dict[str, Any
         assert got.found.all() and (got.versions == 2 << 32).all()  # every row rewritten
         store.close()
     finally:
-        server.stop()
+        server.close()  # stopped, and its data folder removed
     return {
         "unit_rows": unit,
         "rows_per_s": round(rows / wall),
