@@ -266,7 +266,9 @@ class RelationalStore(RunViews, SqlRegistry, Store):
             return
         if held is not None:
             raise self._claim_error(held, mine)
-        if not legacy and self._rows(cur, "SELECT name FROM deltarec_views LIMIT 1"):
+        if self._layout_problem or (
+            not legacy and self._rows(cur, "SELECT name FROM deltarec_views LIMIT 1")
+        ):
             prefix = self._rows(cur, "SELECT prefix FROM deltarec_prefix WHERE one = 1")
             owner = f"prefix {prefix[0][0]!r}" if prefix else "its own prefix"
             raise self._claim_error(f"a SQL store's own views ({owner})", mine)
