@@ -134,7 +134,8 @@ class DumpPublisher:
         """
         if generation in self._prepared:
             return
-        tables = self.generation_info(generation).tables
+        info = self.generation_info(generation)
+        tables = info.tables
         self.call(lambda: self.store.provision(tables), f"provision generation {generation}")
         if self.mode is PublishMode.STAGED and self.pending(generation):
             self.call(
@@ -142,7 +143,9 @@ class DumpPublisher:
                 f"provision staging views of generation {generation}",
             )
         self.call(
-            lambda: self.registry.register_generation(self.run, generation),
+            lambda: self.registry.register_generation(
+                self.run, generation, info.created_at or None
+            ),
             f"register generation {generation}",
         )
         self._prepared.add(generation)

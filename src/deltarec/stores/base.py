@@ -338,8 +338,17 @@ class Registry(abc.ABC):
     """
 
     @abc.abstractmethod
-    def register_generation(self, run: str, generation: int) -> None:
-        """Record that ``generation`` of ``run`` publishes to this store (idempotent)."""
+    def register_generation(self, run: str, generation: int, origin: str | None = None) -> None:
+        """Record that ``generation`` of ``run`` publishes to this store (idempotent).
+
+        ``origin`` names the artifacts the generation is (its ``GENERATION.json``'s
+        ``created_at``): the first origin registered for a generation is kept, and another is
+        refused, so that the artifacts of another lineage under the same run name are never
+        taken for the ones the store's marks count (:func:`origin_error`).
+
+        Raises:
+            BadInputError: ``origin`` is not the one registered for the generation.
+        """
 
     @abc.abstractmethod
     def generations(self, run: str) -> list[int]:
@@ -435,6 +444,16 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     def record_snapshot(self, record: SnapshotRecord) -> None:
         """Record a completed snapshot (replacing the record of the same dump and table)."""
+
+
+def origin_error(where: str, run: str, generation: int, held: str, origin: str) -> BadInputError:
+    """The refusal of artifacts not the generation's registered ones (``register_generation``)."""
+    return BadInputError(
+        f"{where}: run {run!r} generation {generation} was published here from artifacts "
+        f"created at {held}, not from these (created at {origin}): a run name is one lineage "
+        "of artifacts, and the store's progress marks count the first one's dumps. Publish "
+        "these under another run name (--run), or into another store"
+    )
 
 
 __all__ = [

@@ -17,7 +17,7 @@ import redis as redis_lib
 
 from deltarec.errors import StoreError
 from deltarec.ids import make_version, validate_run
-from deltarec.stores.base import Registry
+from deltarec.stores.base import Registry, origin_error
 from deltarec.stores.errors import DriverErrors
 from deltarec.stores.types import FreshnessRecord, ProgressMark, ServingPointer, SnapshotRecord
 
@@ -108,11 +108,20 @@ class RedisRegistry(Registry):
             record[field] = value
             self._client.hset(key, str(generation), json.dumps(record))
 
-    def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Registry.register_generation`."""
+    def register_generation(self, run: str, generation: int, origin: str | None = None) -> None:
+        """See :meth:`Registry.register_generation` (hash ``<prefix>~origins:<run>``)."""
         validate_run(run)
         record = json.dumps({"registered_at": time.time()})
         with _ERRORS.map_errors(self.describe()):
+            if origin is not None:  # the first origin is kept (HSETNX), any other refused
+                key, field = self._reg("origins", run), str(int(generation))
+                pipe = self._client.pipeline(transaction=True)
+                pipe.hsetnx(key, field, origin)
+                pipe.hget(key, field)
+                held = pipe.execute()[1]
+                held = held.decode() if isinstance(held, bytes) else str(held)
+                if held != origin:
+                    raise origin_error(self.describe(), run, generation, held, origin)
             self._register_script(
                 keys=[self._reg("gens", run), self._reg("newest", run)],
                 args=[str(int(generation)), record],

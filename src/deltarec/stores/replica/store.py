@@ -249,7 +249,7 @@ class ReplicaStore(Store, Registry):
         """None: a replica keeps no snapshot records."""
         return None
 
-    def register_generation(self, run: str, generation: int) -> None:
+    def register_generation(self, run: str, generation: int, origin: str | None = None) -> None:
         """Refused (read-only)."""
         raise self._read_only("registering a generation")
 

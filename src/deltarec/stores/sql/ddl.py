@@ -28,6 +28,9 @@ REGISTRY_DDL = (
     """CREATE TABLE IF NOT EXISTS deltarec_generations (
         run TEXT NOT NULL, generation BIGINT NOT NULL, registered_at DOUBLE PRECISION NOT NULL,
         merged_at DOUBLE PRECISION, PRIMARY KEY (run, generation))""",
+    """CREATE TABLE IF NOT EXISTS deltarec_generation_origins (
+        run TEXT NOT NULL, generation BIGINT NOT NULL, created_at TEXT NOT NULL,
+        PRIMARY KEY (run, generation))""",
     """CREATE TABLE IF NOT EXISTS deltarec_progress (
         run TEXT NOT NULL, generation BIGINT NOT NULL, seq BIGINT NOT NULL,
         table_id TEXT NOT NULL, rank BIGINT NOT NULL, staging_generation BIGINT NOT NULL,

@@ -17,7 +17,7 @@ from typing import Any
 from deltarec.artifacts.types import DType
 from deltarec.errors import StaleGenerationError
 from deltarec.ids import make_version, validate_run
-from deltarec.stores.base import Registry
+from deltarec.stores.base import Registry, origin_error
 from deltarec.stores.naming import view_names
 from deltarec.stores.types import (
     FreshnessRecord,
@@ -134,11 +134,27 @@ class SqlRegistry(Registry):
             )
 
     # ---- registry ------------------------------------------------------------------------
-    def register_generation(self, run: str, generation: int) -> None:
-        """See :meth:`Registry.register_generation`."""
+    def register_generation(self, run: str, generation: int, origin: str | None = None) -> None:
+        """See :meth:`Registry.register_generation` (``deltarec_generation_origins``)."""
         validate_run(run)
         with self._tx() as cur:
             self._lock_run(cur, run, shared=False)
+            if origin is not None:
+                self._exec(
+                    cur,
+                    "INSERT INTO deltarec_generation_origins (run, generation, created_at) "
+                    "VALUES (?, ?, ?) ON CONFLICT (run, generation) DO NOTHING",
+                    (run, int(generation), origin),
+                )
+                held = self._rows(
+                    cur,
+                    "SELECT created_at FROM deltarec_generation_origins "
+                    "WHERE run = ? AND generation = ?",
+                    (run, int(generation)),
+                )
+                first = str(held[0][0])
+                if first != origin:
+                    raise origin_error(self.describe_registry(), run, generation, first, origin)
             self._exec(
                 cur,
                 "INSERT INTO deltarec_generations (run, generation, registered_at) "
