@@ -9,6 +9,8 @@ Registry tables (plain SQL, so operators can query them; times are unix seconds)
   SQL view) and the run whose live view it reads.
 * ``deltarec_tombstones(name, key, version)``: deleted keys with the version of the delete.
 * ``deltarec_generations(run, generation, registered_at, merged_at)``.
+* ``deltarec_generation_origins(run, generation, created_at)``: the ``created_at`` of the
+  artifacts each generation was published from (docs/runs.md, rule 5).
 * ``deltarec_progress(run, generation, seq, table_id, rank, staging_generation, rows_done,
   complete, written_at)``: progress marks, written in the rows' transaction.
 * ``deltarec_snapshots(run, generation, seq, table_id, staging_generation, version,
