@@ -1,11 +1,11 @@
-"""A run name is one lineage of artifacts: another's generation under it is refused at publish.
+"""A run name is one lineage of artifacts: another's generation under it is refused.
 
 The store's progress marks count a generation's dumps by number; artifacts of another lineage
 under the same run name and generation (an artifact root made again, a second team's run of
 the same name) would have those dumps skipped as published and the rest laid over the first's
 rows. The generation's ``created_at`` (GENERATION.json) is registered with it, and a publish of
-other artifacts is refused, naming both, with the store left as the first lineage made it; a
-copy of the same artifacts (the same GENERATION.json) publishes as the same lineage.
+(or a rollback to) other artifacts is refused, naming both, with the store left as the first
+lineage made it; a copy of the same artifacts (the same GENERATION.json) is the same lineage.
 """
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ def test_another_lineage_under_a_published_run_is_refused_and_a_copy_of_the_firs
     assert "Traceback" not in err
     assert _cli("verify", first, url, "--all") == 0  # the store holds the first, untouched
     assert _cli("verify", other, url, "--all") == 1
+    capsys.readouterr()  # a rollback to the other lineage's point: refused, nothing written
+    assert _cli("rollback", other, url, "--to-generation", "1", "--through-seq", "1") == 2
+    assert f"created at {made[0]}, not from these" in capsys.readouterr().err
+    assert other.list_generations(RUN) == [1]
+    assert _cli("verify", first, url, "--all") == 0
     copy = ArtifactRoot(str(tmp_path / "copy"))  # the first lineage, moved to another root
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
     info = copy.read_generation(RUN, 1)

@@ -170,12 +170,17 @@ def rollback(
         sample: keys per table the closing check reads; None (the default) checks every key.
 
     Raises:
-        BadInputError: no such generation or dump, or never promoted (without through_seq).
+        BadInputError: no such generation or dump, or never promoted (without through_seq);
+            or the generation was published here from other artifacts (another lineage
+            under the run's name: nothing is written).
         RollbackCheckError: the store does not equal the point afterwards (names what differs).
     """
     if through_seq is None:
         through_seq = promoted_seq(store, run, to_generation)
     seq = resolve_seq(root, run, to_generation, through_seq)
+    if to_generation in store.registry.generations(run):  # the point's lineage (docs/runs.md)
+        origin = root.read_generation(run, to_generation).created_at or None
+        store.registry.register_generation(run, to_generation, origin)
     result = RollbackResult(run, to_generation, seq, None, None)
     result.serving_before = who_serves(store)
     state = expected_state(root, run, to_generation, seq)

@@ -451,8 +451,8 @@ def origin_error(where: str, run: str, generation: int, held: str, origin: str) 
     return BadInputError(
         f"{where}: run {run!r} generation {generation} was published here from artifacts "
         f"created at {held}, not from these (created at {origin}): a run name is one lineage "
-        "of artifacts, and the store's progress marks count the first one's dumps. Publish "
-        "these under another run name (--run), or into another store"
+        "of artifacts, and the store's progress marks count the first one's dumps. Use "
+        "these artifacts under another run name (--run), or with another store"
     )
 
 
