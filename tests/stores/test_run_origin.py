@@ -56,7 +56,11 @@ def test_another_lineage_under_a_published_run_is_refused_and_a_copy_of_the_firs
     ) in err, err
     assert "Traceback" not in err
     assert _cli("verify", first, url, "--all") == 0  # the store holds the first, untouched
-    assert _cli("verify", other, url, "--all") == 1
+    capsys.readouterr()
+    assert _cli("verify", other, url, "--all") == 1  # and it says why
+    assert f"published to this store from artifacts created at {made[0]}" in (
+        capsys.readouterr().err
+    )
     capsys.readouterr()  # a rollback to the other lineage's point: refused, nothing written
     assert _cli("rollback", other, url, "--to-generation", "1", "--through-seq", "1") == 2
     assert f"created at {made[0]}, not from these" in capsys.readouterr().err
@@ -77,7 +81,9 @@ def test_a_generation_registered_without_an_origin_takes_the_first_publishers(ba
         store.provision(TABLES)
         registry = store.registry
         registry.register_generation(RUN, 1)
+        assert registry.generation_origin(RUN, 1) is None
         registry.register_generation(RUN, 1, "2026-12-07T01:00:00Z")
+        assert registry.generation_origin(RUN, 1) == "2026-12-07T01:00:00Z"
         registry.register_generation(RUN, 1, "2026-12-07T01:00:00Z")
         registry.register_generation(RUN, 1)
         with pytest.raises(BadInputError, match=r"created at 2026-12-07T01:00:00Z, not from"):

@@ -354,6 +354,10 @@ class Registry(abc.ABC):
     def generations(self, run: str) -> list[int]:
         """The generations of ``run`` known to the store, ascending."""
 
+    def generation_origin(self, run: str, generation: int) -> str | None:
+        """The ``created_at`` of the artifacts ``generation`` was registered from, or None."""
+        return None
+
     def check_writer(self, run: str, generation: int) -> None:
         """The publish fence: raise unless ``generation`` is the newest of ``run`` seen here.
 

@@ -101,12 +101,27 @@ def verify(
         seed=opts.seed,
         started_at=utc_now(),
     )
+    _check_lineage(root, run, generation, store, result)
     early = _early_scan(root, run, generation, store, opts)
     try:
         return _verify_state(root, run, generation, seq, store, opts, result, early, t0)
     finally:
         if early is not None:
             early[1].close()
+
+
+def _check_lineage(
+    root: ArtifactRoot, run: str, generation: int, store: Store, result: VerifyResult
+) -> None:
+    """Fail ``result`` where the store's generation was published from other artifacts."""
+    held = store.registry.generation_origin(run, generation)
+    ours = root.read_generation(run, generation).created_at
+    if held and ours and held != ours:
+        result.errors.append(
+            f"run {run!r} generation {generation} was published to this store from artifacts "
+            f"created at {held}, not from these (created at {ours}): the store holds another "
+            "lineage under this run name (docs/runs.md, rule 5)"
+        )
 
 
 def _early_scan(

@@ -127,6 +127,12 @@ class RedisRegistry(Registry):
                 args=[str(int(generation)), record],
             )
 
+    def generation_origin(self, run: str, generation: int) -> str | None:
+        """See :meth:`Registry.generation_origin`."""
+        with _ERRORS.map_errors(self.describe()):
+            held = self._client.hget(self._reg("origins", run), str(int(generation)))
+        return None if held is None else held.decode() if isinstance(held, bytes) else str(held)
+
     def generations(self, run: str) -> list[int]:
         """See :meth:`Registry.generations`."""
         with _ERRORS.map_errors(self.describe()):

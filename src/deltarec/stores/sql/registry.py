@@ -162,6 +162,17 @@ class SqlRegistry(Registry):
                 (run, int(generation), time.time()),
             )
 
+    def generation_origin(self, run: str, generation: int) -> str | None:
+        """See :meth:`Registry.generation_origin`."""
+        with self._tx(write=False) as cur:
+            rows = self._rows(
+                cur,
+                "SELECT created_at FROM deltarec_generation_origins "
+                "WHERE run = ? AND generation = ?",
+                (run, int(generation)),
+            )
+        return str(rows[0][0]) if rows else None
+
     def generations(self, run: str) -> list[int]:
         """See :meth:`Registry.generations`."""
         with self._tx(write=False) as cur:
