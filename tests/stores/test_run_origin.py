@@ -55,6 +55,8 @@ def test_another_lineage_under_a_published_run_is_refused_and_a_copy_of_the_firs
         f"not from these (created at {made[1]})"
     ) in err, err
     assert "Traceback" not in err
+    if any_backend.kind == "featurestore":  # the view is named, then its registry
+        assert "featurestore://proj/emb?region=cn-hangzhou (registry sqlite:///" in err, err
     assert _cli("verify", first, url, "--all") == 0  # the store holds the first, untouched
     capsys.readouterr()
     assert _cli("verify", other, url, "--all") == 1  # and it says why

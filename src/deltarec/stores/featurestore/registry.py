@@ -161,7 +161,7 @@ def check_newest(side: Any, cur: Any, run: str, generation: int) -> None:
         cur, "SELECT MAX(generation) FROM deltarec_generations WHERE run = ?", (run,)
     )[0]
     if newest is not None and int(newest) > generation:
-        raise StaleGenerationError(side.describe(), run, generation, int(newest))
+        raise StaleGenerationError(side.describe_registry(), run, generation, int(newest))
 
 
 __all__ = [

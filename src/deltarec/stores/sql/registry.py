@@ -212,7 +212,7 @@ class SqlRegistry(Registry):
             )[0]
             oldest = min(m.generation for m in marks if m.run == run)
             if newest is not None and int(newest) > oldest:
-                raise StaleGenerationError(self.describe(), run, oldest, int(newest))
+                raise StaleGenerationError(self.describe_registry(), run, oldest, int(newest))
         now = time.time()
         params = [
             (

@@ -284,6 +284,12 @@ class RelationalStore(RunViews, SqlRegistry, Store):
         if str(rows[0][0]) != mine:  # another view claimed it meanwhile
             raise self._claim_error(str(rows[0][0]), mine)
 
+    def describe_registry(self) -> str:
+        """The URL; a FeatureStore view's registry: the view, then its registry's URL."""
+        if self.registry_of is None:
+            return self.describe()
+        return f"{self.registry_of} (registry {self.describe()})"
+
     def _claim_error(self, held: str, mine: str) -> BadInputError:
         return BadInputError(
             f"{self._registry_place()} holds the registry of {held}, not of {mine}: a "
